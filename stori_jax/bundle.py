@@ -1,0 +1,176 @@
+"""CLIPBundle: a Flax CLIP, its params, tokenizer and preprocessing, ready to encode."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stori_jax.models import CLIP, CLIPConfig, reweighted_block_indices
+from stori_jax.preprocess import ImageLike, PreprocessConfig, preprocess
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CLIPBundle:
+  """Everything needed to encode text and images with one CLIP checkpoint.
+
+  Features are unnormalised and projected, as OpenAI's encode_text and
+  encode_image return them; they are float32 whatever the compute dtype.
+  """
+  config: CLIPConfig
+  params: Any
+  dtype: Any = jnp.float32
+  preprocess_config: PreprocessConfig = PreprocessConfig()
+  source: str = ""
+
+  @functools.cached_property
+  def model(self) -> CLIP:
+    return CLIP(self.config, dtype=self.dtype)
+
+  @property
+  def logit_scale(self) -> float:
+    return float(np.exp(self.params["logit_scale"]))
+
+  # Tokenizer ------------------------------------------------------------------
+
+  @functools.cached_property
+  def tokenizer(self):
+    from stori_jax.tokenizer import default_tokenizer  # pylint: disable=import-outside-toplevel
+    return default_tokenizer()
+
+  def tokenize(self, texts: str | Sequence, with_weights: bool = False):
+    """Texts -> ids int32 [B, context]; with_weights also float32 weights [B, context].
+
+    With with_weights, texts may use the `(words:1.5)` syntax or be lists of
+    (text, weight) segments.
+    """
+    context = self.config.text.context_length
+    if with_weights:
+      from stori_jax.tokenizer import tokenize_weighted  # pylint: disable=import-outside-toplevel
+      return tokenize_weighted(self.tokenizer, texts, context_length=context)
+    return self.tokenizer(texts, context_length=context)
+
+  # Text -------------------------------------------------------------------------
+
+  @functools.cached_property
+  def _text_fn(self):
+    def encode(params, ids, log_weights, reweight_blocks, return_hidden):
+      return self.model.apply({"params": params}, ids, log_weights, reweight_blocks,
+                              return_hidden, method=CLIP.encode_text)
+    return jax.jit(encode, static_argnums=(3, 4))
+
+  def check_tokens(self, ids) -> np.ndarray:
+    """Validates token ids int [B, L]: L <= context and an end-of-text token in every row."""
+    ids = np.asarray(ids)
+    if ids.ndim == 1:
+      ids = ids[None]
+    context, eot = self.config.text.context_length, self.config.text.eot_token_id
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+      raise ValueError(f"Token ids must be an integer array [batch, length], got "
+                       f"{ids.dtype} {ids.shape}.")
+    if ids.shape[1] > context:
+      raise ValueError(
+          f"Token sequences of length {ids.shape[1]} exceed the model's context length "
+          f"{context}; tokenize with context_length={context} (bundle.tokenize does).")
+    if ids.size and (ids.min() < 0 or ids.max() >= self.config.text.vocab_size):
+      raise ValueError(f"Token ids must lie in [0, {self.config.text.vocab_size}), got "
+                       f"[{ids.min()}, {ids.max()}].")
+    no_eot = np.flatnonzero(~(ids == eot).any(axis=1))
+    if no_eot.size:
+      raise ValueError(
+          f"Rows {no_eot[:10].tolist()} have no end-of-text token ({eot}); the text "
+          "features are read at that position.")
+    return ids.astype(np.int32)
+
+  def _log_weights(self, weights, ids: np.ndarray):
+    if weights is None:
+      return None
+    weights = np.asarray(weights, np.float32)
+    if weights.ndim == 1:
+      weights = weights[None]
+    if weights.shape != ids.shape:
+      raise ValueError(f"weights {weights.shape} must have the shape of the token ids "
+                       f"{ids.shape}.")
+    if not np.all(np.isfinite(weights)) or (weights < 0).any():
+      raise ValueError("Token weights must be finite and >= 0 (0 excludes a token).")
+    with np.errstate(divide="ignore"):
+      return np.log(weights)
+
+  def _text_inputs(self, tokens, weights, start_block, stop_block):
+    ids = self.check_tokens(tokens)
+    log_weights = self._log_weights(weights, ids)
+    blocks = (reweighted_block_indices(self.config.text.layers, start_block, stop_block)
+              if log_weights is not None else ())
+    return ids, log_weights, blocks
+
+  def encode_text(self, tokens, weights=None, start_block: int | None = None,
+                  stop_block: int | None = None) -> jax.Array:
+    """tokens int [B, L<=context] (+ weights float [B, L] >= 0) -> float32 [B, embed_dim].
+
+    Weights rescale attention to each token in blocks start_block..stop_block
+    (1-indexed, inclusive; default: the second half of the tower, blocks 7-12
+    of a 12-block tower as in the paper). weights=None is plain CLIP.
+    """
+    return self._text_fn(self.params, *self._text_inputs(tokens, weights, start_block,
+                                                         stop_block), False)
+
+  def text_hidden_states(self, tokens, weights=None, start_block=None, stop_block=None):
+    """(features [B, E], list of layers + 1 hidden states [B, L, W]) for analysis."""
+    return self._text_fn(self.params, *self._text_inputs(tokens, weights, start_block,
+                                                         stop_block), True)
+
+  def encode_prompts(self, prompts: str | Sequence, start_block: int | None = None,
+                     stop_block: int | None = None) -> jax.Array:
+    """Weighted prompts such as "a (red:1.5) circle" -> float32 [B, embed_dim]."""
+    ids, weights = self.tokenize(prompts, with_weights=True)
+    return self.encode_text(ids, weights, start_block, stop_block)
+
+  # Images -----------------------------------------------------------------------
+
+  @functools.cached_property
+  def _image_fn(self):
+    def encode(params, images, return_hidden):
+      return self.model.apply({"params": params}, images, return_hidden,
+                              method=CLIP.encode_image)
+    return jax.jit(encode, static_argnums=2)
+
+  def check_images(self, images) -> jax.Array:
+    size = self.config.vision.image_size
+    images = jnp.asarray(images)
+    if images.ndim == 3:
+      images = images[None]
+    if images.ndim != 4 or images.shape[1:] != (size, size, 3):
+      raise ValueError(
+          f"This model takes images of shape [batch, {size}, {size}, 3] (NHWC, normalised); "
+          f"got {tuple(images.shape)}. bundle.preprocess(image) gives {size}x{size} inputs.")
+    if not jnp.issubdtype(images.dtype, jnp.floating):
+      raise ValueError(f"Images must be normalised floats, got {images.dtype}; run "
+                       "bundle.preprocess on uint8 images first.")
+    return images.astype(jnp.float32)
+
+  def encode_image(self, images) -> jax.Array:
+    """Normalised images float32 NHWC [B, S, S, 3] -> float32 [B, embed_dim]."""
+    return self._image_fn(self.params, self.check_images(images), False)
+
+  def image_details(self, images):
+    """(features [B, E], dict with hidden_states, patch_tokens, keys); see VisionTransformer."""
+    return self._image_fn(self.params, self.check_images(images), True)
+
+  def preprocess(self, images: ImageLike | Sequence[ImageLike]) -> np.ndarray:
+    """Path / PIL / uint8 array (or a list) -> float32 [S, S, 3] (or [B, S, S, 3])."""
+    return preprocess(images, self.preprocess_config)
+
+  # Both ---------------------------------------------------------------------------
+
+  def logits(self, image_features, text_features) -> jax.Array:
+    """exp(logit_scale) * cosine similarity: float32 [B_images, B_texts]."""
+    image = image_features / jnp.linalg.norm(image_features, axis=-1, keepdims=True)
+    text = text_features / jnp.linalg.norm(text_features, axis=-1, keepdims=True)
+    return self.logit_scale * image @ text.T
+
+  def with_dtype(self, dtype) -> "CLIPBundle":
+    """The same weights computing in another dtype (params stay float32)."""
+    return dataclasses.replace(self, dtype=dtype)

@@ -1,0 +1,100 @@
+"""OpenAI / open_clip state dicts (`visual.transformer.resblocks.0.attn.in_proj_weight`, ...).
+
+OpenAI's JIT archives, its plain state dicts and open_clip's ViT CLIP models
+share these key names.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from stori_jax.checkpoints.errors import CheckpointError
+from stori_jax.checkpoints.mapping import StateDictReader, block_count, conv_kernel, linear_kernel
+from stori_jax.models import CLIPConfig, TextConfig, VisionConfig
+
+# Buffers and metadata with no parameter counterpart: the causal mask buffer
+# and the integers OpenAI's JIT archives carry.
+IGNORED_KEYS = ("attn_mask", "input_resolution", "context_length", "vocab_size")
+
+
+def _require(state_dict, key, source):
+  if key not in state_dict:
+    if "visual.layer1.0.conv1.weight" in state_dict:
+      raise CheckpointError(
+          f"{source} holds a ResNet image tower (ModifiedResNet); only ViT towers are "
+          "supported so far.")
+    raise CheckpointError(
+        f"{source} has no key {key!r}: it is not an OpenAI/open_clip CLIP state dict. "
+        f"First keys: {sorted(state_dict)[:8]}")
+  return state_dict[key]
+
+
+def config_from_state_dict(state_dict: Mapping[str, np.ndarray], source: str = "checkpoint",
+                           activation: str = "quick_gelu", head_width: int = 64,
+                           name: str = "") -> CLIPConfig:
+  """Infers the architecture from the tensor shapes, as OpenAI's build_model does.
+
+  Heads are width // head_width (64 for every OpenAI model). The activation is
+  not visible in the weights: OpenAI's models use QuickGELU.
+  """
+  conv = _require(state_dict, "visual.conv1.weight", source)
+  vision_width, _, patch, _ = conv.shape
+  grid = round((_require(state_dict, "visual.positional_embedding", source).shape[0] - 1)**0.5)
+  text_width = _require(state_dict, "ln_final.weight", source).shape[0]
+  text_mlp = _require(state_dict, "transformer.resblocks.0.mlp.c_fc.weight", source).shape[0]
+  vision_mlp = _require(state_dict, "visual.transformer.resblocks.0.mlp.c_fc.weight",
+                        source).shape[0]
+  return CLIPConfig(
+      embed_dim=_require(state_dict, "text_projection", source).shape[1],
+      text=TextConfig(
+          vocab_size=_require(state_dict, "token_embedding.weight", source).shape[0],
+          context_length=_require(state_dict, "positional_embedding", source).shape[0],
+          width=text_width, heads=text_width // head_width,
+          layers=block_count(state_dict, "transformer.resblocks."),
+          mlp_dim=None if text_mlp == 4 * text_width else text_mlp, activation=activation),
+      vision=VisionConfig(
+          image_size=patch * grid, patch_size=patch, width=vision_width,
+          layers=block_count(state_dict, "visual.transformer.resblocks."),
+          heads=vision_width // head_width,
+          mlp_dim=None if vision_mlp == 4 * vision_width else vision_mlp,
+          activation=activation),
+      name=name)
+
+
+def _blocks(reader: StateDictReader, target: str, prefix: str, layers: int):
+  for i in range(layers):
+    src, dst = f"{prefix}{i}.", f"{target}/resblocks_{i}/"
+    reader.put_layer_norm(dst + "ln_1", src + "ln_1")
+    reader.put_layer_norm(dst + "ln_2", src + "ln_2")
+    attn = dst + "attn/"
+    reader.put_split((attn + "query/kernel", attn + "key/kernel", attn + "value/kernel"),
+                     src + "attn.in_proj_weight", linear_kernel)
+    reader.put_split((attn + "query/bias", attn + "key/bias", attn + "value/bias"),
+                     src + "attn.in_proj_bias")
+    reader.put_linear(attn + "out", src + "attn.out_proj")
+    reader.put_linear(dst + "mlp/c_fc", src + "mlp.c_fc")
+    reader.put_linear(dst + "mlp/c_proj", src + "mlp.c_proj")
+
+
+def params_from_state_dict(state_dict: Mapping[str, np.ndarray], config: CLIPConfig,
+                           source: str = "checkpoint") -> dict:
+  """OpenAI/open_clip state dict -> this project's params for `config`.
+
+  Raises CheckpointMismatchError naming absent, unexpected and misshaped keys.
+  """
+  reader = StateDictReader(state_dict, source, ignored=IGNORED_KEYS)
+  reader.put("text/token_embedding/embedding", "token_embedding.weight")
+  reader.put("text/positional_embedding", "positional_embedding")
+  _blocks(reader, "text", "transformer.resblocks.", config.text.layers)
+  reader.put_layer_norm("text/ln_final", "ln_final")
+  reader.put("text/text_projection", "text_projection")
+  reader.put("vision/conv1/kernel", "visual.conv1.weight", conv_kernel)
+  reader.put("vision/class_embedding", "visual.class_embedding")
+  reader.put("vision/positional_embedding", "visual.positional_embedding")
+  reader.put_layer_norm("vision/ln_pre", "visual.ln_pre")
+  _blocks(reader, "vision", "visual.transformer.resblocks.", config.vision.layers)
+  reader.put_layer_norm("vision/ln_post", "visual.ln_post")
+  reader.put("vision/proj", "visual.proj")
+  reader.put("logit_scale", "logit_scale", lambda x: x.reshape(()))
+  return reader.params(config)

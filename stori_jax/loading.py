@@ -1,0 +1,145 @@
+"""`stori_jax.load(source)`: any supported checkpoint -> CLIPBundle."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import jax.numpy as jnp
+
+from stori_jax.bundle import CLIPBundle
+from stori_jax.checkpoints import hf, hub, native, openai
+from stori_jax.checkpoints.errors import CheckpointError
+from stori_jax.checkpoints.open_clip_config import architecture_config, config_from_open_clip
+from stori_jax.checkpoints.state_dict import is_torchscript, read_state_dict
+from stori_jax.models import CLIPConfig
+from stori_jax.preprocess import PreprocessConfig
+
+ASSETS_DIR = os.path.join(os.path.dirname(__file__), "assets")
+
+def named_checkpoints() -> list[str]:
+  """Checkpoints shipped inside the package, loadable by name offline."""
+  if not os.path.isdir(ASSETS_DIR):
+    return []
+  return sorted(d for d in os.listdir(ASSETS_DIR)
+                if native.is_native_dir(os.path.join(ASSETS_DIR, d)))
+
+
+def _first_file(directory: str, names) -> str | None:
+  for name in names:
+    if os.path.isfile(os.path.join(directory, name)):
+      return os.path.join(directory, name)
+  return None
+
+
+def _load_hf_dir(directory: str):
+  config_path = os.path.join(directory, "config.json")
+  with open(config_path, encoding="utf-8") as f:
+    config = hf.config_from_hf(json.load(f), config_path)
+  weights = _first_file(directory, ("model.safetensors", "pytorch_model.bin"))
+  if weights is None:
+    raise CheckpointError(f"{directory} has config.json but neither model.safetensors nor "
+                          "pytorch_model.bin.")
+  params = hf.params_from_state_dict(read_state_dict(weights), config, weights)
+  return config, params, PreprocessConfig(config.vision.image_size)
+
+
+def _load_open_clip_dir(directory: str):
+  config_path = os.path.join(directory, "open_clip_config.json")
+  with open(config_path, encoding="utf-8") as f:
+    spec = json.load(f)
+  config = config_from_open_clip(spec["model_cfg"], os.path.basename(directory))
+  weights = _first_file(directory, ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"))
+  if weights is None:
+    raise CheckpointError(f"{directory} has open_clip_config.json but no "
+                          "open_clip_model.safetensors or open_clip_pytorch_model.bin.")
+  params = openai.params_from_state_dict(read_state_dict(weights), config, weights)
+  pre = spec.get("preprocess_cfg", {})
+  preprocess = PreprocessConfig(config.vision.image_size,
+                                tuple(pre.get("mean", PreprocessConfig.mean)),
+                                tuple(pre.get("std", PreprocessConfig.std)))
+  return config, params, preprocess
+
+
+def _load_state_dict_file(path: str, arch: str | CLIPConfig | None):
+  state_dict = read_state_dict(path)
+  if any(k.startswith("text_model.") for k in state_dict):
+    raise CheckpointError(
+        f"{path} is a Hugging Face transformers state dict; load its directory (with "
+        "config.json) instead, so the architecture is known.")
+  if isinstance(arch, CLIPConfig):
+    config = arch
+  elif arch:
+    config = architecture_config(arch)
+  else:
+    config = openai.config_from_state_dict(state_dict, path)
+    if not is_torchscript(path):
+      # The activation is not visible in the weights. OpenAI's models use
+      # QuickGELU; open_clip's own trainings mostly use exact GELU.
+      logging.warning(
+          "No architecture name given for %s: assuming OpenAI's QuickGELU. Pass "
+          "arch='ViT-B-32' (exact GELU) or 'ViT-B-32-quickgelu' to be explicit.", path)
+  params = openai.params_from_state_dict(state_dict, config, path)
+  return config, params, PreprocessConfig(config.vision.image_size)
+
+
+def load(source: str | os.PathLike, arch: str | CLIPConfig | None = None,
+         dtype: Any = jnp.float32, revision: str | None = None) -> CLIPBundle:
+  """Loads a CLIP checkpoint as a CLIPBundle.
+
+  Args:
+    source: one of
+      - a name from `named_checkpoints()` (shipped with the package);
+      - this project's converted directory (stori_config.json);
+      - a transformers directory (config.json + model.safetensors/pytorch_model.bin);
+      - an open_clip hub directory (open_clip_config.json + weights);
+      - a state-dict file (.safetensors/.bin/.pt) in OpenAI/open_clip layout,
+        with `arch` naming its architecture (e.g. 'ViT-B-32-quickgelu');
+      - an OpenAI JIT archive (ViT-B-32.pt, ...);
+      - a hub id: 'openai/clip-vit-base-patch32' (transformers) or
+        'hf-hub:org/name' (open_clip), downloaded when the network allows.
+    arch: architecture name or CLIPConfig for state-dict files; inferred from
+      the tensor shapes (with QuickGELU) when omitted.
+    dtype: compute dtype (float32 or bfloat16); params stay float32.
+    revision: hub revision for hub ids.
+  """
+  source = os.fspath(source)
+  origin = source
+  if source in named_checkpoints():
+    source = os.path.join(ASSETS_DIR, source)
+  elif source.startswith("hf-hub:"):
+    source = hub.download(source[len("hf-hub:"):], hub.OPEN_CLIP_FILES, revision)
+  elif not os.path.exists(source):
+    if source.count("/") == 1 and not source.startswith((".", "/", "~")):
+      source = hub.download(source, hub.HF_FILES, revision)
+    else:
+      known = ", ".join(named_checkpoints()) or "none installed"
+      raise CheckpointError(
+          f"{source} does not exist. Pass a checkpoint directory or file, a hub id such as "
+          f"'openai/clip-vit-base-patch32' or 'hf-hub:org/name', or a shipped name ({known}).")
+
+  if os.path.isdir(source):
+    if native.is_native_dir(source):
+      config, params, preprocess, _ = native.load(source)
+    elif os.path.isfile(os.path.join(source, "config.json")):
+      config, params, preprocess = _load_hf_dir(source)
+    elif os.path.isfile(os.path.join(source, "open_clip_config.json")):
+      config, params, preprocess = _load_open_clip_dir(source)
+    else:
+      raise CheckpointError(
+          f"{source} is a directory without {native.CONFIG_FILE} (converted), config.json "
+          "(transformers) or open_clip_config.json (open_clip); point at the weights file "
+          f"instead, or convert it with python -m stori_jax.convert.")
+  else:
+    config, params, preprocess = _load_state_dict_file(source, arch)
+  return CLIPBundle(config=config, params=params, dtype=dtype, preprocess_config=preprocess,
+                    source=origin)
+
+
+def save(bundle: CLIPBundle, directory: str | os.PathLike, params_format: str = "safetensors",
+         metadata: dict | None = None) -> str:
+  """Writes the bundle in this project's format; `load(directory)` reads it back."""
+  meta = {"converted_from": bundle.source, **(metadata or {})}
+  return native.save(directory, bundle.config, bundle.params, bundle.preprocess_config,
+                     params_format, meta)

@@ -1,0 +1,58 @@
+"""Both CLIP towers and the learned temperature."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stori_jax.models.config import CLIPConfig
+from stori_jax.models.text import TextTransformer
+from stori_jax.models.vision import VisionTransformer
+
+
+class CLIP(nn.Module):
+  """Params: {'text': ..., 'vision': ..., 'logit_scale': f32 []}."""
+  config: CLIPConfig
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    c = self.config
+    self.text = TextTransformer(c.text, c.embed_dim, c.layer_norm_eps, self.dtype)
+    self.vision = VisionTransformer(c.vision, c.embed_dim, c.layer_norm_eps, self.dtype)
+    self.logit_scale = self.param(
+        "logit_scale", nn.initializers.constant(np.log(1 / 0.07)), ())
+
+  def encode_text(self, ids: jax.Array, log_weights: jax.Array | None = None,
+                  reweight_blocks: Sequence[int] = (), return_hidden: bool = False):
+    return self.text(ids, log_weights, reweight_blocks, return_hidden)
+
+  def encode_image(self, images: jax.Array, return_hidden: bool = False):
+    return self.vision(images, return_hidden)
+
+  def __call__(self, images: jax.Array, ids: jax.Array) -> jax.Array:
+    """Logits float32 [B_images, B_texts] = exp(logit_scale) * cosine."""
+    image = self.encode_image(images)
+    text = self.encode_text(ids)
+    image = image / jnp.linalg.norm(image, axis=-1, keepdims=True)
+    text = text / jnp.linalg.norm(text, axis=-1, keepdims=True)
+    return jnp.exp(self.logit_scale) * image @ text.T
+
+
+def init_params(config: CLIPConfig, seed: int = 0) -> dict:
+  """Random parameters (fp32) of a CLIP with this config."""
+  model = CLIP(config)
+  images = jnp.zeros((1, config.vision.image_size, config.vision.image_size, 3), jnp.float32)
+  ids = jnp.zeros((1, config.text.context_length), jnp.int32)
+  return jax.jit(model.init)(jax.random.PRNGKey(seed), images, ids)["params"]
+
+
+def param_shapes(config: CLIPConfig) -> dict:
+  """The parameter tree of this config as jax.ShapeDtypeStruct leaves, without allocating."""
+  model = CLIP(config)
+  images = jax.ShapeDtypeStruct((1, config.vision.image_size, config.vision.image_size, 3),
+                                jnp.float32)
+  ids = jax.ShapeDtypeStruct((1, config.text.context_length), jnp.int32)
+  return jax.eval_shape(model.init, jax.random.PRNGKey(0), images, ids)["params"]

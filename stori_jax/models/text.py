@@ -1,0 +1,110 @@
+"""CLIP's causal text transformer, with SToRI reweighting from a chosen block."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from stori_jax.models.attention import causal_mask
+from stori_jax.models.config import TextConfig
+from stori_jax.models.transformer import ResidualBlock, layer_norm
+
+
+def default_start_block(layers: int) -> int:
+  """First reweighted block (1-indexed) at the paper's relative depth.
+
+  The paper reweights blocks 7-12 of ViT-L/14's 12-block text tower, i.e. the
+  second half; for another depth we start at the same relative position,
+  layers // 2 + 1 (6 blocks: 4-6; 24 blocks: 13-24).
+  """
+  return layers // 2 + 1
+
+
+def reweighted_block_indices(layers: int, start_block: int | None = None,
+                             stop_block: int | None = None) -> tuple[int, ...]:
+  """0-indexed blocks that apply log-weights: start_block..stop_block (1-indexed, inclusive)."""
+  start = default_start_block(layers) if start_block is None else start_block
+  stop = layers if stop_block is None else stop_block
+  if not 1 <= start <= stop <= layers:
+    raise ValueError(
+        f"Reweighting blocks {start}..{stop} are outside the text tower's blocks 1..{layers} "
+        "(start_block and stop_block are 1-indexed and inclusive).")
+  return tuple(range(start - 1, stop))
+
+
+def eot_positions(ids: jax.Array, eot_token_id: int) -> jax.Array:
+  """int32 [B]: the first position of the end-of-text token in each row of ids [B, L]."""
+  return jnp.argmax(ids == eot_token_id, axis=-1).astype(jnp.int32)
+
+
+class TextTransformer(nn.Module):
+  """Token ids int32 [B, L<=context] -> features [B, embed_dim] (unnormalised).
+
+  The mask is causal, so the EOT output depends only on tokens up to EOT: ids
+  may be cut to any length that keeps every EOT.
+  """
+  config: TextConfig
+  embed_dim: int
+  layer_norm_eps: float = 1e-5
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    c = self.config
+    self.token_embedding = nn.Embed(c.vocab_size, c.width, dtype=self.dtype,
+                                    param_dtype=jnp.float32,
+                                    embedding_init=nn.initializers.normal(0.02))
+    self.positional_embedding = self.param(
+        "positional_embedding", nn.initializers.normal(0.01), (c.context_length, c.width))
+    self.resblocks = [
+        ResidualBlock(c.heads, c.mlp_width, c.activation, self.layer_norm_eps, self.dtype)
+        for _ in range(c.layers)]
+    self.ln_final = layer_norm(self.layer_norm_eps)
+    self.text_projection = self.param(
+        "text_projection", nn.initializers.normal(c.width**-0.5), (c.width, self.embed_dim))
+
+  def embed(self, ids: jax.Array) -> jax.Array:
+    """ids int32 [B, L] -> token + position embeddings [B, L, width] (compute dtype)."""
+    length = ids.shape[-1]
+    if length > self.config.context_length:
+      raise ValueError(
+          f"Token sequences of length {length} exceed the text tower's context length "
+          f"{self.config.context_length}; tokenize with context_length="
+          f"{self.config.context_length}.")
+    pos = self.positional_embedding[:length].astype(self.dtype)
+    return self.token_embedding(ids) + pos
+
+  def blocks(self, x: jax.Array, first: int = 0, last: int | None = None,
+             log_weights: jax.Array | None = None,
+             reweight_blocks: Sequence[int] = (), return_hidden: bool = False):
+    """Runs blocks first..last-1 (0-indexed) on x [B, L, W].
+
+    log_weights float [B, L] apply in the blocks listed in reweight_blocks.
+    Returns x, or (x, [output of each block run]) with return_hidden.
+    """
+    mask = causal_mask(x.shape[1])
+    hidden = []
+    for index in range(first, len(self.resblocks) if last is None else last):
+      block_log_weights = log_weights if index in reweight_blocks else None
+      x, _ = self.resblocks[index](x, mask, block_log_weights)
+      hidden.append(x)
+    return (x, hidden) if return_hidden else x
+
+  def pool(self, x: jax.Array, ids: jax.Array) -> jax.Array:
+    """ln_final at the EOT position, projected: [B, L, W] -> float32 [B, embed_dim]."""
+    batch = jnp.arange(x.shape[0])
+    pooled = self.ln_final(x[batch, eot_positions(ids, self.config.eot_token_id)])
+    return (pooled @ self.text_projection).astype(jnp.float32)
+
+  def __call__(self, ids: jax.Array, log_weights: jax.Array | None = None,
+               reweight_blocks: Sequence[int] = (), return_hidden: bool = False):
+    """ids int32 [B, L] -> features float32 [B, embed_dim].
+
+    With return_hidden, returns (features, hidden) where hidden is the list of
+    the embedding output and every block's output, each [B, L, W] (layers + 1).
+    """
+    embedded = self.embed(ids)
+    x, hidden = self.blocks(embedded, 0, None, log_weights, reweight_blocks, return_hidden=True)
+    features = self.pool(x, ids)
+    return (features, [embedded] + hidden) if return_hidden else features

@@ -1,0 +1,94 @@
+"""The pre-LN residual attention block shared by both CLIP towers.
+
+Parameter names follow OpenAI's CLIP (`ln_1`, `attn`, `ln_2`, `mlp/c_fc`,
+`mlp/c_proj`) so a converted checkpoint reads like the original one; q, k and v
+are separate Dense layers (OpenAI stores them fused as `in_proj_weight`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from stori_jax.models.attention import reweighted_attention
+
+Dtype = Any
+
+
+def quick_gelu(x: jax.Array) -> jax.Array:
+  """OpenAI's GELU approximation x * sigmoid(1.702 x)."""
+  return x * jax.nn.sigmoid(1.702 * x)
+
+
+def exact_gelu(x: jax.Array) -> jax.Array:
+  """torch.nn.GELU() default: the erf form, not the tanh approximation."""
+  return jax.nn.gelu(x, approximate=False)
+
+
+ACTIVATION_FNS = {"quick_gelu": quick_gelu, "gelu": exact_gelu}
+
+
+def layer_norm(epsilon: float, name: str | None = None) -> nn.LayerNorm:
+  """LayerNorm computed (and returned) in fp32 whatever the compute dtype.
+
+  The next Dense casts back to the compute dtype; the residual stream keeps it.
+  """
+  return nn.LayerNorm(epsilon=epsilon, dtype=jnp.float32, param_dtype=jnp.float32, name=name)
+
+
+class Attention(nn.Module):
+  """Multi-head self-attention with optional SToRI log-weights on the keys."""
+  heads: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array | None = None,
+               log_weights: jax.Array | None = None):
+    """x: [B, L, W]; mask: bool [L, L]; log_weights: float [B, L] or None.
+
+    Returns (out [B, L, W], keys [B, L, W]); keys include their bias, as the
+    mutual-knowledge analysis reads them.
+    """
+    batch, length, width = x.shape
+    head_dim = width // self.heads
+    dense = lambda name: nn.Dense(width, dtype=self.dtype, param_dtype=jnp.float32, name=name)
+    split = lambda t: t.reshape(batch, length, self.heads, head_dim)
+    query, key, value = dense("query")(x), dense("key")(x), dense("value")(x)
+    out = reweighted_attention(split(query), split(key), split(value), mask, log_weights)
+    out = dense("out")(out.reshape(batch, length, width))
+    return out, key
+
+
+class MLP(nn.Module):
+  hidden: int
+  activation: str
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    width = x.shape[-1]
+    x = nn.Dense(self.hidden, dtype=self.dtype, param_dtype=jnp.float32, name="c_fc")(x)
+    x = ACTIVATION_FNS[self.activation](x)
+    return nn.Dense(width, dtype=self.dtype, param_dtype=jnp.float32, name="c_proj")(x)
+
+
+class ResidualBlock(nn.Module):
+  """x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+  heads: int
+  mlp_dim: int
+  activation: str
+  layer_norm_eps: float = 1e-5
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array | None = None,
+               log_weights: jax.Array | None = None):
+    """x: [B, L, W] -> (x [B, L, W], attention keys [B, L, W])."""
+    attn_out, keys = Attention(self.heads, dtype=self.dtype, name="attn")(
+        layer_norm(self.layer_norm_eps, "ln_1")(x), mask, log_weights)
+    x = x + attn_out.astype(x.dtype)
+    mlp_out = MLP(self.mlp_dim, self.activation, dtype=self.dtype, name="mlp")(
+        layer_norm(self.layer_norm_eps, "ln_2")(x))
+    return x + mlp_out.astype(x.dtype), keys

@@ -1,0 +1,184 @@
+r"""JAX vs PyTorch numerics, block by block.
+
+  python -m stori_jax.parity --source DIR_OR_FILE [--arch ViT-B-32-quickgelu]
+  python -m stori_jax.parity --random ViT-B-16 --reference transformers --json report.json
+
+Builds the PyTorch reference (open_clip or transformers) with the same weights,
+runs both on the same random inputs and prints, for every block of both
+towers, the max absolute and relative error of the hidden states, then the
+errors of the features and logits. Relative errors are max |jax - torch| /
+max |torch| of the tensor. Needs the `[torch]` extra.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from stori_jax.bundle import CLIPBundle
+from stori_jax.checkpoints import hf, native, openai
+from stori_jax.checkpoints.open_clip_config import architecture_config
+from stori_jax.checkpoints.state_dict import read_state_dict
+from stori_jax.loading import load
+from stori_jax.models import CLIPConfig
+from stori_jax import torch_reference
+
+
+def random_inputs(config: CLIPConfig, batch: int = 4, seed: int = 0):
+  """Normalised images float32 [B, S, S, 3] and token ids int32 [B, context].
+
+  Rows have varied lengths: SOT, random ids, EOT, zero padding; EOT stays the
+  largest id of a row (open_clip pools at the argmax of the ids).
+  """
+  rng = np.random.default_rng(seed)
+  size, text = config.vision.image_size, config.text
+  images = rng.standard_normal((batch, size, size, 3), dtype=np.float32)
+  ids = np.zeros((batch, text.context_length), np.int32)
+  eot = text.eot_token_id
+  for row in range(batch):
+    length = int(rng.integers(2, text.context_length + 1)) if row else text.context_length
+    ids[row, :length - 1] = rng.integers(1, eot - 1, length - 1)
+    ids[row, 0] = eot - 1 if eot - 1 < text.vocab_size else 1  # SOT when the vocab has one.
+    ids[row, length - 1] = eot
+  return images, ids
+
+
+def jax_outputs(bundle: CLIPBundle, images: np.ndarray, ids: np.ndarray) -> dict[str, Any]:
+  """The quantities torch_reference.run returns, from the Flax model."""
+  text_features, text_hidden = bundle.text_hidden_states(ids)
+  image_features, details = bundle.image_details(images)
+  return {"image_features": np.asarray(image_features),
+          "text_features": np.asarray(text_features),
+          "logits": np.asarray(bundle.logits(image_features, text_features)),
+          "text_hidden": [np.asarray(h) for h in text_hidden],
+          "vision_hidden": [np.asarray(h) for h in details["hidden_states"]]}
+
+
+def _errors(ours: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+  ours, reference = np.asarray(ours, np.float64), np.asarray(reference, np.float64)
+  if ours.shape != reference.shape:
+    raise ValueError(f"shape mismatch: jax {ours.shape} vs torch {reference.shape}")
+  max_abs = float(np.max(np.abs(ours - reference)))
+  scale = float(np.max(np.abs(reference)))
+  return {"max_abs": max_abs, "max_rel": max_abs / scale if scale else max_abs,
+          "scale": scale}
+
+
+def compare(ours: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:
+  """Per-block and final errors; `worst_final_rel` is the headline number."""
+  report = {}
+  for tower in ("text", "vision"):
+    hidden_ours, hidden_ref = ours[f"{tower}_hidden"], reference[f"{tower}_hidden"]
+    if len(hidden_ours) != len(hidden_ref):
+      raise ValueError(f"{tower}: {len(hidden_ours)} hidden states vs {len(hidden_ref)}")
+    report[f"{tower}_blocks"] = [dict(block=i, **_errors(a, b))
+                                 for i, (a, b) in enumerate(zip(hidden_ours, hidden_ref))]
+  for name in ("text_features", "image_features", "logits"):
+    report[name] = _errors(ours[name], reference[name])
+  report["worst_final_rel"] = max(report[n]["max_rel"]
+                                  for n in ("text_features", "image_features", "logits"))
+  return report
+
+
+def random_pair(arch: str | CLIPConfig, reference: str = "open_clip", seed: int = 0):
+  """(torch model, CLIPBundle) sharing the same random weights."""
+  config = arch if isinstance(arch, CLIPConfig) else architecture_config(arch)
+  model = torch_reference.randomize_(torch_reference.build(config, reference), seed)
+  state_dict = torch_reference.state_dict_numpy(model)
+  convert = hf if reference == "transformers" else openai
+  params = convert.params_from_state_dict(state_dict, config, f"random {reference}")
+  return model, CLIPBundle(config=config, params=params, source=f"random:{reference}")
+
+
+def reference_for_source(source: str, arch: str | None = None):
+  """(torch model, CLIPBundle) for a checkpoint on disk."""
+  bundle = load(source, arch=arch)
+  path = bundle.source
+  if os.path.isdir(path) and native.is_native_dir(path):
+    _, _, _, metadata = native.load(path)
+    original = metadata.get("converted_from")
+    if not original or not os.path.exists(original):
+      raise ValueError(f"{path} is a converted checkpoint; parity needs the original "
+                       f"({original or 'unknown'}): pass it as --source.")
+    return reference_for_source(original, metadata.get("arch") or arch)
+  if os.path.isdir(path):
+    names = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
+             "open_clip_pytorch_model.bin")
+    path = next(os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n)))
+  state_dict = read_state_dict(path)
+  reference = ("transformers" if any(k.startswith("text_model.") for k in state_dict)
+               else "open_clip")
+  model = torch_reference.build(bundle.config, reference)
+  torch = torch_reference._torch()  # pylint: disable=protected-access
+  ignored = set(hf.IGNORED_KEYS) | set(openai.IGNORED_KEYS)
+  tensors = {k: torch.from_numpy(v) for k, v in state_dict.items() if k not in ignored}
+  missing, unexpected = model.load_state_dict(tensors, strict=False)
+  missing = [k for k in missing if k not in ignored]
+  if missing or unexpected:
+    raise ValueError(f"The {reference} reference does not take {path}: missing {missing}, "
+                     f"unexpected {unexpected}.")
+  return model.eval(), bundle
+
+
+def run_parity(model, bundle: CLIPBundle, batch: int = 4, seed: int = 0) -> dict[str, Any]:
+  images, ids = random_inputs(bundle.config, batch, seed)
+  report = compare(jax_outputs(bundle, images, ids), torch_reference.run(model, images, ids))
+  report["config"] = bundle.config.to_dict()
+  report["source"] = bundle.source
+  return report
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+  lines = [f"{'tensor':<22}{'max |jax-torch|':>18}{'max |torch|':>14}{'relative':>12}"]
+  for tower in ("text", "vision"):
+    for row in report[f"{tower}_blocks"]:
+      label = f"{tower} " + ("embed" if row["block"] == 0 else f"block {row['block']}")
+      lines.append(f"{label:<22}{row['max_abs']:>18.3e}{row['scale']:>14.3e}"
+                   f"{row['max_rel']:>12.3e}")
+  for name in ("text_features", "image_features", "logits"):
+    row = report[name]
+    lines.append(f"{name:<22}{row['max_abs']:>18.3e}{row['scale']:>14.3e}{row['max_rel']:>12.3e}")
+  lines.append(f"worst relative error of features/logits: {report['worst_final_rel']:.3e}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  f = flags.FLAGS
+  # Parity is about fp32: TPUs and GPUs otherwise use reduced-precision matmuls.
+  jax.config.update("jax_default_matmul_precision", "highest")
+  if bool(f.source) == bool(f.random):
+    raise SystemExit("Give exactly one of --source PATH or --random ARCH.")
+  if f.random:
+    model, bundle = random_pair(f.random, f.reference, f.seed)
+  else:
+    model, bundle = reference_for_source(f.source, f.arch)
+  report = run_parity(model, bundle, f.batch, f.seed)
+  print(format_report(report))
+  if f.json:
+    with open(f.json, "w", encoding="utf-8") as out:
+      json.dump(report, out, indent=2)
+    print(f"wrote {f.json}")
+
+
+def _define_flags():
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  flags.DEFINE_string("source", None, "Checkpoint to check (any format stori_jax.load reads).")
+  flags.DEFINE_string("arch", None, "Architecture name for bare state-dict files.")
+  flags.DEFINE_string("random", None, "Check random weights of this architecture instead, "
+                      "e.g. ViT-B-32-quickgelu, ViT-L-14, test-tiny.")
+  flags.DEFINE_enum("reference", "open_clip", torch_reference.REFERENCES,
+                    "PyTorch reference for --random.")
+  flags.DEFINE_integer("batch", 4, "Images and texts per check.")
+  flags.DEFINE_integer("seed", 0, "Seed of the random inputs and weights.")
+  flags.DEFINE_string("json", None, "Also write the report to this JSON file.")
+
+
+if __name__ == "__main__":
+  from absl import app  # pylint: disable=import-outside-toplevel
+  _define_flags()
+  app.run(main)
