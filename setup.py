@@ -24,7 +24,7 @@ EXTRAS = {
     # PyTorch references for parity checks and for reading torch pickles
     # (.bin/.pt). Everything else (safetensors, HF directories) loads without it.
     "torch": ["torch>=2.1", "transformers>=4.40", "open_clip_torch>=2.24"],
-    "test": ["pytest>=7.4", "pytest-xdist>=3.5"],
+    "test": ["pytest>=7.4"],
 }
 EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})
 

@@ -1,12 +1,16 @@
 """stori-jax: SToRI and CLIP mutual-knowledge analysis in JAX/Flax.
 
-Public surface: `load`, `save`, `CLIPBundle`, the model configs, and (once the
-tokenizer is present) `parse_weighted`.
+Public surface: `load`, `save`, `CLIPBundle` (tokenize, encode_text,
+encode_prompts, encode_image, preprocess), the model configs, and the
+weighted-prompt helpers `parse_weighted`, `tokenize_weighted`, `word_weights`.
 """
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints import CheckpointError, CheckpointMismatchError
 from stori_jax.loading import load, named_checkpoints, save
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, get_architecture
 from stori_jax.preprocess import PreprocessConfig, preprocess
+from stori_jax.tokenizer import (Segment, Tokenizer, WeightedPromptError, default_tokenizer,
+                                 parse_weighted, strip_weights, tokenize_weighted, word_weights,
+                                 words_from_tokens)
 
 __version__ = "0.1.0"

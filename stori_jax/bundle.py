@@ -85,7 +85,8 @@ class CLIPBundle:
           "features are read at that position.")
     return ids.astype(np.int32)
 
-  def _log_weights(self, weights, ids: np.ndarray):
+  def check_weights(self, weights, ids: np.ndarray) -> np.ndarray | None:
+    """Validates token weights: float32 [B, L] like ids, finite, >= 0."""
     if weights is None:
       return None
     weights = np.asarray(weights, np.float32)
@@ -96,24 +97,47 @@ class CLIPBundle:
                        f"{ids.shape}.")
     if not np.all(np.isfinite(weights)) or (weights < 0).any():
       raise ValueError("Token weights must be finite and >= 0 (0 excludes a token).")
-    with np.errstate(divide="ignore"):
-      return np.log(weights)
+    return weights
 
   def _text_inputs(self, tokens, weights, start_block, stop_block):
     ids = self.check_tokens(tokens)
-    log_weights = self._log_weights(weights, ids)
+    weights = self.check_weights(weights, ids)
+    with np.errstate(divide="ignore"):  # log 0 = -inf excludes the token.
+      log_weights = None if weights is None else np.log(weights)
     blocks = (reweighted_block_indices(self.config.text.layers, start_block, stop_block)
               if log_weights is not None else ())
     return ids, log_weights, blocks
 
+  @functools.cached_property
+  def _prompt_weighting_fn(self):
+    def encode(params, ids, weights, block):
+      return self.model.apply({"params": params}, ids, weights, block,
+                              method=CLIP.encode_text_prompt_weighting)
+    return jax.jit(encode, static_argnums=3)
+
   def encode_text(self, tokens, weights=None, start_block: int | None = None,
-                  stop_block: int | None = None) -> jax.Array:
+                  stop_block: int | None = None, method: str = "stori") -> jax.Array:
     """tokens int [B, L<=context] (+ weights float [B, L] >= 0) -> float32 [B, embed_dim].
 
-    Weights rescale attention to each token in blocks start_block..stop_block
-    (1-indexed, inclusive; default: the second half of the tower, blocks 7-12
-    of a 12-block tower as in the paper). weights=None is plain CLIP.
+    method="stori": weights rescale the attention paid to each token in blocks
+    start_block..stop_block (1-indexed, inclusive; default: the second half of
+    the tower, blocks 7-12 of a 12-block tower as in the paper).
+    method="prompt_weighting": the paper's App. C.1 baseline, applied once at
+    the input of start_block (see TextTransformer.prompt_weighting).
+    weights=None is plain CLIP either way.
     """
+    if method == "prompt_weighting":
+      if stop_block is not None:
+        raise ValueError("prompt_weighting acts at one block (start_block); stop_block "
+                         "does not apply.")
+      ids = self.check_tokens(tokens)
+      weights = self.check_weights(weights, ids)
+      if weights is None:
+        return self._text_fn(self.params, ids, None, (), False)
+      block = reweighted_block_indices(self.config.text.layers, start_block)[0]
+      return self._prompt_weighting_fn(self.params, ids, weights, block)
+    if method != "stori":
+      raise ValueError(f"method must be 'stori' or 'prompt_weighting', got {method!r}.")
     return self._text_fn(self.params, *self._text_inputs(tokens, weights, start_block,
                                                          stop_block), False)
 
@@ -123,10 +147,10 @@ class CLIPBundle:
                                                          stop_block), True)
 
   def encode_prompts(self, prompts: str | Sequence, start_block: int | None = None,
-                     stop_block: int | None = None) -> jax.Array:
+                     stop_block: int | None = None, method: str = "stori") -> jax.Array:
     """Weighted prompts such as "a (red:1.5) circle" -> float32 [B, embed_dim]."""
     ids, weights = self.tokenize(prompts, with_weights=True)
-    return self.encode_text(ids, weights, start_block, stop_block)
+    return self.encode_text(ids, weights, start_block, stop_block, method)
 
   # Images -----------------------------------------------------------------------
 

@@ -34,6 +34,9 @@ def download(repo_id: str, roles: Sequence[Sequence[str]], revision: str | None 
     for filename in candidates:
       try:
         path = huggingface_hub.hf_hub_download(repo_id, filename, revision=revision)
+      except (errors.LocalEntryNotFoundError, OSError) as e:
+        # LocalEntryNotFoundError subclasses EntryNotFoundError: test it first.
+        raise CheckpointError(_offline_message(repo_id, filename, e)) from e
       except errors.EntryNotFoundError as e:
         last_error = e  # This repo stores the weights under another name.
         continue
@@ -41,8 +44,6 @@ def download(repo_id: str, roles: Sequence[Sequence[str]], revision: str | None 
         raise CheckpointError(
             f"{repo_id!r} is neither a local path nor a Hugging Face hub repository "
             "(check the spelling, or pass a local directory or file).") from e
-      except (errors.LocalEntryNotFoundError, OSError) as e:
-        raise CheckpointError(_offline_message(repo_id, filename, e)) from e
       directory = os.path.dirname(path)
       break
     else:

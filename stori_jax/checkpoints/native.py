@@ -11,11 +11,12 @@ import json
 import os
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.validate import check_params, flatten, unflatten
-from stori_jax.models import CLIPConfig
+from stori_jax.models import CLIPConfig, param_shapes
 from stori_jax.preprocess import PreprocessConfig
 
 CONFIG_FILE = "stori_config.json"
@@ -37,7 +38,7 @@ def save(directory: str | os.PathLike, config: CLIPConfig, params: Mapping[str, 
   check_params(params, config, "params to save")
   if params_format == "safetensors":
     from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
-    flat = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in flatten(params).items()}
+    flat = {k: np.array(v, np.float32, order="C") for k, v in flatten(params).items()}  # 0-d stays 0-d.
     save_file(flat, os.path.join(directory, SAFETENSORS_FILE))
   elif params_format == "orbax":
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
@@ -71,8 +72,11 @@ def load(directory: str | os.PathLike):
     params = unflatten(load_file(os.path.join(directory, SAFETENSORS_FILE)))
   elif params_format == "orbax":
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-    params = ocp.PyTreeCheckpointer().restore(os.path.join(directory, ORBAX_DIR))
-    params = {k: v for k, v in params.items()}
+    # Restoring as host numpy arrays needs no sharding information.
+    restore_args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                          param_shapes(config))
+    params = ocp.PyTreeCheckpointer().restore(os.path.join(directory, ORBAX_DIR),
+                                              restore_args=restore_args)
   else:
     raise CheckpointError(f"{path}: unknown params_format {params_format!r}.")
   check_params(params, config, directory)

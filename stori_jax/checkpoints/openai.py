@@ -35,7 +35,7 @@ def config_from_state_dict(state_dict: Mapping[str, np.ndarray], source: str = "
                            name: str = "") -> CLIPConfig:
   """Infers the architecture from the tensor shapes, as OpenAI's build_model does.
 
-  Heads are width // head_width (64 for every OpenAI model). The activation is
+  Heads are width // head_width (64 for every OpenAI model), at least 1. The activation is
   not visible in the weights: OpenAI's models use QuickGELU.
   """
   conv = _require(state_dict, "visual.conv1.weight", source)
@@ -50,13 +50,13 @@ def config_from_state_dict(state_dict: Mapping[str, np.ndarray], source: str = "
       text=TextConfig(
           vocab_size=_require(state_dict, "token_embedding.weight", source).shape[0],
           context_length=_require(state_dict, "positional_embedding", source).shape[0],
-          width=text_width, heads=text_width // head_width,
+          width=text_width, heads=max(1, text_width // head_width),
           layers=block_count(state_dict, "transformer.resblocks."),
           mlp_dim=None if text_mlp == 4 * text_width else text_mlp, activation=activation),
       vision=VisionConfig(
           image_size=patch * grid, patch_size=patch, width=vision_width,
           layers=block_count(state_dict, "visual.transformer.resblocks."),
-          heads=vision_width // head_width,
+          heads=max(1, vision_width // head_width),
           mlp_dim=None if vision_mlp == 4 * vision_width else vision_mlp,
           activation=activation),
       name=name)

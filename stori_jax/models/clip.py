@@ -29,6 +29,9 @@ class CLIP(nn.Module):
                   reweight_blocks: Sequence[int] = (), return_hidden: bool = False):
     return self.text(ids, log_weights, reweight_blocks, return_hidden)
 
+  def encode_text_prompt_weighting(self, ids: jax.Array, weights: jax.Array, block: int):
+    return self.text.prompt_weighting(ids, weights, block)
+
   def encode_image(self, images: jax.Array, return_hidden: bool = False):
     return self.vision(images, return_hidden)
 

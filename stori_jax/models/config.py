@@ -68,7 +68,7 @@ class CLIPConfig:
       if tower.activation not in ACTIVATIONS:
         raise ValueError(
             f"Unknown activation {tower.activation!r}; expected one of {ACTIVATIONS}.")
-      if tower.width % tower.heads:
+      if tower.heads < 1 or tower.width % tower.heads:
         raise ValueError(
             f"{type(tower).__name__}: width {tower.width} is not divisible by "
             f"heads {tower.heads}.")

@@ -108,3 +108,17 @@ class TextTransformer(nn.Module):
     x, hidden = self.blocks(embedded, 0, None, log_weights, reweight_blocks, return_hidden=True)
     features = self.pool(x, ids)
     return (features, [embedded] + hidden) if return_hidden else features
+
+  def prompt_weighting(self, ids: jax.Array, weights: jax.Array, block: int) -> jax.Array:
+    """The paper's baseline "modified prompt weighting" (App. C.1): [B, L] -> [B, embed_dim].
+
+    At the input of `block` (0-indexed: after `block` blocks), each token's
+    state h is replaced by e + w (h - e), where e is the state at the same
+    position of the empty prompt (SOT, EOT, padding). The remaining blocks run
+    unweighted. w = 1 gives plain CLIP.
+    """
+    empty = jnp.zeros_like(ids).at[:, 0].set(ids[:, 0]).at[:, 1].set(self.config.eot_token_id)
+    h = self.blocks(self.embed(ids), 0, block)
+    e = self.blocks(self.embed(empty), 0, block)
+    h = e + weights[..., None].astype(h.dtype) * (h - e)
+    return self.pool(self.blocks(h, block), ids)

@@ -1,0 +1,33 @@
+# `make test` and `make demo` set up everything they need in .venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# PyTorch for the parity references. torchvision (needed by open_clip) must match it;
+# on aarch64 use TORCH_SPEC="torch==2.9.1 torchvision==0.24.1".
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+# Locally `make test` skips tests marked slow; CI (CI=true) runs them all.
+PYTEST_MARK := $(if $(filter true 1,$(CI)),,-m "not slow")
+
+.PHONY: test test-all demo install clean
+
+$(STAMP): setup.py
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e ".[torch,test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_MARK)
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(PY) -m stori_jax.parity --random ViT-B-32-quickgelu --reference open_clip --batch 2
+	$(PY) -m stori_jax.embed --random test-tiny "a photo of a (red:1.5) circle on a (gray:0.5) background"
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,198 @@
+"""stori_jax.load / save / convert: formats, round trips and the errors users see."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import stori_jax
+from stori_jax.checkpoints import CheckpointError, CheckpointMismatchError
+from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CONFIG = CLIPConfig(
+    embed_dim=32,
+    text=TextConfig(width=64, layers=2, heads=1),
+    vision=VisionConfig(image_size=32, patch_size=8, width=64, layers=2, heads=1))
+
+
+def _ids(batch=2, length=77):
+  ids = np.zeros((batch, length), np.int32)
+  ids[:, 0], ids[:, 1:4], ids[:, 4] = 49406, 320, 49407
+  return ids
+
+
+@pytest.fixture(scope="module")
+def bundle():
+  return stori_jax.CLIPBundle(config=CONFIG, params=init_params(CONFIG, seed=0))
+
+
+def _openai_state_dict(params):
+  """Our params back in OpenAI key layout (the inverse of checkpoints.openai)."""
+  sd = {"token_embedding.weight": params["text"]["token_embedding"]["embedding"],
+        "positional_embedding": params["text"]["positional_embedding"],
+        "text_projection": params["text"]["text_projection"],
+        "ln_final.weight": params["text"]["ln_final"]["scale"],
+        "ln_final.bias": params["text"]["ln_final"]["bias"],
+        "visual.conv1.weight": np.transpose(params["vision"]["conv1"]["kernel"], (3, 2, 0, 1)),
+        "visual.class_embedding": params["vision"]["class_embedding"],
+        "visual.positional_embedding": params["vision"]["positional_embedding"],
+        "visual.proj": params["vision"]["proj"],
+        "logit_scale": np.asarray(params["logit_scale"])}
+  for ln in ("ln_pre", "ln_post"):
+    sd[f"visual.{ln}.weight"] = params["vision"][ln]["scale"]
+    sd[f"visual.{ln}.bias"] = params["vision"][ln]["bias"]
+  for tower, prefix in (("text", "transformer.resblocks."), ("vision", "visual.transformer.resblocks.")):
+    for i in range(2):
+      block, p = params[tower][f"resblocks_{i}"], f"{prefix}{i}."
+      attn = block["attn"]
+      sd[p + "attn.in_proj_weight"] = np.concatenate(
+          [np.asarray(attn[n]["kernel"]).T for n in ("query", "key", "value")])
+      sd[p + "attn.in_proj_bias"] = np.concatenate([attn[n]["bias"] for n in ("query", "key", "value")])
+      sd[p + "attn.out_proj.weight"] = np.asarray(attn["out"]["kernel"]).T
+      sd[p + "attn.out_proj.bias"] = attn["out"]["bias"]
+      for ln in ("ln_1", "ln_2"):
+        sd[p + ln + ".weight"], sd[p + ln + ".bias"] = block[ln]["scale"], block[ln]["bias"]
+      for fc in ("c_fc", "c_proj"):
+        sd[p + f"mlp.{fc}.weight"] = np.asarray(block["mlp"][fc]["kernel"]).T
+        sd[p + f"mlp.{fc}.bias"] = block["mlp"][fc]["bias"]
+  return {k: np.array(v, np.float32, order="C") for k, v in sd.items()}
+
+
+@pytest.fixture(scope="module")
+def openai_file(tmp_path_factory, bundle):
+  path = tmp_path_factory.mktemp("openai") / "model.safetensors"
+  save_file(_openai_state_dict(bundle.params), str(path))
+  return path
+
+
+def test_safetensors_state_dict_round_trip(openai_file, bundle):
+  loaded = stori_jax.load(openai_file, arch=CONFIG)
+  for a, b in zip(jax.tree_util.tree_leaves(loaded.params), jax.tree_util.tree_leaves(bundle.params)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(loaded.encode_text(_ids()), bundle.encode_text(_ids()))
+
+
+@pytest.mark.parametrize("params_format", ["safetensors", "orbax"])
+def test_native_round_trip(tmp_path, bundle, params_format):
+  directory = stori_jax.save(bundle, tmp_path / "ckpt", params_format=params_format)
+  loaded = stori_jax.load(directory)
+  assert loaded.config == bundle.config
+  images = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype(np.float32)
+  np.testing.assert_array_equal(loaded.encode_image(images), bundle.encode_image(images))
+  np.testing.assert_array_equal(loaded.encode_text(_ids()), bundle.encode_text(_ids()))
+
+
+def test_mismatched_architecture_names_shapes(openai_file):
+  wrong = CONFIG.replace(vision=VisionConfig(image_size=32, patch_size=16, width=64, layers=2,
+                                             heads=1))
+  with pytest.raises(CheckpointMismatchError) as e:
+    stori_jax.load(openai_file, arch=wrong)
+  message = str(e.value)
+  assert "vision/conv1/kernel" in message and "(8, 8, 3, 64)" in message
+  assert "(16, 16, 3, 64)" in message
+
+
+def test_missing_and_unexpected_keys_are_named(tmp_path, bundle):
+  sd = _openai_state_dict(bundle.params)
+  del sd["visual.ln_post.bias"]
+  sd["visual.extra_head.weight"] = np.zeros(3, np.float32)
+  path = tmp_path / "broken.safetensors"
+  save_file(sd, str(path))
+  with pytest.raises(CheckpointMismatchError) as e:
+    stori_jax.load(path, arch=CONFIG)
+  assert e.value.missing == ["visual.ln_post.bias"]
+  assert e.value.unexpected == ["visual.extra_head.weight"]
+  assert "visual.ln_post.bias" in str(e.value) and "visual.extra_head.weight" in str(e.value)
+
+
+def test_deeper_architecture_than_checkpoint(openai_file):
+  deeper = CONFIG.replace(text=TextConfig(width=64, layers=3, heads=1))
+  with pytest.raises(CheckpointMismatchError, match="transformer.resblocks.2.ln_1.weight"):
+    stori_jax.load(openai_file, arch=deeper)
+
+
+def test_bad_inputs_give_sizes(bundle):
+  with pytest.raises(ValueError, match=r"\[batch, 32, 32, 3\].*\(2, 64, 64, 3\)"):
+    bundle.encode_image(np.zeros((2, 64, 64, 3), np.float32))
+  with pytest.raises(ValueError, match="length 78 exceed the model's context length 77"):
+    bundle.encode_text(np.full((1, 78), 49407, np.int32))
+  no_eot = _ids()
+  no_eot[1, 4] = 0
+  with pytest.raises(ValueError, match=r"Rows \[1\] have no end-of-text token"):
+    bundle.encode_text(no_eot)
+  with pytest.raises(ValueError, match="uint8|floats"):
+    bundle.encode_image(np.zeros((1, 32, 32, 3), np.uint8))
+  with pytest.raises(ValueError, match="must have the shape of the token ids"):
+    bundle.encode_text(_ids(), weights=np.ones((2, 5)))
+  with pytest.raises(ValueError, match=">= 0"):
+    bundle.encode_text(_ids(), weights=-np.ones((2, 77)))
+
+
+def test_short_sequences_give_the_same_features(bundle):
+  """The causal mask makes the EOT output independent of the padding after it."""
+  ids = _ids()
+  np.testing.assert_allclose(bundle.encode_text(ids[:, :5]), bundle.encode_text(ids),
+                             rtol=1e-6, atol=1e-6)
+
+
+def test_unknown_source_and_directory_errors(tmp_path):
+  with pytest.raises(CheckpointError, match="does not exist"):
+    stori_jax.load(tmp_path / "nowhere" / "x.pt")
+  with pytest.raises(CheckpointError, match="stori_config.json.*config.json.*open_clip_config"):
+    stori_jax.load(tmp_path)
+
+
+def test_offline_hub_error_names_file_and_destination(tmp_path):
+  code = ("import stori_jax\n"
+          "try:\n  stori_jax.load('openai/clip-vit-base-patch32')\n"
+          "except stori_jax.CheckpointError as e:\n  print('ERR', e)\n")
+  env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path))
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       check=True, timeout=120).stdout
+  assert "ERR" in out
+  assert "https://huggingface.co/openai/clip-vit-base-patch32/resolve/main/config.json" in out
+  assert "stori_jax.load('checkpoints/openai__clip-vit-base-patch32')" in out
+
+
+def test_hf_directory_loads_without_torch(tmp_path):
+  """transformers layout written by hand with safetensors; torch imports are blocked."""
+  pytest.importorskip("transformers", reason="writes the HF config with transformers")
+  torch = pytest.importorskip("torch", reason="builds the HF checkpoint with torch")
+  from stori_jax import parity
+  model, bundle = parity.random_pair(CONFIG.with_activation("gelu"), "transformers", seed=0)
+  model.save_pretrained(tmp_path)
+  del torch
+  code = (
+      "import sys; sys.modules['torch'] = None\n"
+      "import numpy as np, stori_jax\n"
+      f"b = stori_jax.load({str(tmp_path)!r})\n"
+      "ids = np.zeros((1, 77), np.int32); ids[0, :3] = [49406, 320, 49407]\n"
+      "np.save(sys.argv[1], np.asarray(b.encode_text(ids)))\n")
+  out = tmp_path / "features.npy"
+  subprocess.run([sys.executable, "-c", code, str(out)], check=True, timeout=300)
+  ids = np.zeros((1, 77), np.int32)
+  ids[0, :3] = [49406, 320, 49407]
+  np.testing.assert_allclose(np.load(out), bundle.encode_text(ids), rtol=1e-6, atol=1e-6)
+
+
+def test_convert_cli_and_parity_cli(tmp_path, openai_file):
+  pytest.importorskip("torch", reason="the parity tool runs the PyTorch reference")
+  pytest.importorskip("open_clip", reason="the parity tool runs the open_clip reference")
+  out = tmp_path / "converted"
+  subprocess.run([sys.executable, "-m", "stori_jax.convert", f"--input={openai_file}",
+                  f"--output={out}"], check=True, cwd=REPO, timeout=300, capture_output=True)
+  meta = json.loads((out / "stori_config.json").read_text())
+  assert meta["metadata"]["converted_from"] == str(openai_file)
+  report_path = tmp_path / "report.json"
+  result = subprocess.run(
+      [sys.executable, "-m", "stori_jax.parity", f"--source={out}", f"--json={report_path}"],
+      check=True, cwd=REPO, timeout=300, capture_output=True, text=True)
+  assert "text block 2" in result.stdout and "vision block 2" in result.stdout
+  report = json.loads(report_path.read_text())
+  assert report["worst_final_rel"] < 1e-5
