@@ -31,22 +31,35 @@ def is_native_dir(path: str | os.PathLike) -> bool:
 
 def save(directory: str | os.PathLike, config: CLIPConfig, params: Mapping[str, Any],
          preprocess_config: PreprocessConfig = PreprocessConfig(),
-         params_format: str = "safetensors", metadata: Mapping[str, Any] | None = None) -> str:
-  """Writes a converted checkpoint; returns the directory."""
+         params_format: str = "safetensors", metadata: Mapping[str, Any] | None = None,
+         params_dtype: str = "float32") -> str:
+  """Writes a converted checkpoint; returns the directory.
+
+  params_dtype "float16"/"bfloat16" halves the file (safetensors only); loading
+  always returns float32 params.
+  """
   directory = os.path.abspath(directory)
   os.makedirs(directory, exist_ok=True)
   check_params(params, config, "params to save")
   if params_format == "safetensors":
     from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
-    flat = {k: np.array(v, np.float32, order="C") for k, v in flatten(params).items()}  # 0-d stays 0-d.
+    import ml_dtypes  # pylint: disable=import-outside-toplevel
+    dtype = {"float32": np.float32, "float16": np.float16,
+             "bfloat16": ml_dtypes.bfloat16}[params_dtype]
+    # np.array (not ascontiguousarray) keeps 0-d params 0-d.
+    flat = {k: np.array(v, dtype, order="C") for k, v in flatten(params).items()}
     save_file(flat, os.path.join(directory, SAFETENSORS_FILE))
   elif params_format == "orbax":
+    if params_dtype != "float32":
+      raise ValueError("orbax checkpoints are written in float32; use safetensors for "
+                       f"params_dtype={params_dtype!r}.")
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
     target = os.path.join(directory, ORBAX_DIR)
     ocp.PyTreeCheckpointer().save(target, params, force=True)
   else:
     raise ValueError(f"params_format must be 'safetensors' or 'orbax', got {params_format!r}.")
   meta = {"format_version": FORMAT_VERSION, "params_format": params_format,
+          "params_dtype": params_dtype,
           "config": config.to_dict(), "preprocess": dataclasses.asdict(preprocess_config),
           "metadata": dict(metadata or {})}
   with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as f:
@@ -69,7 +82,8 @@ def load(directory: str | os.PathLike):
   params_format = meta.get("params_format", "safetensors")
   if params_format == "safetensors":
     from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
-    params = unflatten(load_file(os.path.join(directory, SAFETENSORS_FILE)))
+    params = unflatten({k: v.astype(np.float32) for k, v in
+                        load_file(os.path.join(directory, SAFETENSORS_FILE)).items()})
   elif params_format == "orbax":
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
     # Restoring as host numpy arrays needs no sharding information.

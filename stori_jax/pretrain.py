@@ -1,0 +1,208 @@
+r"""Contrastive CLIP pretraining on the synthetic world (the embedded default model).
+
+  python -m stori_jax.pretrain --config configs/tiny_clip_pretrain.py --workdir /tmp/tiny_clip
+  python -m stori_jax.pretrain --config configs/tiny_clip_pretrain.py --config.total_steps=200
+
+Every step draws a fresh batch from the generator, seeded by (seed, step), so
+a run killed at any point and restarted with the same workdir resumes from its
+last checkpoint to exactly the same result. Writes metrics.jsonl, orbax
+checkpoints and, at the end, the model in this project's format.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import app, flags, logging
+from ml_collections import config_flags
+from tqdm import tqdm
+
+from stori_jax.bundle import CLIPBundle
+from stori_jax.checkpointing import TrainCheckpointer
+from stori_jax.checkpoints import native
+from stori_jax.data import synthetic
+from stori_jax.models import CLIP, CLIPConfig, init_params
+from stori_jax.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
+from stori_jax.tokenizer import default_tokenizer
+
+
+def model_config(config: ml_collections.ConfigDict) -> CLIPConfig:
+  return CLIPConfig.from_dict(config.model.to_dict())
+
+
+def batch_for_step(config, step: int) -> tuple[np.ndarray, np.ndarray]:
+  """(images float32 [B, S, S, 3] normalised, ids int32 [B, text_length]) of one step."""
+  clip_config = model_config(config)
+  batch = synthetic.generate(config.batch_size, seed=(config.seed, step),
+                             image_size=clip_config.vision.image_size,
+                             max_objects=config.data.max_objects,
+                             two_object_fraction=config.data.two_object_fraction)
+  ids = default_tokenizer()(batch.captions, context_length=config.text_length, truncate=False)
+  return normalize(batch.images, OPENAI_MEAN, OPENAI_STD), ids
+
+
+def prefetch(config, first_step: int, depth: int = 2) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """Generates the batches of steps first_step.. in a background thread."""
+  out: queue.Queue = queue.Queue(maxsize=depth)
+
+  def worker():
+    for step in range(first_step, config.total_steps):
+      out.put(batch_for_step(config, step))
+
+  threading.Thread(target=worker, daemon=True).start()
+  for _ in range(first_step, config.total_steps):
+    yield out.get()
+
+
+def contrastive_loss(logits: jax.Array) -> jax.Array:
+  """Symmetric InfoNCE over a [B, B] image-text logit matrix (matches on the diagonal)."""
+  labels = jnp.arange(logits.shape[0])
+  image_to_text = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  text_to_image = optax.softmax_cross_entropy_with_integer_labels(logits.T, labels)
+  return (image_to_text.mean() + text_to_image.mean()) / 2
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  if not 0 <= config.warmup_steps < config.total_steps:
+    raise ValueError(f"warmup_steps ({config.warmup_steps}) must be smaller than total_steps "
+                     f"({config.total_steps}); lower --config.warmup_steps.")
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, config.learning_rate, config.warmup_steps, config.total_steps,
+      config.learning_rate * config.end_learning_rate_fraction)
+  # As in CLIP: no decay on gains, biases and the temperature (the 0-d and 1-d params).
+  decay_mask = lambda params: jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
+  return optax.adamw(schedule, b2=config.adam_b2, weight_decay=config.weight_decay,
+                     mask=decay_mask)
+
+
+def make_train_step(config, model: CLIP, optimizer):
+  max_log_scale = float(np.log(config.max_logit_scale))
+
+  def loss_fn(params, images, ids):
+    image = model.apply({"params": params}, images, method=CLIP.encode_image)
+    text = model.apply({"params": params}, ids, method=CLIP.encode_text)
+    image = image / jnp.linalg.norm(image, axis=-1, keepdims=True)
+    text = text / jnp.linalg.norm(text, axis=-1, keepdims=True)
+    logits = jnp.exp(params["logit_scale"]) * image @ text.T
+    loss = contrastive_loss(logits)
+    accuracy = jnp.mean(jnp.argmax(logits, axis=1) == jnp.arange(logits.shape[0]))
+    return loss, accuracy
+
+  @jax.jit
+  def train_step(state, images, ids):
+    (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state["params"], images, ids)
+    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    # CLIP clamps the temperature so logits stay <= max_logit_scale * cosine.
+    params["logit_scale"] = jnp.clip(params["logit_scale"], 0.0, max_log_scale)
+    new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1}
+    return new_state, {"loss": loss, "batch_accuracy": accuracy,
+                       "logit_scale": jnp.exp(params["logit_scale"])}
+
+  return train_step
+
+
+def initial_state(config, optimizer) -> dict[str, Any]:
+  params = init_params(model_config(config), seed=config.seed)
+  return {"params": params, "opt_state": optimizer.init(params),
+          "step": jnp.zeros((), jnp.int32)}
+
+
+def quick_eval(bundle: CLIPBundle, config) -> dict[str, float]:
+  """Zero-shot colour / shape accuracy on fresh single-object images (a progress signal)."""
+  batch = synthetic.generate(config.eval_images, seed=(config.seed, 10**9), max_objects=1,
+                             image_size=bundle.config.vision.image_size)
+  images = normalize(batch.images, OPENAI_MEAN, OPENAI_STD)
+  image = np.array(bundle.encode_image(images))
+  image /= np.linalg.norm(image, axis=-1, keepdims=True)
+  result = {}
+  for family, names, other in (("colour", synthetic.COLOURS, synthetic.SHAPES),
+                               ("shape", synthetic.SHAPES, synthetic.COLOURS)):
+    # Class embedding: mean over a prompt for every value of the other family.
+    prompts = [f"a {c} {o}" if family == "colour" else f"a {o} {c}" for c in names for o in other]
+    text = np.array(bundle.encode_text(bundle.tokenize(prompts)))
+    text /= np.linalg.norm(text, axis=-1, keepdims=True)
+    classes = text.reshape(len(names), len(other), -1).mean(1)
+    predicted = np.argmax(image @ classes.T, axis=1)
+    result[f"zero_shot_{family}"] = float(np.mean(predicted == batch.labels(family)[:, 0]))
+  return result
+
+
+def train(config, workdir: str) -> CLIPBundle:
+  """Runs (or resumes) pretraining; returns the trained model as a bundle."""
+  os.makedirs(workdir, exist_ok=True)
+  clip_config = model_config(config)
+  model = CLIP(clip_config)
+  optimizer = make_optimizer(config)
+  train_step = make_train_step(config, model, optimizer)
+  checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
+  state = initial_state(config, optimizer)
+  if checkpointer.latest_step() is not None:
+    state = checkpointer.restore(state)
+    logging.info("Resumed from step %d in %s", int(state["step"]), workdir)
+  first_step = int(state["step"])
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  metrics_file = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")  # pylint: disable=consider-using-with
+  bar = tqdm(total=config.total_steps, initial=first_step, desc="pretrain", unit="step",
+             dynamic_ncols=True)
+  preprocess = PreprocessConfig(clip_config.vision.image_size)
+  for step, (images, ids) in enumerate(prefetch(config, first_step), start=first_step):
+    state, metrics = train_step(state, images, ids)
+    done = step + 1
+    bar.update(1)
+    if done % config.log_every == 0 or done == config.total_steps:
+      metrics = {k: float(v) for k, v in metrics.items()}
+      bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['batch_accuracy']:.2f}")
+      record = {"step": done, **metrics}
+      if done % config.eval_every == 0 or done == config.total_steps:
+        record.update(quick_eval(CLIPBundle(clip_config, state["params"],
+                                            preprocess_config=preprocess), config))
+        bar.write(json.dumps(record))
+      metrics_file.write(json.dumps(record) + "\n")
+      metrics_file.flush()
+    if done % config.checkpoint_every == 0 or done == config.total_steps:
+      checkpointer.save(done, state)
+  bar.close()
+  checkpointer.wait()
+  checkpointer.close()
+  metrics_file.close()
+  bundle = CLIPBundle(clip_config, jax.device_get(state["params"]), preprocess_config=preprocess,
+                      source=os.path.abspath(workdir))
+  if config.export_dir:
+    export = config.export_dir if os.path.isabs(config.export_dir) else os.path.join(
+        workdir, config.export_dir)
+    native.save(export, clip_config, bundle.params, preprocess,
+                metadata={"trained_by": "python -m stori_jax.pretrain",
+                          "pretrain_config": json.loads(config.to_json_best_effort()),
+                          "steps": config.total_steps},
+                params_dtype=config.export_dtype)
+    logging.info("Exported the trained model to %s", export)
+  return bundle
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Pretraining config file.",
+                                          lock_config=True)
+flags.DEFINE_string("workdir", None, "Checkpoints, metrics and the exported model go here; "
+                    "an existing workdir resumes.")
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  workdir = flags.FLAGS.workdir or os.path.join("workdirs", "pretrain")
+  train(config, workdir)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)

@@ -1,0 +1,94 @@
+"""Tiny-CLIP pretraining: the loss goes down, and a killed run resumes to the same weights."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from stori_jax import pretrain
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_FILE = os.path.join(REPO, "configs", "tiny_clip_pretrain.py")
+SMALL = ["--config.batch_size=16", "--config.model.embed_dim=32", "--config.model.text.width=32",
+         "--config.model.text.layers=2", "--config.model.vision.width=32",
+         "--config.model.vision.layers=2", "--config.model.vision.patch_size=16",
+         "--config.warmup_steps=2", "--config.eval_images=16"]
+
+
+def small_config():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("tiny_clip_pretrain", CONFIG_FILE)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  for flag in SMALL:
+    key, value = flag[len("--config."):].split("=")
+    node = config
+    *path, leaf = key.split(".")
+    for part in path:
+      node = node[part]
+    node[leaf] = type(node[leaf])(value)
+  return config
+
+
+def test_a_few_steps_lower_the_loss():
+  config = small_config()
+  config.total_steps = 30
+  config.learning_rate = 3e-3
+  optimizer = pretrain.make_optimizer(config)
+  step = pretrain.make_train_step(config, pretrain.CLIP(pretrain.model_config(config)), optimizer)
+  state = pretrain.initial_state(config, optimizer)
+  images, ids = pretrain.batch_for_step(config, 0)
+  losses = []
+  for _ in range(25):
+    state, metrics = step(state, images, ids)
+    losses.append(float(metrics["loss"]))
+  assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_batches_are_a_function_of_seed_and_step():
+  config = small_config()
+  a_images, a_ids = pretrain.batch_for_step(config, 5)
+  b_images, b_ids = pretrain.batch_for_step(config, 5)
+  c_images, _ = pretrain.batch_for_step(config, 6)
+  np.testing.assert_array_equal(a_images, b_images)
+  np.testing.assert_array_equal(a_ids, b_ids)
+  assert not np.array_equal(a_images, c_images)
+
+
+def _run(workdir, steps, extra=()):
+  return [sys.executable, "-m", "stori_jax.pretrain", f"--config={CONFIG_FILE}",
+          f"--workdir={workdir}", f"--config.total_steps={steps}", "--config.checkpoint_every=3",
+          "--config.log_every=3", "--config.eval_every=1000", "--config.export_dtype=float32",
+          *SMALL, *extra]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_weights(tmp_path):
+  steps = 12
+  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+  subprocess.run(_run(straight, steps), cwd=REPO, check=True, capture_output=True, timeout=600)
+
+  # Start the same run, SIGKILL it once a mid-run checkpoint is on disk, start it again.
+  process = subprocess.Popen(_run(resumed, steps), cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  checkpoint = resumed / "checkpoints" / "6"
+  deadline = time.time() + 600
+  while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert not (resumed / "export").exists(), "the run finished before it could be killed"
+  log = subprocess.run(_run(resumed, steps), cwd=REPO, check=True, capture_output=True,
+                       text=True, timeout=600)
+  assert "Resumed from step" in log.stderr
+
+  a = load_file(str(straight / "export" / "params.safetensors"))
+  b = load_file(str(resumed / "export" / "params.safetensors"))
+  assert a.keys() == b.keys()
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
