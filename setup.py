@@ -1,42 +1,43 @@
 """stori-jax: SToRI and CLIP mutual-knowledge analysis in JAX/Flax."""
+
 import setuptools
 
 CORE = [
-    "jax>=0.4.30",
-    "flax>=0.8.5",
-    "optax>=0.2.2",
-    "orbax-checkpoint>=0.5.20",
-    "ott-jax>=0.4.6",
-    "numpy>=1.24",
-    "scikit-learn>=1.3",
-    "ml_collections>=0.1.1",
-    "absl-py>=1.4",
-    "safetensors>=0.4",
-    "huggingface_hub>=0.23",
-    "pillow>=10.0",
-    "tqdm>=4.66",
-    "matplotlib>=3.7",
-    "ftfy>=6.1",
-    "regex>=2023.0",
+  "jax>=0.4.30",
+  "flax>=0.8.5",
+  "optax>=0.2.2",
+  "orbax-checkpoint>=0.5.20",
+  "ott-jax>=0.4.6",
+  "numpy>=1.24",
+  "scikit-learn>=1.3",
+  "ml_collections>=0.1.1",
+  "absl-py>=1.4",
+  "safetensors>=0.4",
+  "huggingface_hub>=0.23",
+  "pillow>=10.0",
+  "tqdm>=4.66",
+  "matplotlib>=3.7",
+  "ftfy>=6.1",
+  "regex>=2023.0",
 ]
 
 EXTRAS = {
-    # PyTorch references for parity checks and for reading torch pickles
-    # (.bin/.pt). Everything else (safetensors, HF directories) loads without it.
-    "torch": ["torch>=2.1", "transformers>=4.40", "open_clip_torch>=2.24"],
-    "test": ["pytest>=7.4"],
+  # PyTorch references for parity checks and for reading torch pickles
+  # (.bin/.pt). Everything else (safetensors, HF directories) loads without it.
+  "torch": ["torch>=2.1", "transformers>=4.40", "open_clip_torch>=2.24"],
+  "test": ["pytest>=7.4"],
 }
 EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})
 
 setuptools.setup(
-    name="stori-jax",
-    version="0.1.0",
-    description="SToRI (semantic token reweighting) and mutual-knowledge analysis of CLIP in JAX/Flax",
-    long_description=open("README.md", encoding="utf-8").read(),
-    long_description_content_type="text/markdown",
-    python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["stori_jax", "stori_jax.*", "mutual", "mutual.*"]),
-    package_data={"stori_jax": ["tokenizer/*.gz", "tokenizer/LICENSE*", "assets/**/*"]},
-    install_requires=CORE,
-    extras_require=EXTRAS,
+  name="stori-jax",
+  version="0.1.0",
+  description="SToRI (semantic token reweighting) and mutual-knowledge analysis of CLIP in JAX/Flax",
+  long_description=open("README.md", encoding="utf-8").read(),
+  long_description_content_type="text/markdown",
+  python_requires=">=3.10",
+  packages=setuptools.find_packages(include=["stori_jax", "stori_jax.*", "mutual", "mutual.*"]),
+  package_data={"stori_jax": ["tokenizer/*.gz", "tokenizer/LICENSE*", "assets/**/*"]},
+  install_requires=CORE,
+  extras_require=EXTRAS,
 )

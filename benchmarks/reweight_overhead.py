@@ -8,6 +8,7 @@ the paper's default blocks (second half). Calls alternate (plain, weighted,
 plain, ...) so drifts in machine load hit both; the ratio is the median of
 per-pair ratios. The paper (App. C.5, RTX A5000) reports 1.02.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,13 +53,21 @@ def main(argv):
   weighted_s = np.median([w for _, w in pairs])
   ratio = float(np.median([w / p for p, w in pairs]))
   device = jax.devices()[0]
-  result = {"arch": FLAGS.arch, "batch": FLAGS.batch, "context": context, "dtype": FLAGS.dtype,
-            "device": f"{device.platform}:{device.device_kind}", "repeats": FLAGS.repeats,
-            "plain_prompts_per_s": FLAGS.batch / plain_s,
-            "weighted_prompts_per_s": FLAGS.batch / weighted_s,
-            "time_ratio_weighted_over_plain": ratio}
-  print(f"{FLAGS.arch} text tower, batch {FLAGS.batch} x {context} tokens, {FLAGS.dtype}, "
-        f"{result['device']}")
+  result = {
+    "arch": FLAGS.arch,
+    "batch": FLAGS.batch,
+    "context": context,
+    "dtype": FLAGS.dtype,
+    "device": f"{device.platform}:{device.device_kind}",
+    "repeats": FLAGS.repeats,
+    "plain_prompts_per_s": FLAGS.batch / plain_s,
+    "weighted_prompts_per_s": FLAGS.batch / weighted_s,
+    "time_ratio_weighted_over_plain": ratio,
+  }
+  print(
+    f"{FLAGS.arch} text tower, batch {FLAGS.batch} x {context} tokens, {FLAGS.dtype}, "
+    f"{result['device']}"
+  )
   print(f"  plain    {result['plain_prompts_per_s']:10.1f} prompts/s")
   print(f"  weighted {result['weighted_prompts_per_s']:10.1f} prompts/s")
   print(f"  weighted / plain time ratio: {ratio:.3f} (paper: 1.02)")

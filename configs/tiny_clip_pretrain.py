@@ -5,28 +5,36 @@
 Real CLIP architecture (causal text tower with the real BPE tokenizer, ViT)
 at toy width, trained on freshly generated synthetic-world images each step.
 """
+
 import ml_collections
 
 
 def get_config():
   config = ml_collections.ConfigDict()
   config.seed = 0
-  config.model = ml_collections.ConfigDict(dict(
+  config.model = ml_collections.ConfigDict(
+    dict(
       embed_dim=64,
       # Six text blocks, so SToRI's default reweighting (blocks 4-6) starts mid-way.
-      text=dict(vocab_size=49408, context_length=64, width=64, layers=6, heads=4,
-                activation="quick_gelu"),
+      text=dict(
+        vocab_size=49408, context_length=64, width=64, layers=6, heads=4, activation="quick_gelu"
+      ),
       # 64x64 images in 8x8 patches: an 8x8 grid for the mutual-knowledge analysis.
-      vision=dict(image_size=64, patch_size=8, width=96, layers=4, heads=4,
-                  activation="quick_gelu"),
-      name="tiny-synthetic"))
-  config.data = ml_collections.ConfigDict(dict(max_objects=2, two_object_fraction=0.35))
+      vision=dict(
+        image_size=64, patch_size=8, width=96, layers=4, heads=4, activation="quick_gelu"
+      ),
+      name="tiny-synthetic",
+    )
+  )
+  config.data = ml_collections.ConfigDict(
+    dict(max_objects=2, two_object_fraction=0.35, hard_negative_fraction=0.5)
+  )
   # Captions are at most ~34 tokens: training cuts token rows to this length
   # (exact: the mask is causal); the context stays 64 for longer prompts.
   config.text_length = 40
   # Sized to finish in under an hour on 2 CPU cores (~0.7 s/step there).
   config.batch_size = 128
-  config.total_steps = 3000
+  config.total_steps = 3500
   config.warmup_steps = 150
   config.learning_rate = 1.5e-3
   config.end_learning_rate_fraction = 0.02

@@ -4,13 +4,22 @@ Public surface: `load`, `save`, `CLIPBundle` (tokenize, encode_text,
 encode_prompts, encode_image, preprocess), the model configs, and the
 weighted-prompt helpers `parse_weighted`, `tokenize_weighted`, `word_weights`.
 """
+
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints import CheckpointError, CheckpointMismatchError
 from stori_jax.loading import load, named_checkpoints, save
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, get_architecture
 from stori_jax.preprocess import PreprocessConfig, preprocess
-from stori_jax.tokenizer import (Segment, Tokenizer, WeightedPromptError, default_tokenizer,
-                                 parse_weighted, strip_weights, tokenize_weighted, word_weights,
-                                 words_from_tokens)
+from stori_jax.tokenizer import (
+  Segment,
+  Tokenizer,
+  WeightedPromptError,
+  default_tokenizer,
+  parse_weighted,
+  strip_weights,
+  tokenize_weighted,
+  word_weights,
+  words_from_tokens,
+)
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """CLIPBundle: a Flax CLIP, its params, tokenizer and preprocessing, ready to encode."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,6 +21,7 @@ class CLIPBundle:
   Features are unnormalised and projected, as OpenAI's encode_text and
   encode_image return them; they are float32 whatever the compute dtype.
   """
+
   config: CLIPConfig
   params: Any
   dtype: Any = jnp.float32
@@ -39,6 +41,7 @@ class CLIPBundle:
   @functools.cached_property
   def tokenizer(self):
     from stori_jax.tokenizer import default_tokenizer  # pylint: disable=import-outside-toplevel
+
     return default_tokenizer()
 
   def tokenize(self, texts: str | Sequence, with_weights: bool = False):
@@ -50,6 +53,7 @@ class CLIPBundle:
     context = self.config.text.context_length
     if with_weights:
       from stori_jax.tokenizer import tokenize_weighted  # pylint: disable=import-outside-toplevel
+
       return tokenize_weighted(self.tokenizer, texts, context_length=context)
     return self.tokenizer(texts, context_length=context)
 
@@ -58,8 +62,15 @@ class CLIPBundle:
   @functools.cached_property
   def _text_fn(self):
     def encode(params, ids, log_weights, reweight_blocks, return_hidden):
-      return self.model.apply({"params": params}, ids, log_weights, reweight_blocks,
-                              return_hidden, method=CLIP.encode_text)
+      return self.model.apply(
+        {"params": params},
+        ids,
+        log_weights,
+        reweight_blocks,
+        return_hidden,
+        method=CLIP.encode_text,
+      )
+
     return jax.jit(encode, static_argnums=(3, 4))
 
   def check_tokens(self, ids) -> np.ndarray:
@@ -69,20 +80,24 @@ class CLIPBundle:
       ids = ids[None]
     context, eot = self.config.text.context_length, self.config.text.eot_token_id
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-      raise ValueError(f"Token ids must be an integer array [batch, length], got "
-                       f"{ids.dtype} {ids.shape}.")
+      raise ValueError(
+        f"Token ids must be an integer array [batch, length], got {ids.dtype} {ids.shape}."
+      )
     if ids.shape[1] > context:
       raise ValueError(
-          f"Token sequences of length {ids.shape[1]} exceed the model's context length "
-          f"{context}; tokenize with context_length={context} (bundle.tokenize does).")
+        f"Token sequences of length {ids.shape[1]} exceed the model's context length "
+        f"{context}; tokenize with context_length={context} (bundle.tokenize does)."
+      )
     if ids.size and (ids.min() < 0 or ids.max() >= self.config.text.vocab_size):
-      raise ValueError(f"Token ids must lie in [0, {self.config.text.vocab_size}), got "
-                       f"[{ids.min()}, {ids.max()}].")
+      raise ValueError(
+        f"Token ids must lie in [0, {self.config.text.vocab_size}), got [{ids.min()}, {ids.max()}]."
+      )
     no_eot = np.flatnonzero(~(ids == eot).any(axis=1))
     if no_eot.size:
       raise ValueError(
-          f"Rows {no_eot[:10].tolist()} have no end-of-text token ({eot}); the text "
-          "features are read at that position.")
+        f"Rows {no_eot[:10].tolist()} have no end-of-text token ({eot}); the text "
+        "features are read at that position."
+      )
     return ids.astype(np.int32)
 
   def check_weights(self, weights, ids: np.ndarray) -> np.ndarray | None:
@@ -93,8 +108,7 @@ class CLIPBundle:
     if weights.ndim == 1:
       weights = weights[None]
     if weights.shape != ids.shape:
-      raise ValueError(f"weights {weights.shape} must have the shape of the token ids "
-                       f"{ids.shape}.")
+      raise ValueError(f"weights {weights.shape} must have the shape of the token ids {ids.shape}.")
     if not np.all(np.isfinite(weights)) or (weights < 0).any():
       raise ValueError("Token weights must be finite and >= 0 (0 excludes a token).")
     return weights
@@ -104,19 +118,30 @@ class CLIPBundle:
     weights = self.check_weights(weights, ids)
     with np.errstate(divide="ignore"):  # log 0 = -inf excludes the token.
       log_weights = None if weights is None else np.log(weights)
-    blocks = (reweighted_block_indices(self.config.text.layers, start_block, stop_block)
-              if log_weights is not None else ())
+    blocks = (
+      reweighted_block_indices(self.config.text.layers, start_block, stop_block)
+      if log_weights is not None
+      else ()
+    )
     return ids, log_weights, blocks
 
   @functools.cached_property
   def _prompt_weighting_fn(self):
     def encode(params, ids, weights, block):
-      return self.model.apply({"params": params}, ids, weights, block,
-                              method=CLIP.encode_text_prompt_weighting)
+      return self.model.apply(
+        {"params": params}, ids, weights, block, method=CLIP.encode_text_prompt_weighting
+      )
+
     return jax.jit(encode, static_argnums=3)
 
-  def encode_text(self, tokens, weights=None, start_block: int | None = None,
-                  stop_block: int | None = None, method: str = "stori") -> jax.Array:
+  def encode_text(
+    self,
+    tokens,
+    weights=None,
+    start_block: int | None = None,
+    stop_block: int | None = None,
+    method: str = "stori",
+  ) -> jax.Array:
     """tokens int [B, L<=context] (+ weights float [B, L] >= 0) -> float32 [B, embed_dim].
 
     method="stori": weights rescale the attention paid to each token in blocks
@@ -128,8 +153,9 @@ class CLIPBundle:
     """
     if method == "prompt_weighting":
       if stop_block is not None:
-        raise ValueError("prompt_weighting acts at one block (start_block); stop_block "
-                         "does not apply.")
+        raise ValueError(
+          "prompt_weighting acts at one block (start_block); stop_block does not apply."
+        )
       ids = self.check_tokens(tokens)
       weights = self.check_weights(weights, ids)
       if weights is None:
@@ -138,16 +164,23 @@ class CLIPBundle:
       return self._prompt_weighting_fn(self.params, ids, weights, block)
     if method != "stori":
       raise ValueError(f"method must be 'stori' or 'prompt_weighting', got {method!r}.")
-    return self._text_fn(self.params, *self._text_inputs(tokens, weights, start_block,
-                                                         stop_block), False)
+    return self._text_fn(
+      self.params, *self._text_inputs(tokens, weights, start_block, stop_block), False
+    )
 
   def text_hidden_states(self, tokens, weights=None, start_block=None, stop_block=None):
     """(features [B, E], list of layers + 1 hidden states [B, L, W]) for analysis."""
-    return self._text_fn(self.params, *self._text_inputs(tokens, weights, start_block,
-                                                         stop_block), True)
+    return self._text_fn(
+      self.params, *self._text_inputs(tokens, weights, start_block, stop_block), True
+    )
 
-  def encode_prompts(self, prompts: str | Sequence, start_block: int | None = None,
-                     stop_block: int | None = None, method: str = "stori") -> jax.Array:
+  def encode_prompts(
+    self,
+    prompts: str | Sequence,
+    start_block: int | None = None,
+    stop_block: int | None = None,
+    method: str = "stori",
+  ) -> jax.Array:
     """Weighted prompts such as "a (red:1.5) circle" -> float32 [B, embed_dim]."""
     ids, weights = self.tokenize(prompts, with_weights=True)
     return self.encode_text(ids, weights, start_block, stop_block, method)
@@ -157,8 +190,8 @@ class CLIPBundle:
   @functools.cached_property
   def _image_fn(self):
     def encode(params, images, return_hidden):
-      return self.model.apply({"params": params}, images, return_hidden,
-                              method=CLIP.encode_image)
+      return self.model.apply({"params": params}, images, return_hidden, method=CLIP.encode_image)
+
     return jax.jit(encode, static_argnums=2)
 
   def check_images(self, images) -> jax.Array:
@@ -168,11 +201,14 @@ class CLIPBundle:
       images = images[None]
     if images.ndim != 4 or images.shape[1:] != (size, size, 3):
       raise ValueError(
-          f"This model takes images of shape [batch, {size}, {size}, 3] (NHWC, normalised); "
-          f"got {tuple(images.shape)}. bundle.preprocess(image) gives {size}x{size} inputs.")
+        f"This model takes images of shape [batch, {size}, {size}, 3] (NHWC, normalised); "
+        f"got {tuple(images.shape)}. bundle.preprocess(image) gives {size}x{size} inputs."
+      )
     if not jnp.issubdtype(images.dtype, jnp.floating):
-      raise ValueError(f"Images must be normalised floats, got {images.dtype}; run "
-                       "bundle.preprocess on uint8 images first.")
+      raise ValueError(
+        f"Images must be normalised floats, got {images.dtype}; run "
+        "bundle.preprocess on uint8 images first."
+      )
     return images.astype(jnp.float32)
 
   def encode_image(self, images) -> jax.Array:

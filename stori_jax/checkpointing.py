@@ -4,6 +4,7 @@ The state is any pytree (params, optimizer state, step, ...); restoring needs a
 template of the same structure (e.g. the freshly initialised state), so a run
 killed at any point resumes exactly where its last checkpoint left it.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,8 @@ class TrainCheckpointer:
   def __init__(self, directory: str | os.PathLike, keep: int = 2):
     self.directory = os.path.abspath(directory)
     self._manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+      self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+    )
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()

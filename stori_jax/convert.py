@@ -7,6 +7,7 @@ r"""Converts any checkpoint stori_jax.load reads into this project's format.
 The output directory holds stori_config.json and the params (safetensors or
 orbax); `stori_jax.load(output)` reads it without torch.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,12 @@ from stori_jax.loading import load, save
 
 flags.DEFINE_string("input", None, "Checkpoint: directory, file or hub id.", required=True)
 flags.DEFINE_string("output", None, "Directory to write.", required=True)
-flags.DEFINE_string("arch", None, "Architecture name for bare state-dict files "
-                    "(e.g. ViT-B-32-quickgelu); inferred from the shapes when omitted.")
+flags.DEFINE_string(
+  "arch",
+  None,
+  "Architecture name for bare state-dict files "
+  "(e.g. ViT-B-32-quickgelu); inferred from the shapes when omitted.",
+)
 flags.DEFINE_enum("format", "safetensors", ["safetensors", "orbax"], "Params format.")
 FLAGS = flags.FLAGS
 
@@ -27,12 +32,15 @@ def main(argv):
   del argv
   bundle = load(FLAGS.input, arch=FLAGS.arch)
   source = os.path.abspath(FLAGS.input) if os.path.exists(FLAGS.input) else FLAGS.input
-  out = save(bundle, FLAGS.output, FLAGS.format,
-             metadata={"converted_from": source, "arch": FLAGS.arch})
+  out = save(
+    bundle, FLAGS.output, FLAGS.format, metadata={"converted_from": source, "arch": FLAGS.arch}
+  )
   c = bundle.config
-  print(f"wrote {out}: text {c.text.layers}x{c.text.width}, vision {c.vision.layers}x"
-        f"{c.vision.width} patch {c.vision.patch_size} @ {c.vision.image_size}px, "
-        f"embed {c.embed_dim}, {c.text.activation}")
+  print(
+    f"wrote {out}: text {c.text.layers}x{c.text.width}, vision {c.vision.layers}x"
+    f"{c.vision.width} patch {c.vision.patch_size} @ {c.vision.image_size}px, "
+    f"embed {c.embed_dim}, {c.text.activation}"
+  )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Prints a table of the BPE tokens and their weights per prompt, then the norm
 and the first values of each (unnormalised) text embedding; --output saves the
 embeddings as float32 [num_prompts, embed_dim].
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,13 +19,24 @@ from stori_jax.loading import load
 
 flags.DEFINE_string("source", None, "Checkpoint (anything stori_jax.load reads).")
 flags.DEFINE_string("arch", None, "Architecture name for bare state-dict files.")
-flags.DEFINE_string("random", None, "Use random weights of this architecture instead "
-                    "(e.g. test-tiny): shows the tokenization offline, the embedding is noise.")
-flags.DEFINE_integer("start_block", None, "First reweighted block, 1-indexed "
-                     "(default: the paper's relative depth, 7 of 12).")
+flags.DEFINE_string(
+  "random",
+  None,
+  "Use random weights of this architecture instead "
+  "(e.g. test-tiny): shows the tokenization offline, the embedding is noise.",
+)
+flags.DEFINE_integer(
+  "start_block",
+  None,
+  "First reweighted block, 1-indexed (default: the paper's relative depth, 7 of 12).",
+)
 flags.DEFINE_integer("stop_block", None, "Last reweighted block (default: the last).")
-flags.DEFINE_enum("method", "stori", ["stori", "prompt_weighting"],
-                  "SToRI reweighting or the paper's prompt-weighting baseline (App. C.1).")
+flags.DEFINE_enum(
+  "method",
+  "stori",
+  ["stori", "prompt_weighting"],
+  "SToRI reweighting or the paper's prompt-weighting baseline (App. C.1).",
+)
 flags.DEFINE_integer("show", 8, "How many embedding values to print.")
 flags.DEFINE_string("output", None, "Save the embeddings here (.npy).")
 FLAGS = flags.FLAGS
@@ -51,19 +63,23 @@ def main(argv):
   if FLAGS.random:
     from stori_jax.checkpoints.open_clip_config import architecture_config  # pylint: disable=import-outside-toplevel
     from stori_jax.models import init_params  # pylint: disable=import-outside-toplevel
+
     config = architecture_config(FLAGS.random)
     bundle = CLIPBundle(config=config, params=init_params(config), source=f"random:{FLAGS.random}")
   else:
     bundle = load(FLAGS.source, arch=FLAGS.arch)
   ids, weights = bundle.tokenize(prompts, with_weights=True)
-  features = np.asarray(bundle.encode_text(ids, weights, FLAGS.start_block, FLAGS.stop_block,
-                                           FLAGS.method))
+  features = np.asarray(
+    bundle.encode_text(ids, weights, FLAGS.start_block, FLAGS.stop_block, FLAGS.method)
+  )
   for prompt, row_ids, row_weights, feature in zip(prompts, ids, weights, features):
     print(f"\n{prompt!r}")
     print(token_table(bundle, row_ids, row_weights))
-    values = ", ".join(f"{v:+.4f}" for v in feature[:FLAGS.show])
-    print(f"  embedding: dim {feature.shape[0]}, norm {np.linalg.norm(feature):.4f}, "
-          f"first values [{values}]")
+    values = ", ".join(f"{v:+.4f}" for v in feature[: FLAGS.show])
+    print(
+      f"  embedding: dim {feature.shape[0]}, norm {np.linalg.norm(feature):.4f}, "
+      f"first values [{values}]"
+    )
   if FLAGS.output:
     np.save(FLAGS.output, features.astype(np.float32))
     print(f"\nsaved {features.shape} float32 to {FLAGS.output}")

@@ -1,4 +1,5 @@
 """`stori_jax.load(source)`: any supported checkpoint -> CLIPBundle."""
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,14 @@ from stori_jax.preprocess import PreprocessConfig
 
 ASSETS_DIR = os.path.join(os.path.dirname(__file__), "assets")
 
+
 def named_checkpoints() -> list[str]:
   """Checkpoints shipped inside the package, loadable by name offline."""
   if not os.path.isdir(ASSETS_DIR):
     return []
-  return sorted(d for d in os.listdir(ASSETS_DIR)
-                if native.is_native_dir(os.path.join(ASSETS_DIR, d)))
+  return sorted(
+    d for d in os.listdir(ASSETS_DIR) if native.is_native_dir(os.path.join(ASSETS_DIR, d))
+  )
 
 
 def _first_file(directory: str, names) -> str | None:
@@ -39,8 +42,9 @@ def _load_hf_dir(directory: str):
     config = hf.config_from_hf(json.load(f), config_path)
   weights = _first_file(directory, ("model.safetensors", "pytorch_model.bin"))
   if weights is None:
-    raise CheckpointError(f"{directory} has config.json but neither model.safetensors nor "
-                          "pytorch_model.bin.")
+    raise CheckpointError(
+      f"{directory} has config.json but neither model.safetensors nor pytorch_model.bin."
+    )
   params = hf.params_from_state_dict(read_state_dict(weights), config, weights)
   return config, params, PreprocessConfig(config.vision.image_size)
 
@@ -52,13 +56,17 @@ def _load_open_clip_dir(directory: str):
   config = config_from_open_clip(spec["model_cfg"], os.path.basename(directory))
   weights = _first_file(directory, ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"))
   if weights is None:
-    raise CheckpointError(f"{directory} has open_clip_config.json but no "
-                          "open_clip_model.safetensors or open_clip_pytorch_model.bin.")
+    raise CheckpointError(
+      f"{directory} has open_clip_config.json but no "
+      "open_clip_model.safetensors or open_clip_pytorch_model.bin."
+    )
   params = openai.params_from_state_dict(read_state_dict(weights), config, weights)
   pre = spec.get("preprocess_cfg", {})
-  preprocess = PreprocessConfig(config.vision.image_size,
-                                tuple(pre.get("mean", PreprocessConfig.mean)),
-                                tuple(pre.get("std", PreprocessConfig.std)))
+  preprocess = PreprocessConfig(
+    config.vision.image_size,
+    tuple(pre.get("mean", PreprocessConfig.mean)),
+    tuple(pre.get("std", PreprocessConfig.std)),
+  )
   return config, params, preprocess
 
 
@@ -66,8 +74,9 @@ def _load_state_dict_file(path: str, arch: str | CLIPConfig | None):
   state_dict = read_state_dict(path)
   if any(k.startswith("text_model.") for k in state_dict):
     raise CheckpointError(
-        f"{path} is a Hugging Face transformers state dict; load its directory (with "
-        "config.json) instead, so the architecture is known.")
+      f"{path} is a Hugging Face transformers state dict; load its directory (with "
+      "config.json) instead, so the architecture is known."
+    )
   if isinstance(arch, CLIPConfig):
     config = arch
   elif arch:
@@ -78,14 +87,20 @@ def _load_state_dict_file(path: str, arch: str | CLIPConfig | None):
       # The activation is not visible in the weights. OpenAI's models use
       # QuickGELU; open_clip's own trainings mostly use exact GELU.
       logging.warning(
-          "No architecture name given for %s: assuming OpenAI's QuickGELU. Pass "
-          "arch='ViT-B-32' (exact GELU) or 'ViT-B-32-quickgelu' to be explicit.", path)
+        "No architecture name given for %s: assuming OpenAI's QuickGELU. Pass "
+        "arch='ViT-B-32' (exact GELU) or 'ViT-B-32-quickgelu' to be explicit.",
+        path,
+      )
   params = openai.params_from_state_dict(state_dict, config, path)
   return config, params, PreprocessConfig(config.vision.image_size)
 
 
-def load(source: str | os.PathLike, arch: str | CLIPConfig | None = None,
-         dtype: Any = jnp.float32, revision: str | None = None) -> CLIPBundle:
+def load(
+  source: str | os.PathLike,
+  arch: str | CLIPConfig | None = None,
+  dtype: Any = jnp.float32,
+  revision: str | None = None,
+) -> CLIPBundle:
   """Loads a CLIP checkpoint as a CLIPBundle.
 
   Args:
@@ -109,15 +124,16 @@ def load(source: str | os.PathLike, arch: str | CLIPConfig | None = None,
   if source in named_checkpoints():
     source = os.path.join(ASSETS_DIR, source)
   elif source.startswith("hf-hub:"):
-    source = hub.download(source[len("hf-hub:"):], hub.OPEN_CLIP_FILES, revision)
+    source = hub.download(source[len("hf-hub:") :], hub.OPEN_CLIP_FILES, revision)
   elif not os.path.exists(source):
     if source.count("/") == 1 and not source.startswith((".", "/", "~")):
       source = hub.download(source, hub.HF_FILES, revision)
     else:
       known = ", ".join(named_checkpoints()) or "none installed"
       raise CheckpointError(
-          f"{source} does not exist. Pass a checkpoint directory or file, a hub id such as "
-          f"'openai/clip-vit-base-patch32' or 'hf-hub:org/name', or a shipped name ({known}).")
+        f"{source} does not exist. Pass a checkpoint directory or file, a hub id such as "
+        f"'openai/clip-vit-base-patch32' or 'hf-hub:org/name', or a shipped name ({known})."
+      )
 
   if os.path.isdir(source):
     if native.is_native_dir(source):
@@ -128,18 +144,25 @@ def load(source: str | os.PathLike, arch: str | CLIPConfig | None = None,
       config, params, preprocess = _load_open_clip_dir(source)
     else:
       raise CheckpointError(
-          f"{source} is a directory without {native.CONFIG_FILE} (converted), config.json "
-          "(transformers) or open_clip_config.json (open_clip); point at the weights file "
-          f"instead, or convert it with python -m stori_jax.convert.")
+        f"{source} is a directory without {native.CONFIG_FILE} (converted), config.json "
+        "(transformers) or open_clip_config.json (open_clip); point at the weights file "
+        f"instead, or convert it with python -m stori_jax.convert."
+      )
   else:
     config, params, preprocess = _load_state_dict_file(source, arch)
-  return CLIPBundle(config=config, params=params, dtype=dtype, preprocess_config=preprocess,
-                    source=origin)
+  return CLIPBundle(
+    config=config, params=params, dtype=dtype, preprocess_config=preprocess, source=origin
+  )
 
 
-def save(bundle: CLIPBundle, directory: str | os.PathLike, params_format: str = "safetensors",
-         metadata: dict | None = None) -> str:
+def save(
+  bundle: CLIPBundle,
+  directory: str | os.PathLike,
+  params_format: str = "safetensors",
+  metadata: dict | None = None,
+) -> str:
   """Writes the bundle in this project's format; `load(directory)` reads it back."""
   meta = {"converted_from": bundle.source, **(metadata or {})}
-  return native.save(directory, bundle.config, bundle.params, bundle.preprocess_config,
-                     params_format, meta)
+  return native.save(
+    directory, bundle.config, bundle.params, bundle.preprocess_config, params_format, meta
+  )

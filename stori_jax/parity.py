@@ -9,6 +9,7 @@ towers, the max absolute and relative error of the hidden states, then the
 errors of the features and logits. Relative errors are max |jax - torch| /
 max |torch| of the tensor. Needs the `[torch]` extra.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ def random_inputs(config: CLIPConfig, batch: int = 4, seed: int = 0):
   eot = text.eot_token_id
   for row in range(batch):
     length = int(rng.integers(2, text.context_length + 1)) if row else text.context_length
-    ids[row, :length - 1] = rng.integers(1, eot - 1, length - 1)
+    ids[row, : length - 1] = rng.integers(1, eot - 1, length - 1)
     ids[row, 0] = eot - 1 if eot - 1 < text.vocab_size else 1  # SOT when the vocab has one.
     ids[row, length - 1] = eot
   return images, ids
@@ -49,11 +50,13 @@ def jax_outputs(bundle: CLIPBundle, images: np.ndarray, ids: np.ndarray) -> dict
   """The quantities torch_reference.run returns, from the Flax model."""
   text_features, text_hidden = bundle.text_hidden_states(ids)
   image_features, details = bundle.image_details(images)
-  return {"image_features": np.asarray(image_features),
-          "text_features": np.asarray(text_features),
-          "logits": np.asarray(bundle.logits(image_features, text_features)),
-          "text_hidden": [np.asarray(h) for h in text_hidden],
-          "vision_hidden": [np.asarray(h) for h in details["hidden_states"]]}
+  return {
+    "image_features": np.asarray(image_features),
+    "text_features": np.asarray(text_features),
+    "logits": np.asarray(bundle.logits(image_features, text_features)),
+    "text_hidden": [np.asarray(h) for h in text_hidden],
+    "vision_hidden": [np.asarray(h) for h in details["hidden_states"]],
+  }
 
 
 def _errors(ours: np.ndarray, reference: np.ndarray) -> dict[str, float]:
@@ -62,8 +65,7 @@ def _errors(ours: np.ndarray, reference: np.ndarray) -> dict[str, float]:
     raise ValueError(f"shape mismatch: jax {ours.shape} vs torch {reference.shape}")
   max_abs = float(np.max(np.abs(ours - reference)))
   scale = float(np.max(np.abs(reference)))
-  return {"max_abs": max_abs, "max_rel": max_abs / scale if scale else max_abs,
-          "scale": scale}
+  return {"max_abs": max_abs, "max_rel": max_abs / scale if scale else max_abs, "scale": scale}
 
 
 def compare(ours: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,12 +75,14 @@ def compare(ours: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, 
     hidden_ours, hidden_ref = ours[f"{tower}_hidden"], reference[f"{tower}_hidden"]
     if len(hidden_ours) != len(hidden_ref):
       raise ValueError(f"{tower}: {len(hidden_ours)} hidden states vs {len(hidden_ref)}")
-    report[f"{tower}_blocks"] = [dict(block=i, **_errors(a, b))
-                                 for i, (a, b) in enumerate(zip(hidden_ours, hidden_ref))]
+    report[f"{tower}_blocks"] = [
+      dict(block=i, **_errors(a, b)) for i, (a, b) in enumerate(zip(hidden_ours, hidden_ref))
+    ]
   for name in ("text_features", "image_features", "logits"):
     report[name] = _errors(ours[name], reference[name])
-  report["worst_final_rel"] = max(report[n]["max_rel"]
-                                  for n in ("text_features", "image_features", "logits"))
+  report["worst_final_rel"] = max(
+    report[n]["max_rel"] for n in ("text_features", "image_features", "logits")
+  )
   return report
 
 
@@ -100,16 +104,23 @@ def reference_for_source(source: str, arch: str | None = None):
     _, _, _, metadata = native.load(path)
     original = metadata.get("converted_from")
     if not original or not os.path.exists(original):
-      raise ValueError(f"{path} is a converted checkpoint; parity needs the original "
-                       f"({original or 'unknown'}): pass it as --source.")
+      raise ValueError(
+        f"{path} is a converted checkpoint; parity needs the original "
+        f"({original or 'unknown'}): pass it as --source."
+      )
     return reference_for_source(original, metadata.get("arch") or arch)
   if os.path.isdir(path):
-    names = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
-             "open_clip_pytorch_model.bin")
+    names = (
+      "model.safetensors",
+      "pytorch_model.bin",
+      "open_clip_model.safetensors",
+      "open_clip_pytorch_model.bin",
+    )
     path = next(os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n)))
   state_dict = read_state_dict(path)
-  reference = ("transformers" if any(k.startswith("text_model.") for k in state_dict)
-               else "open_clip")
+  reference = (
+    "transformers" if any(k.startswith("text_model.") for k in state_dict) else "open_clip"
+  )
   model = torch_reference.build(bundle.config, reference)
   torch = torch_reference._torch()  # pylint: disable=protected-access
   ignored = set(hf.IGNORED_KEYS) | set(openai.IGNORED_KEYS)
@@ -117,8 +128,9 @@ def reference_for_source(source: str, arch: str | None = None):
   missing, unexpected = model.load_state_dict(tensors, strict=False)
   missing = [k for k in missing if k not in ignored]
   if missing or unexpected:
-    raise ValueError(f"The {reference} reference does not take {path}: missing {missing}, "
-                     f"unexpected {unexpected}.")
+    raise ValueError(
+      f"The {reference} reference does not take {path}: missing {missing}, unexpected {unexpected}."
+    )
   return model.eval(), bundle
 
 
@@ -135,8 +147,9 @@ def format_report(report: Mapping[str, Any]) -> str:
   for tower in ("text", "vision"):
     for row in report[f"{tower}_blocks"]:
       label = f"{tower} " + ("embed" if row["block"] == 0 else f"block {row['block']}")
-      lines.append(f"{label:<22}{row['max_abs']:>18.3e}{row['scale']:>14.3e}"
-                   f"{row['max_rel']:>12.3e}")
+      lines.append(
+        f"{label:<22}{row['max_abs']:>18.3e}{row['scale']:>14.3e}{row['max_rel']:>12.3e}"
+      )
   for name in ("text_features", "image_features", "logits"):
     row = report[name]
     lines.append(f"{name:<22}{row['max_abs']:>18.3e}{row['scale']:>14.3e}{row['max_rel']:>12.3e}")
@@ -148,6 +161,7 @@ def main(argv):
   del argv
   from absl import flags  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
+
   f = flags.FLAGS
   # Parity is about fp32: TPUs and GPUs otherwise use reduced-precision matmuls.
   jax.config.update("jax_default_matmul_precision", "highest")
@@ -167,12 +181,18 @@ def main(argv):
 
 def _define_flags():
   from absl import flags  # pylint: disable=import-outside-toplevel
+
   flags.DEFINE_string("source", None, "Checkpoint to check (any format stori_jax.load reads).")
   flags.DEFINE_string("arch", None, "Architecture name for bare state-dict files.")
-  flags.DEFINE_string("random", None, "Check random weights of this architecture instead, "
-                      "e.g. ViT-B-32-quickgelu, ViT-L-14, test-tiny.")
-  flags.DEFINE_enum("reference", "open_clip", torch_reference.REFERENCES,
-                    "PyTorch reference for --random.")
+  flags.DEFINE_string(
+    "random",
+    None,
+    "Check random weights of this architecture instead, "
+    "e.g. ViT-B-32-quickgelu, ViT-L-14, test-tiny.",
+  )
+  flags.DEFINE_enum(
+    "reference", "open_clip", torch_reference.REFERENCES, "PyTorch reference for --random."
+  )
   flags.DEFINE_integer("batch", 4, "Images and texts per check.")
   flags.DEFINE_integer("seed", 0, "Seed of the random inputs and weights.")
   flags.DEFINE_string("json", None, "Also write the report to this JSON file.")
@@ -180,5 +200,6 @@ def _define_flags():
 
 if __name__ == "__main__":
   from absl import app  # pylint: disable=import-outside-toplevel
+
   _define_flags()
   app.run(main)

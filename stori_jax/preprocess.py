@@ -5,6 +5,7 @@ convert to RGB, scale to [0, 1] and normalise with CLIP's mean and std: the
 steps (and their order) of open_clip's `image_transform` for OpenAI models, so
 the pixels match it exactly.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,9 @@ def to_pil(image: ImageLike) -> Image.Image:
   if isinstance(image, np.ndarray):
     if image.dtype != np.uint8 or image.ndim not in (2, 3):
       raise ValueError(
-          f"Array images must be uint8 HW or HWC, got {image.dtype} {image.shape}; "
-          "pass already-normalised float arrays straight to encode_image instead.")
+        f"Array images must be uint8 HW or HWC, got {image.dtype} {image.shape}; "
+        "pass already-normalised float arrays straight to encode_image instead."
+      )
     return Image.fromarray(image)
   if isinstance(image, (str, os.PathLike)):
     if not os.path.isfile(image):
@@ -66,8 +68,9 @@ def normalize(pixels: np.ndarray, mean: Sequence[float], std: Sequence[float]) -
   return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
 
 
-def preprocess(images: ImageLike | Sequence[ImageLike],
-               config: PreprocessConfig = PreprocessConfig()) -> np.ndarray:
+def preprocess(
+  images: ImageLike | Sequence[ImageLike], config: PreprocessConfig = PreprocessConfig()
+) -> np.ndarray:
   """One image -> float32 [S, S, 3]; a list of images -> float32 [B, S, S, 3]."""
   if isinstance(images, (list, tuple)):
     return np.stack([preprocess(im, config) for im in images])

@@ -8,6 +8,7 @@ a run killed at any point and restarted with the same workdir resumes from its
 last checkpoint to exactly the same result. Writes metrics.jsonl, orbax
 checkpoints and, at the end, the model in this project's format.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,14 +40,39 @@ def model_config(config: ml_collections.ConfigDict) -> CLIPConfig:
 
 
 def batch_for_step(config, step: int) -> tuple[np.ndarray, np.ndarray]:
-  """(images float32 [B, S, S, 3] normalised, ids int32 [B, text_length]) of one step."""
+  """(images float32 [B, S, S, 3] normalised, ids int32 [B, text_length]) of one step.
+
+  A fraction of each batch (config.data.hard_negative_fraction) holds single
+  objects whose colour and pattern come from only two values each: colour, the
+  easiest cue, then no longer separates most pairs, so the contrastive loss has
+  to use shape, pattern, size and position.
+  """
   clip_config = model_config(config)
-  batch = synthetic.generate(config.batch_size, seed=(config.seed, step),
-                             image_size=clip_config.vision.image_size,
-                             max_objects=config.data.max_objects,
-                             two_object_fraction=config.data.two_object_fraction)
-  ids = default_tokenizer()(batch.captions, context_length=config.text_length, truncate=False)
-  return normalize(batch.images, OPENAI_MEAN, OPENAI_STD), ids
+  size = clip_config.vision.image_size
+  hard = int(round(config.batch_size * config.data.hard_negative_fraction))
+  batch = synthetic.generate(
+    config.batch_size - hard,
+    seed=(config.seed, step),
+    image_size=size,
+    max_objects=config.data.max_objects,
+    two_object_fraction=config.data.two_object_fraction,
+  )
+  images, captions = [batch.images], list(batch.captions)
+  if hard:
+    rng = np.random.default_rng((config.seed, step, 1))
+    colours = rng.choice(synthetic.COLOURS, 2, replace=False)
+    patterns = rng.choice(synthetic.PATTERNS, 2, replace=False)
+    similar = synthetic.generate_with(
+      hard,
+      seed=(config.seed, step, 2),
+      image_size=size,
+      colour=list(rng.choice(colours, hard)),
+      pattern=list(rng.choice(patterns, hard)),
+    )
+    images.append(similar.images)
+    captions += list(similar.captions)
+  ids = default_tokenizer()(captions, context_length=config.text_length, truncate=False)
+  return normalize(np.concatenate(images), OPENAI_MEAN, OPENAI_STD), ids
 
 
 def prefetch(config, first_step: int, depth: int = 2) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -72,15 +98,20 @@ def contrastive_loss(logits: jax.Array) -> jax.Array:
 
 def make_optimizer(config) -> optax.GradientTransformation:
   if not 0 <= config.warmup_steps < config.total_steps:
-    raise ValueError(f"warmup_steps ({config.warmup_steps}) must be smaller than total_steps "
-                     f"({config.total_steps}); lower --config.warmup_steps.")
+    raise ValueError(
+      f"warmup_steps ({config.warmup_steps}) must be smaller than total_steps "
+      f"({config.total_steps}); lower --config.warmup_steps."
+    )
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, config.learning_rate, config.warmup_steps, config.total_steps,
-      config.learning_rate * config.end_learning_rate_fraction)
+    0.0,
+    config.learning_rate,
+    config.warmup_steps,
+    config.total_steps,
+    config.learning_rate * config.end_learning_rate_fraction,
+  )
   # As in CLIP: no decay on gains, biases and the temperature (the 0-d and 1-d params).
   decay_mask = lambda params: jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
-  return optax.adamw(schedule, b2=config.adam_b2, weight_decay=config.weight_decay,
-                     mask=decay_mask)
+  return optax.adamw(schedule, b2=config.adam_b2, weight_decay=config.weight_decay, mask=decay_mask)
 
 
 def make_train_step(config, model: CLIP, optimizer):
@@ -99,42 +130,38 @@ def make_train_step(config, model: CLIP, optimizer):
   @jax.jit
   def train_step(state, images, ids):
     (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state["params"], images, ids)
+      state["params"], images, ids
+    )
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     # CLIP clamps the temperature so logits stay <= max_logit_scale * cosine.
     params["logit_scale"] = jnp.clip(params["logit_scale"], 0.0, max_log_scale)
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1}
-    return new_state, {"loss": loss, "batch_accuracy": accuracy,
-                       "logit_scale": jnp.exp(params["logit_scale"])}
+    return new_state, {
+      "loss": loss,
+      "batch_accuracy": accuracy,
+      "logit_scale": jnp.exp(params["logit_scale"]),
+    }
 
   return train_step
 
 
 def initial_state(config, optimizer) -> dict[str, Any]:
   params = init_params(model_config(config), seed=config.seed)
-  return {"params": params, "opt_state": optimizer.init(params),
-          "step": jnp.zeros((), jnp.int32)}
+  return {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32)}
 
 
 def quick_eval(bundle: CLIPBundle, config) -> dict[str, float]:
-  """Zero-shot colour / shape accuracy on fresh single-object images (a progress signal)."""
-  batch = synthetic.generate(config.eval_images, seed=(config.seed, 10**9), max_objects=1,
-                             image_size=bundle.config.vision.image_size)
-  images = normalize(batch.images, OPENAI_MEAN, OPENAI_STD)
-  image = np.array(bundle.encode_image(images))
-  image /= np.linalg.norm(image, axis=-1, keepdims=True)
-  result = {}
-  for family, names, other in (("colour", synthetic.COLOURS, synthetic.SHAPES),
-                               ("shape", synthetic.SHAPES, synthetic.COLOURS)):
-    # Class embedding: mean over a prompt for every value of the other family.
-    prompts = [f"a {c} {o}" if family == "colour" else f"a {o} {c}" for c in names for o in other]
-    text = np.array(bundle.encode_text(bundle.tokenize(prompts)))
-    text /= np.linalg.norm(text, axis=-1, keepdims=True)
-    classes = text.reshape(len(names), len(other), -1).mean(1)
-    predicted = np.argmax(image @ classes.T, axis=1)
-    result[f"zero_shot_{family}"] = float(np.mean(predicted == batch.labels(family)[:, 0]))
-  return result
+  """Zero-shot colour / shape / pattern accuracy on fresh images (a progress signal)."""
+  from stori_jax.evaluation.synthetic_world import zero_shot_attributes  # pylint: disable=import-outside-toplevel
+
+  result = zero_shot_attributes(
+    bundle,
+    n_images=config.eval_images,
+    seed=(config.seed, 10**9),
+    families=("colour", "shape", "pattern"),
+  )
+  return {f"zero_shot_{family}": value for family, value in result["accuracy"].items()}
 
 
 def train(config, workdir: str) -> CLIPBundle:
@@ -153,8 +180,9 @@ def train(config, workdir: str) -> CLIPBundle:
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
     f.write(config.to_json_best_effort(indent=2))
   metrics_file = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")  # pylint: disable=consider-using-with
-  bar = tqdm(total=config.total_steps, initial=first_step, desc="pretrain", unit="step",
-             dynamic_ncols=True)
+  bar = tqdm(
+    total=config.total_steps, initial=first_step, desc="pretrain", unit="step", dynamic_ncols=True
+  )
   preprocess = PreprocessConfig(clip_config.vision.image_size)
   for step, (images, ids) in enumerate(prefetch(config, first_step), start=first_step):
     state, metrics = train_step(state, images, ids)
@@ -165,8 +193,9 @@ def train(config, workdir: str) -> CLIPBundle:
       bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['batch_accuracy']:.2f}")
       record = {"step": done, **metrics}
       if done % config.eval_every == 0 or done == config.total_steps:
-        record.update(quick_eval(CLIPBundle(clip_config, state["params"],
-                                            preprocess_config=preprocess), config))
+        record.update(
+          quick_eval(CLIPBundle(clip_config, state["params"], preprocess_config=preprocess), config)
+        )
         bar.write(json.dumps(record))
       metrics_file.write(json.dumps(record) + "\n")
       metrics_file.flush()
@@ -176,24 +205,42 @@ def train(config, workdir: str) -> CLIPBundle:
   checkpointer.wait()
   checkpointer.close()
   metrics_file.close()
-  bundle = CLIPBundle(clip_config, jax.device_get(state["params"]), preprocess_config=preprocess,
-                      source=os.path.abspath(workdir))
+  bundle = CLIPBundle(
+    clip_config,
+    jax.device_get(state["params"]),
+    preprocess_config=preprocess,
+    source=os.path.abspath(workdir),
+  )
   if config.export_dir:
-    export = config.export_dir if os.path.isabs(config.export_dir) else os.path.join(
-        workdir, config.export_dir)
-    native.save(export, clip_config, bundle.params, preprocess,
-                metadata={"trained_by": "python -m stori_jax.pretrain",
-                          "pretrain_config": json.loads(config.to_json_best_effort()),
-                          "steps": config.total_steps},
-                params_dtype=config.export_dtype)
+    export = (
+      config.export_dir
+      if os.path.isabs(config.export_dir)
+      else os.path.join(workdir, config.export_dir)
+    )
+    native.save(
+      export,
+      clip_config,
+      bundle.params,
+      preprocess,
+      metadata={
+        "trained_by": "python -m stori_jax.pretrain",
+        "pretrain_config": json.loads(config.to_json_best_effort()),
+        "steps": config.total_steps,
+      },
+      params_dtype=config.export_dtype,
+    )
     logging.info("Exported the trained model to %s", export)
   return bundle
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Pretraining config file.",
-                                          lock_config=True)
-flags.DEFINE_string("workdir", None, "Checkpoints, metrics and the exported model go here; "
-                    "an existing workdir resumes.")
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Pretraining config file.", lock_config=True
+)
+flags.DEFINE_string(
+  "workdir",
+  None,
+  "Checkpoints, metrics and the exported model go here; an existing workdir resumes.",
+)
 
 
 def main(argv):

@@ -4,6 +4,7 @@ Needs the `[torch]` extra. Builds the reference of a CLIPConfig with random or
 given weights and runs it, returning the same quantities the Flax towers give:
 every block's hidden states, the features and the logits.
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -25,42 +26,72 @@ def _torch():
 
 def _check_one_activation(config: CLIPConfig, reference: str):
   if config.text.activation != config.vision.activation and reference == "open_clip":
-    raise ValueError("open_clip uses one activation for both towers; this config mixes "
-                     f"{config.text.activation} and {config.vision.activation}.")
+    raise ValueError(
+      "open_clip uses one activation for both towers; this config mixes "
+      f"{config.text.activation} and {config.vision.activation}."
+    )
 
 
 def build_open_clip(config: CLIPConfig):
   """An open_clip CLIP (random init) with exactly this architecture."""
   _check_one_activation(config, "open_clip")
   from open_clip.model import CLIP  # pylint: disable=import-outside-toplevel
+
   v, t = config.vision, config.text
-  vision_cfg = dict(image_size=v.image_size, layers=v.layers, width=v.width,
-                    head_width=v.width // v.heads, mlp_ratio=v.mlp_width / v.width,
-                    patch_size=v.patch_size)
-  text_cfg = dict(context_length=t.context_length, vocab_size=t.vocab_size, width=t.width,
-                  heads=t.heads, layers=t.layers, mlp_ratio=t.mlp_width / t.width)
+  vision_cfg = dict(
+    image_size=v.image_size,
+    layers=v.layers,
+    width=v.width,
+    head_width=v.width // v.heads,
+    mlp_ratio=v.mlp_width / v.width,
+    patch_size=v.patch_size,
+  )
+  text_cfg = dict(
+    context_length=t.context_length,
+    vocab_size=t.vocab_size,
+    width=t.width,
+    heads=t.heads,
+    layers=t.layers,
+    mlp_ratio=t.mlp_width / t.width,
+  )
   if config.layer_norm_eps != 1e-5:
     vision_cfg["norm_kwargs"] = text_cfg["norm_kwargs"] = {"eps": config.layer_norm_eps}
-  return CLIP(config.embed_dim, vision_cfg, text_cfg,
-              quick_gelu=config.text.activation == "quick_gelu").eval()
+  return CLIP(
+    config.embed_dim, vision_cfg, text_cfg, quick_gelu=config.text.activation == "quick_gelu"
+  ).eval()
 
 
 def build_transformers(config: CLIPConfig):
   """A transformers CLIPModel (random init) with exactly this architecture."""
   import transformers  # pylint: disable=import-outside-toplevel
+
   v, t = config.vision, config.text
   hf_config = transformers.CLIPConfig(
-      text_config=dict(vocab_size=t.vocab_size, hidden_size=t.width,
-                       intermediate_size=t.mlp_width, num_hidden_layers=t.layers,
-                       num_attention_heads=t.heads, max_position_embeddings=t.context_length,
-                       hidden_act=t.activation, layer_norm_eps=config.layer_norm_eps,
-                       eos_token_id=t.eot_token_id, bos_token_id=t.eot_token_id - 1,
-                       pad_token_id=0),
-      vision_config=dict(hidden_size=v.width, intermediate_size=v.mlp_width,
-                         num_hidden_layers=v.layers, num_attention_heads=v.heads,
-                         image_size=v.image_size, patch_size=v.patch_size,
-                         hidden_act=v.activation, layer_norm_eps=config.layer_norm_eps),
-      projection_dim=config.embed_dim)
+    text_config=dict(
+      vocab_size=t.vocab_size,
+      hidden_size=t.width,
+      intermediate_size=t.mlp_width,
+      num_hidden_layers=t.layers,
+      num_attention_heads=t.heads,
+      max_position_embeddings=t.context_length,
+      hidden_act=t.activation,
+      layer_norm_eps=config.layer_norm_eps,
+      eos_token_id=t.eot_token_id,
+      bos_token_id=t.eot_token_id - 1,
+      pad_token_id=0,
+    ),
+    vision_config=dict(
+      hidden_size=v.width,
+      intermediate_size=v.mlp_width,
+      num_hidden_layers=v.layers,
+      num_attention_heads=v.heads,
+      image_size=v.image_size,
+      patch_size=v.patch_size,
+      hidden_act=v.activation,
+      layer_norm_eps=config.layer_norm_eps,
+    ),
+    projection_dim=config.embed_dim,
+  )
   return transformers.CLIPModel(hf_config).eval()
 
 
@@ -93,16 +124,24 @@ def _run_open_clip(model, images, ids):
   torch = _torch()
   hidden = {"text": [], "vision": []}
   hooks = []
-  for tower, blocks in (("text", model.transformer.resblocks),
-                        ("vision", model.visual.transformer.resblocks)):
+  for tower, blocks in (
+    ("text", model.transformer.resblocks),
+    ("vision", model.visual.transformer.resblocks),
+  ):
     batch_first = getattr(model.transformer, "batch_first", True)
     fix = (lambda x: x) if batch_first else (lambda x: x.permute(1, 0, 2))
     store = hidden[tower]
-    hooks.append(blocks[0].register_forward_pre_hook(
-        lambda _m, args, store=store, fix=fix: store.append(fix(args[0]).numpy().copy())))
+    hooks.append(
+      blocks[0].register_forward_pre_hook(
+        lambda _m, args, store=store, fix=fix: store.append(fix(args[0]).numpy().copy())
+      )
+    )
     for block in blocks:
-      hooks.append(block.register_forward_hook(
-          lambda _m, _args, out, store=store, fix=fix: store.append(fix(out).numpy().copy())))
+      hooks.append(
+        block.register_forward_hook(
+          lambda _m, _args, out, store=store, fix=fix: store.append(fix(out).numpy().copy())
+        )
+      )
   try:
     with torch.no_grad():
       image_features = model.encode_image(images)
@@ -122,8 +161,10 @@ def _run_transformers(model, images, ids):
     text_features = model.text_projection(text.pooler_output)
     image_features = model.visual_projection(vision.pooler_output)
     logit_scale = model.logit_scale.exp()
-  hidden = {"text": [h.numpy() for h in text.hidden_states],
-            "vision": [h.numpy() for h in vision.hidden_states]}
+  hidden = {
+    "text": [h.numpy() for h in text.hidden_states],
+    "vision": [h.numpy() for h in vision.hidden_states],
+  }
   return image_features, text_features, logit_scale, hidden
 
 
@@ -145,6 +186,10 @@ def run(model, images_nhwc: np.ndarray, ids: np.ndarray) -> Mapping[str, object]
   image_features, text_features, logit_scale, hidden = runner(model, images, ids)
   image_n = image_features / image_features.norm(dim=-1, keepdim=True)
   text_n = text_features / text_features.norm(dim=-1, keepdim=True)
-  return {"image_features": image_features.numpy(), "text_features": text_features.numpy(),
-          "logits": (logit_scale * image_n @ text_n.T).numpy(),
-          "text_hidden": hidden["text"], "vision_hidden": hidden["vision"]}
+  return {
+    "image_features": image_features.numpy(),
+    "text_features": text_features.numpy(),
+    "logits": (logit_scale * image_n @ text_n.T).numpy(),
+    "text_hidden": hidden["text"],
+    "vision_hidden": hidden["vision"],
+  }

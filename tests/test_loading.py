@@ -1,4 +1,5 @@
 """stori_jax.load / save / convert: formats, round trips and the errors users see."""
+
 import json
 import os
 import subprocess
@@ -16,9 +17,10 @@ from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CONFIG = CLIPConfig(
-    embed_dim=32,
-    text=TextConfig(width=64, layers=2, heads=1),
-    vision=VisionConfig(image_size=32, patch_size=8, width=64, layers=2, heads=1))
+  embed_dim=32,
+  text=TextConfig(width=64, layers=2, heads=1),
+  vision=VisionConfig(image_size=32, patch_size=8, width=64, layers=2, heads=1),
+)
 
 
 def _ids(batch=2, length=77):
@@ -34,26 +36,34 @@ def bundle():
 
 def _openai_state_dict(params):
   """Our params back in OpenAI key layout (the inverse of checkpoints.openai)."""
-  sd = {"token_embedding.weight": params["text"]["token_embedding"]["embedding"],
-        "positional_embedding": params["text"]["positional_embedding"],
-        "text_projection": params["text"]["text_projection"],
-        "ln_final.weight": params["text"]["ln_final"]["scale"],
-        "ln_final.bias": params["text"]["ln_final"]["bias"],
-        "visual.conv1.weight": np.transpose(params["vision"]["conv1"]["kernel"], (3, 2, 0, 1)),
-        "visual.class_embedding": params["vision"]["class_embedding"],
-        "visual.positional_embedding": params["vision"]["positional_embedding"],
-        "visual.proj": params["vision"]["proj"],
-        "logit_scale": np.asarray(params["logit_scale"])}
+  sd = {
+    "token_embedding.weight": params["text"]["token_embedding"]["embedding"],
+    "positional_embedding": params["text"]["positional_embedding"],
+    "text_projection": params["text"]["text_projection"],
+    "ln_final.weight": params["text"]["ln_final"]["scale"],
+    "ln_final.bias": params["text"]["ln_final"]["bias"],
+    "visual.conv1.weight": np.transpose(params["vision"]["conv1"]["kernel"], (3, 2, 0, 1)),
+    "visual.class_embedding": params["vision"]["class_embedding"],
+    "visual.positional_embedding": params["vision"]["positional_embedding"],
+    "visual.proj": params["vision"]["proj"],
+    "logit_scale": np.asarray(params["logit_scale"]),
+  }
   for ln in ("ln_pre", "ln_post"):
     sd[f"visual.{ln}.weight"] = params["vision"][ln]["scale"]
     sd[f"visual.{ln}.bias"] = params["vision"][ln]["bias"]
-  for tower, prefix in (("text", "transformer.resblocks."), ("vision", "visual.transformer.resblocks.")):
+  for tower, prefix in (
+    ("text", "transformer.resblocks."),
+    ("vision", "visual.transformer.resblocks."),
+  ):
     for i in range(2):
       block, p = params[tower][f"resblocks_{i}"], f"{prefix}{i}."
       attn = block["attn"]
       sd[p + "attn.in_proj_weight"] = np.concatenate(
-          [np.asarray(attn[n]["kernel"]).T for n in ("query", "key", "value")])
-      sd[p + "attn.in_proj_bias"] = np.concatenate([attn[n]["bias"] for n in ("query", "key", "value")])
+        [np.asarray(attn[n]["kernel"]).T for n in ("query", "key", "value")]
+      )
+      sd[p + "attn.in_proj_bias"] = np.concatenate(
+        [attn[n]["bias"] for n in ("query", "key", "value")]
+      )
       sd[p + "attn.out_proj.weight"] = np.asarray(attn["out"]["kernel"]).T
       sd[p + "attn.out_proj.bias"] = attn["out"]["bias"]
       for ln in ("ln_1", "ln_2"):
@@ -73,7 +83,9 @@ def openai_file(tmp_path_factory, bundle):
 
 def test_safetensors_state_dict_round_trip(openai_file, bundle):
   loaded = stori_jax.load(openai_file, arch=CONFIG)
-  for a, b in zip(jax.tree_util.tree_leaves(loaded.params), jax.tree_util.tree_leaves(bundle.params)):
+  for a, b in zip(
+    jax.tree_util.tree_leaves(loaded.params), jax.tree_util.tree_leaves(bundle.params)
+  ):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(loaded.encode_text(_ids()), bundle.encode_text(_ids()))
 
@@ -89,8 +101,9 @@ def test_native_round_trip(tmp_path, bundle, params_format):
 
 
 def test_mismatched_architecture_names_shapes(openai_file):
-  wrong = CONFIG.replace(vision=VisionConfig(image_size=32, patch_size=16, width=64, layers=2,
-                                             heads=1))
+  wrong = CONFIG.replace(
+    vision=VisionConfig(image_size=32, patch_size=16, width=64, layers=2, heads=1)
+  )
   with pytest.raises(CheckpointMismatchError) as e:
     stori_jax.load(openai_file, arch=wrong)
   message = str(e.value)
@@ -137,8 +150,9 @@ def test_bad_inputs_give_sizes(bundle):
 def test_short_sequences_give_the_same_features(bundle):
   """The causal mask makes the EOT output independent of the padding after it."""
   ids = _ids()
-  np.testing.assert_allclose(bundle.encode_text(ids[:, :5]), bundle.encode_text(ids),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    bundle.encode_text(ids[:, :5]), bundle.encode_text(ids), rtol=1e-6, atol=1e-6
+  )
 
 
 def test_unknown_source_and_directory_errors(tmp_path):
@@ -149,12 +163,15 @@ def test_unknown_source_and_directory_errors(tmp_path):
 
 
 def test_offline_hub_error_names_file_and_destination(tmp_path):
-  code = ("import stori_jax\n"
-          "try:\n  stori_jax.load('openai/clip-vit-base-patch32')\n"
-          "except stori_jax.CheckpointError as e:\n  print('ERR', e)\n")
+  code = (
+    "import stori_jax\n"
+    "try:\n  stori_jax.load('openai/clip-vit-base-patch32')\n"
+    "except stori_jax.CheckpointError as e:\n  print('ERR', e)\n"
+  )
   env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path))
-  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       check=True, timeout=120).stdout
+  out = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120
+  ).stdout
   assert "ERR" in out
   assert "https://huggingface.co/openai/clip-vit-base-patch32/resolve/main/config.json" in out
   assert "stori_jax.load('checkpoints/openai__clip-vit-base-patch32')" in out
@@ -165,15 +182,17 @@ def test_hf_directory_loads_without_torch(tmp_path):
   pytest.importorskip("transformers", reason="writes the HF config with transformers")
   torch = pytest.importorskip("torch", reason="builds the HF checkpoint with torch")
   from stori_jax import parity
+
   model, bundle = parity.random_pair(CONFIG.with_activation("gelu"), "transformers", seed=0)
   model.save_pretrained(tmp_path)
   del torch
   code = (
-      "import sys; sys.modules['torch'] = None\n"
-      "import numpy as np, stori_jax\n"
-      f"b = stori_jax.load({str(tmp_path)!r})\n"
-      "ids = np.zeros((1, 77), np.int32); ids[0, :3] = [49406, 320, 49407]\n"
-      "np.save(sys.argv[1], np.asarray(b.encode_text(ids)))\n")
+    "import sys; sys.modules['torch'] = None\n"
+    "import numpy as np, stori_jax\n"
+    f"b = stori_jax.load({str(tmp_path)!r})\n"
+    "ids = np.zeros((1, 77), np.int32); ids[0, :3] = [49406, 320, 49407]\n"
+    "np.save(sys.argv[1], np.asarray(b.encode_text(ids)))\n"
+  )
   out = tmp_path / "features.npy"
   subprocess.run([sys.executable, "-c", code, str(out)], check=True, timeout=300)
   ids = np.zeros((1, 77), np.int32)
@@ -185,14 +204,24 @@ def test_convert_cli_and_parity_cli(tmp_path, openai_file):
   pytest.importorskip("torch", reason="the parity tool runs the PyTorch reference")
   pytest.importorskip("open_clip", reason="the parity tool runs the open_clip reference")
   out = tmp_path / "converted"
-  subprocess.run([sys.executable, "-m", "stori_jax.convert", f"--input={openai_file}",
-                  f"--output={out}"], check=True, cwd=REPO, timeout=300, capture_output=True)
+  subprocess.run(
+    [sys.executable, "-m", "stori_jax.convert", f"--input={openai_file}", f"--output={out}"],
+    check=True,
+    cwd=REPO,
+    timeout=300,
+    capture_output=True,
+  )
   meta = json.loads((out / "stori_config.json").read_text())
   assert meta["metadata"]["converted_from"] == str(openai_file)
   report_path = tmp_path / "report.json"
   result = subprocess.run(
-      [sys.executable, "-m", "stori_jax.parity", f"--source={out}", f"--json={report_path}"],
-      check=True, cwd=REPO, timeout=300, capture_output=True, text=True)
+    [sys.executable, "-m", "stori_jax.parity", f"--source={out}", f"--json={report_path}"],
+    check=True,
+    cwd=REPO,
+    timeout=300,
+    capture_output=True,
+    text=True,
+  )
   assert "text block 2" in result.stdout and "vision block 2" in result.stdout
   report = json.loads(report_path.read_text())
   assert report["worst_final_rel"] < 1e-5

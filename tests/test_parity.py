@@ -1,4 +1,5 @@
 """Flax CLIP vs the PyTorch references (open_clip, transformers) with the same weights."""
+
 import os
 
 import jax.numpy as jnp
@@ -6,7 +7,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip(
-    "torch", reason="parity tests need the PyTorch references: pip install -e '.[torch]'")
+  "torch", reason="parity tests need the PyTorch references: pip install -e '.[torch]'"
+)
 open_clip = pytest.importorskip("open_clip", reason="pip install -e '.[torch]' (open_clip_torch)")
 
 import stori_jax  # pylint: disable=wrong-import-position
@@ -19,12 +21,19 @@ FP32_REL_TOL = 1e-5
 
 def small_config(activation, mlp_ratio=4, image_size=32, patch=8):
   return CLIPConfig(
-      embed_dim=40,
-      text=TextConfig(width=64, layers=3, heads=4, activation=activation,
-                      mlp_dim=64 * mlp_ratio),
-      vision=VisionConfig(image_size=image_size, patch_size=patch, width=48, layers=2, heads=4,
-                          activation=activation, mlp_dim=48 * mlp_ratio),
-      name=f"small-{activation}")
+    embed_dim=40,
+    text=TextConfig(width=64, layers=3, heads=4, activation=activation, mlp_dim=64 * mlp_ratio),
+    vision=VisionConfig(
+      image_size=image_size,
+      patch_size=patch,
+      width=48,
+      layers=2,
+      heads=4,
+      activation=activation,
+      mlp_dim=48 * mlp_ratio,
+    ),
+    name=f"small-{activation}",
+  )
 
 
 def assert_parity(report, tol=FP32_REL_TOL):
@@ -49,8 +58,9 @@ def test_random_weights_match_reference(reference, activation):
 def test_parity_would_catch_a_wrong_activation():
   """The tolerance is tight enough to tell QuickGELU from GELU."""
   model, bundle = parity.random_pair(small_config("gelu"), "open_clip", seed=1)
-  wrong = stori_jax.CLIPBundle(config=bundle.config.with_activation("quick_gelu"),
-                               params=bundle.params)
+  wrong = stori_jax.CLIPBundle(
+    config=bundle.config.with_activation("quick_gelu"), params=bundle.params
+  )
   report = parity.run_parity(model, wrong, batch=2)
   assert report["worst_final_rel"] > 100 * FP32_REL_TOL
 
@@ -77,14 +87,19 @@ def test_openai_format_state_dict_infers_architecture(tmp_path):
 
 def test_openai_jit_archive(tmp_path):
   config = CLIPConfig(
-      embed_dim=32,
-      text=TextConfig(width=64, layers=2, heads=1, activation="quick_gelu"),
-      vision=VisionConfig(image_size=32, patch_size=8, width=64, layers=2, heads=1,
-                          activation="quick_gelu"))
+    embed_dim=32,
+    text=TextConfig(width=64, layers=2, heads=1, activation="quick_gelu"),
+    vision=VisionConfig(
+      image_size=32, patch_size=8, width=64, layers=2, heads=1, activation="quick_gelu"
+    ),
+  )
   model = torch_reference.randomize_(torch_reference.build_open_clip(config), 3)
   images, ids = parity.random_inputs(config, 2)
-  traced = torch.jit.trace(model, (torch.from_numpy(images.transpose(0, 3, 1, 2)),
-                                   torch.from_numpy(ids.astype(np.int64))), check_trace=False)
+  traced = torch.jit.trace(
+    model,
+    (torch.from_numpy(images.transpose(0, 3, 1, 2)), torch.from_numpy(ids.astype(np.int64))),
+    check_trace=False,
+  )
   path = os.path.join(tmp_path, "ViT-tiny.pt")
   torch.jit.save(traced, path)
   bundle = stori_jax.load(path)
@@ -102,18 +117,40 @@ def test_hf_directory_and_open_clip_directory(tmp_path):
   directory = tmp_path / "oc"
   directory.mkdir()
   from safetensors.torch import save_file
-  save_file({k: v.contiguous() for k, v in oc_model.state_dict().items()},
-            directory / "open_clip_model.safetensors")
+
+  save_file(
+    {k: v.contiguous() for k, v in oc_model.state_dict().items()},
+    directory / "open_clip_model.safetensors",
+  )
   v, t = config.vision, config.text
   import json
-  (directory / "open_clip_config.json").write_text(json.dumps({"model_cfg": {
-      "embed_dim": config.embed_dim,
-      "vision_cfg": {"image_size": v.image_size, "layers": v.layers, "width": v.width,
-                     "patch_size": v.patch_size, "head_width": v.width // v.heads,
-                     "mlp_ratio": 2.0},
-      "text_cfg": {"context_length": t.context_length, "vocab_size": t.vocab_size,
-                   "width": t.width, "heads": t.heads, "layers": t.layers, "mlp_ratio": 2.0}},
-      "preprocess_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}))
+
+  (directory / "open_clip_config.json").write_text(
+    json.dumps(
+      {
+        "model_cfg": {
+          "embed_dim": config.embed_dim,
+          "vision_cfg": {
+            "image_size": v.image_size,
+            "layers": v.layers,
+            "width": v.width,
+            "patch_size": v.patch_size,
+            "head_width": v.width // v.heads,
+            "mlp_ratio": 2.0,
+          },
+          "text_cfg": {
+            "context_length": t.context_length,
+            "vocab_size": t.vocab_size,
+            "width": t.width,
+            "heads": t.heads,
+            "layers": t.layers,
+            "mlp_ratio": 2.0,
+          },
+        },
+        "preprocess_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+      }
+    )
+  )
   bundle = stori_jax.load(directory)
   assert bundle.preprocess_config.mean == (0.5, 0.5, 0.5)
   assert_parity(parity.run_parity(oc_model, bundle, batch=2))
@@ -124,18 +161,27 @@ def test_bf16_compute_stays_close_to_fp32():
   del model
   images, ids = parity.random_inputs(bundle.config, 4, seed=3)
   half = bundle.with_dtype(jnp.bfloat16)
-  for fp32, bf16 in ((bundle.encode_text(ids), half.encode_text(ids)),
-                     (bundle.encode_image(images), half.encode_image(images))):
+  for fp32, bf16 in (
+    (bundle.encode_text(ids), half.encode_text(ids)),
+    (bundle.encode_image(images), half.encode_image(images)),
+  ):
     assert bf16.dtype == jnp.float32
     cosine = np.sum(np.asarray(fp32) * np.asarray(bf16), -1) / (
-        np.linalg.norm(fp32, axis=-1) * np.linalg.norm(bf16, axis=-1))
+      np.linalg.norm(fp32, axis=-1) * np.linalg.norm(bf16, axis=-1)
+    )
     assert cosine.min() >= 0.999, cosine
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,reference", [
-    ("ViT-B-32-quickgelu", "open_clip"), ("ViT-B-16", "open_clip"),
-    ("ViT-B-32", "transformers"), ("ViT-L-14-quickgelu", "open_clip")])
+@pytest.mark.parametrize(
+  "name,reference",
+  [
+    ("ViT-B-32-quickgelu", "open_clip"),
+    ("ViT-B-16", "open_clip"),
+    ("ViT-B-32", "transformers"),
+    ("ViT-L-14-quickgelu", "open_clip"),
+  ],
+)
 def test_full_size_architectures(name, reference):
   model, bundle = parity.random_pair(name, reference, seed=0)
   report = parity.run_parity(model, bundle, batch=2)

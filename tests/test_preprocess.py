@@ -1,4 +1,5 @@
 """Preprocessing equals open_clip's OpenAI transform, pixel for pixel."""
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -11,14 +12,14 @@ def _images():
   rng = np.random.default_rng(0)
   rgb = lambda h, w: Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
   return {
-      "landscape": rgb(300, 451),
-      "portrait": rgb(517, 233),
-      "square": rgb(224, 224),
-      "small": rgb(31, 57),
-      "odd_crop": rgb(225, 340),
-      "gray": Image.fromarray(rng.integers(0, 256, (180, 240), dtype=np.uint8)),
-      "rgba": Image.fromarray(rng.integers(0, 256, (200, 260, 4), dtype=np.uint8)),
-      "palette": rgb(190, 250).convert("P"),
+    "landscape": rgb(300, 451),
+    "portrait": rgb(517, 233),
+    "square": rgb(224, 224),
+    "small": rgb(31, 57),
+    "odd_crop": rgb(225, 340),
+    "gray": Image.fromarray(rng.integers(0, 256, (180, 240), dtype=np.uint8)),
+    "rgba": Image.fromarray(rng.integers(0, 256, (200, 260, 4), dtype=np.uint8)),
+    "palette": rgb(190, 250).convert("P"),
   }
 
 
@@ -26,6 +27,7 @@ def _images():
 def test_matches_open_clip_transform(size):
   open_clip = pytest.importorskip("open_clip", reason="pip install -e '.[torch]' (open_clip_torch)")
   from open_clip.transform import image_transform
+
   transform = image_transform(size, is_train=False)
   for name, image in _images().items():
     ours = preprocess(image, PreprocessConfig(size))

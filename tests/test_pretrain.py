@@ -1,4 +1,5 @@
 """Tiny-CLIP pretraining: the loss goes down, and a killed run resumes to the same weights."""
+
 import os
 import signal
 import subprocess
@@ -13,20 +14,28 @@ from stori_jax import pretrain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILE = os.path.join(REPO, "configs", "tiny_clip_pretrain.py")
-SMALL = ["--config.batch_size=16", "--config.model.embed_dim=32", "--config.model.text.width=32",
-         "--config.model.text.layers=2", "--config.model.vision.width=32",
-         "--config.model.vision.layers=2", "--config.model.vision.patch_size=16",
-         "--config.warmup_steps=2", "--config.eval_images=16"]
+SMALL = [
+  "--config.batch_size=16",
+  "--config.model.embed_dim=32",
+  "--config.model.text.width=32",
+  "--config.model.text.layers=2",
+  "--config.model.vision.width=32",
+  "--config.model.vision.layers=2",
+  "--config.model.vision.patch_size=16",
+  "--config.warmup_steps=2",
+  "--config.eval_images=16",
+]
 
 
 def small_config():
   import importlib.util
+
   spec = importlib.util.spec_from_file_location("tiny_clip_pretrain", CONFIG_FILE)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config()
   for flag in SMALL:
-    key, value = flag[len("--config."):].split("=")
+    key, value = flag[len("--config.") :].split("=")
     node = config
     *path, leaf = key.split(".")
     for part in path:
@@ -61,10 +70,20 @@ def test_batches_are_a_function_of_seed_and_step():
 
 
 def _run(workdir, steps, extra=()):
-  return [sys.executable, "-m", "stori_jax.pretrain", f"--config={CONFIG_FILE}",
-          f"--workdir={workdir}", f"--config.total_steps={steps}", "--config.checkpoint_every=3",
-          "--config.log_every=3", "--config.eval_every=1000", "--config.export_dtype=float32",
-          *SMALL, *extra]
+  return [
+    sys.executable,
+    "-m",
+    "stori_jax.pretrain",
+    f"--config={CONFIG_FILE}",
+    f"--workdir={workdir}",
+    f"--config.total_steps={steps}",
+    "--config.checkpoint_every=3",
+    "--config.log_every=3",
+    "--config.eval_every=1000",
+    "--config.export_dtype=float32",
+    *SMALL,
+    *extra,
+  ]
 
 
 @pytest.mark.slow
@@ -74,8 +93,9 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
   subprocess.run(_run(straight, steps), cwd=REPO, check=True, capture_output=True, timeout=600)
 
   # Start the same run, SIGKILL it once a mid-run checkpoint is on disk, start it again.
-  process = subprocess.Popen(_run(resumed, steps), cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+  process = subprocess.Popen(
+    _run(resumed, steps), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
   checkpoint = resumed / "checkpoints" / "6"
   deadline = time.time() + 600
   while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
@@ -83,8 +103,9 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
   process.send_signal(signal.SIGKILL)
   process.wait()
   assert not (resumed / "export").exists(), "the run finished before it could be killed"
-  log = subprocess.run(_run(resumed, steps), cwd=REPO, check=True, capture_output=True,
-                       text=True, timeout=600)
+  log = subprocess.run(
+    _run(resumed, steps), cwd=REPO, check=True, capture_output=True, text=True, timeout=600
+  )
   assert "Resumed from step" in log.stderr
 
   a = load_file(str(straight / "export" / "params.safetensors"))

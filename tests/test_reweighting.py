@@ -1,18 +1,27 @@
 """SToRI's reweighted attention through the text tower (paper Eq. 4)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import stori_jax
-from stori_jax.models import (CLIP, CLIPConfig, TextConfig, VisionConfig, attention_probs,
-                              init_params, reweighted_attention)
+from stori_jax.models import (
+  CLIP,
+  CLIPConfig,
+  TextConfig,
+  VisionConfig,
+  attention_probs,
+  init_params,
+  reweighted_attention,
+)
 from stori_jax.models.transformer import ACTIVATION_FNS
 
 CONFIG = CLIPConfig(
-    embed_dim=24,
-    text=TextConfig(width=32, layers=6, heads=4, activation="quick_gelu"),
-    vision=VisionConfig(image_size=16, patch_size=8, width=16, layers=1, heads=2))
+  embed_dim=24,
+  text=TextConfig(width=32, layers=6, heads=4, activation="quick_gelu"),
+  vision=VisionConfig(image_size=16, patch_size=8, width=16, layers=1, heads=2),
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,15 +30,21 @@ def bundle():
   # Non-trivial LayerNorms and biases, so the numpy reference checks every term.
   rng = np.random.default_rng(0)
   params = jax.tree_util.tree_map(
-      lambda p: p + 0.05 * rng.standard_normal(np.shape(p)).astype(np.float32), params)
+    lambda p: p + 0.05 * rng.standard_normal(np.shape(p)).astype(np.float32), params
+  )
   return stori_jax.CLIPBundle(config=CONFIG, params=params)
 
 
 @pytest.fixture(scope="module")
 def tokens(bundle):
-  return bundle.tokenize(["a photo of a (red:1.5) striped circle on a (gray:0.3) background",
-                          "a (small:0) (blue dotted:2.5) square", "a plain (star:1e-3)"],
-                         with_weights=True)
+  return bundle.tokenize(
+    [
+      "a photo of a (red:1.5) striped circle on a (gray:0.3) background",
+      "a (small:0) (blue dotted:2.5) square",
+      "a plain (star:1e-3)",
+    ],
+    with_weights=True,
+  )
 
 
 # An independent numpy forward of the text tower ------------------------------------
@@ -37,7 +52,7 @@ def tokens(bundle):
 
 def _ln(x, p, eps=1e-5):
   mean = x.mean(-1, keepdims=True)
-  var = ((x - mean)**2).mean(-1, keepdims=True)
+  var = ((x - mean) ** 2).mean(-1, keepdims=True)
   return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
 
 
@@ -52,8 +67,10 @@ def numpy_text_tower(params, ids, weights, first_block, activation):
   batch, length = ids.shape
   x = text["token_embedding"]["embedding"][ids] + text["positional_embedding"][:length]
   causal = np.tril(np.ones((length, length), bool))
-  act = {"quick_gelu": lambda v: v / (1 + np.exp(-1.702 * v)),
-         "gelu": lambda v: np.asarray(ACTIVATION_FNS["gelu"](jnp.asarray(v)), np.float64)}[activation]
+  act = {
+    "quick_gelu": lambda v: v / (1 + np.exp(-1.702 * v)),
+    "gelu": lambda v: np.asarray(ACTIVATION_FNS["gelu"](jnp.asarray(v)), np.float64),
+  }[activation]
   for i in range(CONFIG.text.layers):
     block = text[f"resblocks_{i}"]
     h = _ln(x, block["ln_1"])
@@ -88,8 +105,9 @@ def test_unit_weights_are_plain_clip(bundle, tokens):
 
 def test_default_start_block_is_the_papers_relative_depth(bundle, tokens):
   ids, weights = tokens
-  np.testing.assert_array_equal(bundle.encode_text(ids, weights),
-                                bundle.encode_text(ids, weights, start_block=4))
+  np.testing.assert_array_equal(
+    bundle.encode_text(ids, weights), bundle.encode_text(ids, weights, start_block=4)
+  )
   assert stori_jax.models.default_start_block(12) == 7
 
 
@@ -134,10 +152,13 @@ def test_raising_a_weight_raises_its_eot_attention_at_every_reweighted_block(bun
   raised[0, position] = 2.0
   share_base = _eot_attention_share(bundle, ids, base, position, start_block)
   share_raised = _eot_attention_share(bundle, ids, raised, position, start_block)
-  np.testing.assert_allclose(share_raised[:start_block - 1], share_base[:start_block - 1],
-                             rtol=1e-5)
-  assert np.all(share_raised[start_block - 1:] > share_base[start_block - 1:]), (
-      share_base, share_raised)
+  np.testing.assert_allclose(
+    share_raised[: start_block - 1], share_base[: start_block - 1], rtol=1e-5
+  )
+  assert np.all(share_raised[start_block - 1 :] > share_base[start_block - 1 :]), (
+    share_base,
+    share_raised,
+  )
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -149,8 +170,9 @@ def test_gradients_wrt_log_weights_are_finite(bundle, weight, dtype):
   log_w[0, 5] = np.log(np.float32(weight)) if weight else -np.inf
 
   def loss(log_weights):
-    features = model.apply({"params": bundle.params}, ids, log_weights, (2, 3, 4, 5),
-                           method=CLIP.encode_text)
+    features = model.apply(
+      {"params": bundle.params}, ids, log_weights, (2, 3, 4, 5), method=CLIP.encode_text
+    )
     return jnp.sum(features**2)
 
   value, grad = jax.value_and_grad(loss)(jnp.asarray(log_w))
@@ -173,9 +195,12 @@ def test_zero_weight_excludes_the_token(dtype):
   keep = np.array([0, 1, 3, 4, 5])
   expected = reweighted_attention(q[:, keep], k[:, keep], v[:, keep], mask[keep][:, keep])
   tol = 1e-6 if dtype == jnp.float32 else 1e-2
-  np.testing.assert_allclose(np.asarray(out[:, keep], np.float32),
-                             np.asarray(expected, np.float32), atol=tol)
-  grad = jax.grad(lambda lw: jnp.sum(reweighted_attention(q, k, v, mask, lw).astype(jnp.float32)))(log_w)
+  np.testing.assert_allclose(
+    np.asarray(out[:, keep], np.float32), np.asarray(expected, np.float32), atol=tol
+  )
+  grad = jax.grad(lambda lw: jnp.sum(reweighted_attention(q, k, v, mask, lw).astype(jnp.float32)))(
+    log_w
+  )
   assert np.all(np.isfinite(grad))
 
 
@@ -183,8 +208,9 @@ def test_prompt_weighting_baseline(bundle):
   ids, _ = bundle.tokenize(["a photo of a red striped circle"], with_weights=True)
   plain = np.asarray(bundle.encode_text(ids))
   ones = np.ones(ids.shape, np.float32)
-  np.testing.assert_allclose(bundle.encode_text(ids, ones, method="prompt_weighting"), plain,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    bundle.encode_text(ids, ones, method="prompt_weighting"), plain, atol=1e-6
+  )
   emphasised = ones.copy()
   emphasised[0, 5] = 2.0
   pw = np.asarray(bundle.encode_text(ids, emphasised, method="prompt_weighting"))
@@ -207,3 +233,29 @@ def test_reweighted_block_range_is_validated(bundle, tokens):
     bundle.encode_text(ids, weights, start_block=7)
   with pytest.raises(ValueError, match="outside"):
     bundle.encode_text(ids, weights, start_block=4, stop_block=3)
+
+
+@pytest.mark.parametrize("first", [0, 3, 5, 6])
+def test_cached_prefix_and_eot_only_last_block_are_exact(bundle, tokens, first):
+  """The training fast path equals the plain forward pass."""
+  ids, weights = tokens
+  model = CLIP(CONFIG)
+  variables = {"params": bundle.params}
+  log_w = jnp.log(jnp.asarray(weights))
+  blocks = tuple(range(max(first, 3), CONFIG.text.layers))
+  hidden = model.apply(variables, ids, first, method=CLIP.text_prefix)
+  fast = model.apply(variables, hidden, ids, first, log_w, blocks, method=CLIP.encode_text_from)
+  full = model.apply(variables, ids, log_w, blocks, method=CLIP.encode_text)
+  np.testing.assert_allclose(fast, full, rtol=0, atol=2e-6 * float(jnp.abs(full).max()))
+  # Cutting the rows after the longest EOT changes nothing either (causal mask).
+  cut = int(np.argmax(ids == CONFIG.text.eot_token_id, axis=1).max()) + 1
+  short = model.apply(
+    variables,
+    model.apply(variables, ids[:, :cut], first, method=CLIP.text_prefix),
+    ids[:, :cut],
+    first,
+    log_w[:, :cut],
+    blocks,
+    method=CLIP.encode_text_from,
+  )
+  np.testing.assert_allclose(short, full, rtol=0, atol=2e-6 * float(jnp.abs(full).max()))

@@ -1,4 +1,5 @@
 """Errors raised while reading checkpoints."""
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -11,19 +12,29 @@ class CheckpointError(ValueError):
 class CheckpointMismatchError(CheckpointError):
   """Converted parameters do not match the architecture."""
 
-  def __init__(self, source: str, missing: Iterable[str] = (), unexpected: Iterable[str] = (),
-               shape_mismatches: Iterable[tuple[str, tuple, tuple]] = ()):
+  def __init__(
+    self,
+    source: str,
+    missing: Iterable[str] = (),
+    unexpected: Iterable[str] = (),
+    shape_mismatches: Iterable[tuple[str, tuple, tuple]] = (),
+  ):
     self.missing = sorted(missing)
     self.unexpected = sorted(unexpected)
     self.shape_mismatches = sorted(shape_mismatches)
     lines = [f"Checkpoint {source} does not match the architecture:"]
     if self.missing:
-      lines.append(f"  missing keys ({len(self.missing)}): " + ", ".join(self.missing[:20])
-                   + (" ..." if len(self.missing) > 20 else ""))
+      lines.append(
+        f"  missing keys ({len(self.missing)}): "
+        + ", ".join(self.missing[:20])
+        + (" ..." if len(self.missing) > 20 else "")
+      )
     if self.unexpected:
-      lines.append(f"  unexpected keys ({len(self.unexpected)}): "
-                   + ", ".join(self.unexpected[:20])
-                   + (" ..." if len(self.unexpected) > 20 else ""))
+      lines.append(
+        f"  unexpected keys ({len(self.unexpected)}): "
+        + ", ".join(self.unexpected[:20])
+        + (" ..." if len(self.unexpected) > 20 else "")
+      )
     for key, got, want in self.shape_mismatches[:20]:
       lines.append(f"  shape mismatch at {key}: checkpoint {got}, architecture expects {want}")
     lines.append("Check that the architecture name (or config) belongs to this checkpoint.")

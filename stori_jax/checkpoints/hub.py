@@ -1,4 +1,5 @@
 """Downloads from the Hugging Face hub, with an actionable error when offline."""
+
 from __future__ import annotations
 
 import os
@@ -8,17 +9,21 @@ from stori_jax.checkpoints.errors import CheckpointError
 
 # The files that make a loadable directory, in order of preference per role.
 HF_FILES = (("config.json",), ("model.safetensors", "pytorch_model.bin"))
-OPEN_CLIP_FILES = (("open_clip_config.json",),
-                   ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"))
+OPEN_CLIP_FILES = (
+  ("open_clip_config.json",),
+  ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"),
+)
 
 
 def _offline_message(repo_id: str, filename: str, error: Exception) -> str:
   url = f"https://huggingface.co/{repo_id}/resolve/main/{filename}"
   local = os.path.join("checkpoints", repo_id.replace("/", "__"))
-  return (f"Could not fetch {filename} of {repo_id} from the Hugging Face hub ({type(error).__name__}: "
-          f"{str(error).splitlines()[0] if str(error) else ''}). If this machine is offline, "
-          f"download {url} (and the other files named here) on a machine with network, put them "
-          f"in a directory such as {local}/ and call stori_jax.load({local!r}).")
+  return (
+    f"Could not fetch {filename} of {repo_id} from the Hugging Face hub ({type(error).__name__}: "
+    f"{str(error).splitlines()[0] if str(error) else ''}). If this machine is offline, "
+    f"download {url} (and the other files named here) on a machine with network, put them "
+    f"in a directory such as {local}/ and call stori_jax.load({local!r})."
+  )
 
 
 def download(repo_id: str, roles: Sequence[Sequence[str]], revision: str | None = None) -> str:
@@ -42,8 +47,9 @@ def download(repo_id: str, roles: Sequence[Sequence[str]], revision: str | None 
         continue
       except errors.RepositoryNotFoundError as e:
         raise CheckpointError(
-            f"{repo_id!r} is neither a local path nor a Hugging Face hub repository "
-            "(check the spelling, or pass a local directory or file).") from e
+          f"{repo_id!r} is neither a local path nor a Hugging Face hub repository "
+          "(check the spelling, or pass a local directory or file)."
+        ) from e
       directory = os.path.dirname(path)
       break
     else:

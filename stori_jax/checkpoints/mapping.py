@@ -5,6 +5,7 @@ target key (this project's layout). The reader remembers which source keys
 were used and which were absent, so a mismatched checkpoint is reported in the
 checkpoint's own key names.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
@@ -29,8 +30,9 @@ def conv_kernel(weight: np.ndarray) -> np.ndarray:
 class StateDictReader:
   """Collects target params from a torch-layout state dict."""
 
-  def __init__(self, state_dict: Mapping[str, np.ndarray], source: str,
-               ignored: Iterable[str] = ()):
+  def __init__(
+    self, state_dict: Mapping[str, np.ndarray], source: str, ignored: Iterable[str] = ()
+  ):
     self.state_dict = state_dict
     self.source = source
     self.ignored = set(ignored)
@@ -77,6 +79,9 @@ class StateDictReader:
 
 def block_count(state_dict: Mapping[str, np.ndarray], prefix: str) -> int:
   """Number of blocks `prefix{i}.` present in the state dict."""
-  indices = {int(k[len(prefix):].split(".")[0]) for k in state_dict
-             if k.startswith(prefix) and k[len(prefix):].split(".")[0].isdigit()}
+  indices = {
+    int(k[len(prefix) :].split(".")[0])
+    for k in state_dict
+    if k.startswith(prefix) and k[len(prefix) :].split(".")[0].isdigit()
+  }
   return max(indices) + 1 if indices else 0

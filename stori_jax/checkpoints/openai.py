@@ -3,6 +3,7 @@
 OpenAI's JIT archives, its plain state dicts and open_clip's ViT CLIP models
 share these key names.
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -22,17 +23,23 @@ def _require(state_dict, key, source):
   if key not in state_dict:
     if "visual.layer1.0.conv1.weight" in state_dict:
       raise CheckpointError(
-          f"{source} holds a ResNet image tower (ModifiedResNet); only ViT towers are "
-          "supported so far.")
+        f"{source} holds a ResNet image tower (ModifiedResNet); only ViT towers are "
+        "supported so far."
+      )
     raise CheckpointError(
-        f"{source} has no key {key!r}: it is not an OpenAI/open_clip CLIP state dict. "
-        f"First keys: {sorted(state_dict)[:8]}")
+      f"{source} has no key {key!r}: it is not an OpenAI/open_clip CLIP state dict. "
+      f"First keys: {sorted(state_dict)[:8]}"
+    )
   return state_dict[key]
 
 
-def config_from_state_dict(state_dict: Mapping[str, np.ndarray], source: str = "checkpoint",
-                           activation: str = "quick_gelu", head_width: int = 64,
-                           name: str = "") -> CLIPConfig:
+def config_from_state_dict(
+  state_dict: Mapping[str, np.ndarray],
+  source: str = "checkpoint",
+  activation: str = "quick_gelu",
+  head_width: int = 64,
+  name: str = "",
+) -> CLIPConfig:
   """Infers the architecture from the tensor shapes, as OpenAI's build_model does.
 
   Heads are width // head_width (64 for every OpenAI model), at least 1. The activation is
@@ -40,26 +47,34 @@ def config_from_state_dict(state_dict: Mapping[str, np.ndarray], source: str = "
   """
   conv = _require(state_dict, "visual.conv1.weight", source)
   vision_width, _, patch, _ = conv.shape
-  grid = round((_require(state_dict, "visual.positional_embedding", source).shape[0] - 1)**0.5)
+  grid = round((_require(state_dict, "visual.positional_embedding", source).shape[0] - 1) ** 0.5)
   text_width = _require(state_dict, "ln_final.weight", source).shape[0]
   text_mlp = _require(state_dict, "transformer.resblocks.0.mlp.c_fc.weight", source).shape[0]
-  vision_mlp = _require(state_dict, "visual.transformer.resblocks.0.mlp.c_fc.weight",
-                        source).shape[0]
+  vision_mlp = _require(state_dict, "visual.transformer.resblocks.0.mlp.c_fc.weight", source).shape[
+    0
+  ]
   return CLIPConfig(
-      embed_dim=_require(state_dict, "text_projection", source).shape[1],
-      text=TextConfig(
-          vocab_size=_require(state_dict, "token_embedding.weight", source).shape[0],
-          context_length=_require(state_dict, "positional_embedding", source).shape[0],
-          width=text_width, heads=max(1, text_width // head_width),
-          layers=block_count(state_dict, "transformer.resblocks."),
-          mlp_dim=None if text_mlp == 4 * text_width else text_mlp, activation=activation),
-      vision=VisionConfig(
-          image_size=patch * grid, patch_size=patch, width=vision_width,
-          layers=block_count(state_dict, "visual.transformer.resblocks."),
-          heads=max(1, vision_width // head_width),
-          mlp_dim=None if vision_mlp == 4 * vision_width else vision_mlp,
-          activation=activation),
-      name=name)
+    embed_dim=_require(state_dict, "text_projection", source).shape[1],
+    text=TextConfig(
+      vocab_size=_require(state_dict, "token_embedding.weight", source).shape[0],
+      context_length=_require(state_dict, "positional_embedding", source).shape[0],
+      width=text_width,
+      heads=max(1, text_width // head_width),
+      layers=block_count(state_dict, "transformer.resblocks."),
+      mlp_dim=None if text_mlp == 4 * text_width else text_mlp,
+      activation=activation,
+    ),
+    vision=VisionConfig(
+      image_size=patch * grid,
+      patch_size=patch,
+      width=vision_width,
+      layers=block_count(state_dict, "visual.transformer.resblocks."),
+      heads=max(1, vision_width // head_width),
+      mlp_dim=None if vision_mlp == 4 * vision_width else vision_mlp,
+      activation=activation,
+    ),
+    name=name,
+  )
 
 
 def _blocks(reader: StateDictReader, target: str, prefix: str, layers: int):
@@ -68,17 +83,22 @@ def _blocks(reader: StateDictReader, target: str, prefix: str, layers: int):
     reader.put_layer_norm(dst + "ln_1", src + "ln_1")
     reader.put_layer_norm(dst + "ln_2", src + "ln_2")
     attn = dst + "attn/"
-    reader.put_split((attn + "query/kernel", attn + "key/kernel", attn + "value/kernel"),
-                     src + "attn.in_proj_weight", linear_kernel)
-    reader.put_split((attn + "query/bias", attn + "key/bias", attn + "value/bias"),
-                     src + "attn.in_proj_bias")
+    reader.put_split(
+      (attn + "query/kernel", attn + "key/kernel", attn + "value/kernel"),
+      src + "attn.in_proj_weight",
+      linear_kernel,
+    )
+    reader.put_split(
+      (attn + "query/bias", attn + "key/bias", attn + "value/bias"), src + "attn.in_proj_bias"
+    )
     reader.put_linear(attn + "out", src + "attn.out_proj")
     reader.put_linear(dst + "mlp/c_fc", src + "mlp.c_fc")
     reader.put_linear(dst + "mlp/c_proj", src + "mlp.c_proj")
 
 
-def params_from_state_dict(state_dict: Mapping[str, np.ndarray], config: CLIPConfig,
-                           source: str = "checkpoint") -> dict:
+def params_from_state_dict(
+  state_dict: Mapping[str, np.ndarray], config: CLIPConfig, source: str = "checkpoint"
+) -> dict:
   """OpenAI/open_clip state dict -> this project's params for `config`.
 
   Raises CheckpointMismatchError naming absent, unexpected and misshaped keys.

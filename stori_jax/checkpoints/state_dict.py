@@ -3,6 +3,7 @@
 safetensors files need no torch; pickles (.bin/.pt/.pth) and OpenAI's JIT
 archives need torch, imported only then.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ def _import_torch(path: str):
     import torch  # pylint: disable=import-outside-toplevel
   except ImportError as e:
     raise CheckpointError(
-        f"Reading {path} needs PyTorch (it is a torch pickle). Install it with "
-        "`pip install stori-jax[torch]`, or convert the file to safetensors elsewhere.") from e
+      f"Reading {path} needs PyTorch (it is a torch pickle). Install it with "
+      "`pip install stori-jax[torch]`, or convert the file to safetensors elsewhere."
+    ) from e
   return torch
 
 
@@ -48,6 +50,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     raise CheckpointError(f"Checkpoint file {path} does not exist.")
   if path.endswith(".safetensors"):
     from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+
     try:
       return dict(load_file(path))
     except Exception as e:  # safetensors raises its own error types.
@@ -64,5 +67,5 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
   if not isinstance(state, Mapping):
     raise CheckpointError(f"{path} holds a {type(state).__name__}, not a state dict.")
   if state and all(k.startswith("module.") for k in state):
-    state = {k[len("module."):]: v for k, v in state.items()}
+    state = {k[len("module.") :]: v for k, v in state.items()}
   return {k: _to_numpy(v) for k, v in state.items() if hasattr(v, "detach")}

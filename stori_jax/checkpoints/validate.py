@@ -1,4 +1,5 @@
 """Checking a parameter tree against the shapes an architecture expects."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -19,8 +20,12 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
   return traverse_util.unflatten_dict(dict(flat), sep="/")
 
 
-def check_params(params: Mapping[str, Any], config: CLIPConfig, source: str = "parameters",
-                 unexpected_source_keys=()) -> None:
+def check_params(
+  params: Mapping[str, Any],
+  config: CLIPConfig,
+  source: str = "parameters",
+  unexpected_source_keys=(),
+) -> None:
   """Raises CheckpointMismatchError naming every missing, unexpected or misshaped key.
 
   unexpected_source_keys are keys of the original checkpoint that no rule consumed.
@@ -29,7 +34,10 @@ def check_params(params: Mapping[str, Any], config: CLIPConfig, source: str = "p
   got = flatten(params)
   missing = set(want) - set(got)
   unexpected = (set(got) - set(want)) | set(unexpected_source_keys)
-  mismatched = [(k, tuple(np.shape(got[k])), tuple(want[k].shape))
-                for k in set(want) & set(got) if tuple(np.shape(got[k])) != tuple(want[k].shape)]
+  mismatched = [
+    (k, tuple(np.shape(got[k])), tuple(want[k].shape))
+    for k in set(want) & set(got)
+    if tuple(np.shape(got[k])) != tuple(want[k].shape)
+  ]
   if missing or unexpected or mismatched:
     raise CheckpointMismatchError(source, missing, unexpected, mismatched)

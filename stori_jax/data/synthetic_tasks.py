@@ -10,6 +10,7 @@
 
 Size, position and background are nuisances here: random in every class's images.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,15 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from stori_jax.data import synthetic
-from stori_jax.data.synthetic import (ATTRIBUTE_WORDS, COLOURS, PATTERN_WITH_PHRASES, PATTERNS,
-                                      SHAPES, SIZES, SyntheticBatch)
+from stori_jax.data.synthetic import (
+  ATTRIBUTE_WORDS,
+  COLOURS,
+  PATTERN_WITH_PHRASES,
+  PATTERNS,
+  SHAPES,
+  SIZES,
+  SyntheticBatch,
+)
 
 #: Attribute families that define a class, in the order its name lists them.
 CLASS_FAMILIES = ("colour", "pattern", "shape")
@@ -28,36 +36,39 @@ CLASS_FAMILIES = ("colour", "pattern", "shape")
 
 @dataclasses.dataclass(frozen=True)
 class ClassSpec:
-    """A class of the synthetic world: the attributes all its images share (None: any)."""
+  """A class of the synthetic world: the attributes all its images share (None: any)."""
 
-    colour: str | None = None
-    pattern: str | None = None
-    shape: str | None = None
+  colour: str | None = None
+  pattern: str | None = None
+  shape: str | None = None
 
-    def __post_init__(self):
-        for family in CLASS_FAMILIES:
-            value = getattr(self, family)
-            if value is not None and value not in synthetic.VOCABULARIES[family]:
-                raise ValueError(f"unknown {family} {value!r}")
-        if all(getattr(self, f) is None for f in CLASS_FAMILIES):
-            raise ValueError("a class needs at least one attribute")
+  def __post_init__(self):
+    for family in CLASS_FAMILIES:
+      value = getattr(self, family)
+      if value is not None and value not in synthetic.VOCABULARIES[family]:
+        raise ValueError(f"unknown {family} {value!r}")
+    if all(getattr(self, f) is None for f in CLASS_FAMILIES):
+      raise ValueError("a class needs at least one attribute")
 
-    @property
-    def name(self) -> str:
-        """'red striped circle': the attribute words, so that text prompts can name it."""
-        words = " ".join(self.attributes().values())
-        return words if self.shape else words + " shape"
+  @property
+  def name(self) -> str:
+    """'red striped circle': the attribute words, so that text prompts can name it."""
+    words = " ".join(self.attributes().values())
+    return words if self.shape else words + " shape"
 
-    def attributes(self) -> dict[str, str]:
-        """The specified attributes, family -> value, in CLASS_FAMILIES order."""
-        return {f: getattr(self, f) for f in CLASS_FAMILIES if getattr(self, f) is not None}
+  def attributes(self) -> dict[str, str]:
+    """The specified attributes, family -> value, in CLASS_FAMILIES order."""
+    return {f: getattr(self, f) for f in CLASS_FAMILIES if getattr(self, f) is not None}
 
 
 #: 12 classes: 3 colours x 2 patterns x 2 shapes. Red vs orange and striped vs dotted are the
 #: fine-grained axes; circle vs star is the easy one.
 FEWSHOT_CLASSES: tuple[ClassSpec, ...] = tuple(
-    ClassSpec(colour=c, pattern=p, shape=s)
-    for s in ("circle", "star") for c in ("red", "orange", "blue") for p in ("striped", "dotted"))
+  ClassSpec(colour=c, pattern=p, shape=s)
+  for s in ("circle", "star")
+  for c in ("red", "orange", "blue")
+  for p in ("striped", "dotted")
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,69 +78,71 @@ FEWSHOT_CLASSES: tuple[ClassSpec, ...] = tuple(
 # {with_p} "with stripes", {s} shape.
 
 _PROMPT_TEMPLATES = (
-    "a photo of {a_name}, a simple geometric figure drawn on a flat background.",
-    "{a_name} is a lovely shape, neatly drawn with clean edges.",
-    "a clear picture of {a_name}, like a sticker in a children's book.",
-    "you can recognize {a_name} by its color, its pattern and its outline.",
-    "{a_name}, shown large on a gray background.",
-    "a {s} painted in bright {c} {with_p}, a common sight in puzzles.",
-    "this {s} is {c} and {p}, with sharp and tidy edges.",
-    "a small {p} {c} {s} in the corner of a drawing.",
+  "a photo of {a_name}, a simple geometric figure drawn on a flat background.",
+  "{a_name} is a lovely shape, neatly drawn with clean edges.",
+  "a clear picture of {a_name}, like a sticker in a children's book.",
+  "you can recognize {a_name} by its color, its pattern and its outline.",
+  "{a_name}, shown large on a gray background.",
+  "a {s} painted in bright {c} {with_p}, a common sight in puzzles.",
+  "this {s} is {c} and {p}, with sharp and tidy edges.",
+  "a small {p} {c} {s} in the corner of a drawing.",
 )
 
 
 def _article(phrase: str) -> str:
-    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
+  return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
 def class_prompts(spec: ClassSpec) -> tuple[str, ...]:
-    """CuPL-like descriptive prompts for one class (8 for a full class, >= 5 for any)."""
-    fields = {"a_name": _article(spec.name)}
-    if spec.colour:
-        fields["c"] = spec.colour
-    if spec.pattern:
-        fields["p"] = spec.pattern
-        if spec.pattern in PATTERN_WITH_PHRASES:
-            fields["with_p"] = PATTERN_WITH_PHRASES[spec.pattern]
-    if spec.shape:
-        fields["s"] = spec.shape
-    prompts = []
-    for template in _PROMPT_TEMPLATES:
-        try:
-            prompts.append(template.format(**fields))
-        except KeyError:  # the template needs an attribute this class leaves open
-            continue
-    return tuple(prompts)
+  """CuPL-like descriptive prompts for one class (8 for a full class, >= 5 for any)."""
+  fields = {"a_name": _article(spec.name)}
+  if spec.colour:
+    fields["c"] = spec.colour
+  if spec.pattern:
+    fields["p"] = spec.pattern
+    if spec.pattern in PATTERN_WITH_PHRASES:
+      fields["with_p"] = PATTERN_WITH_PHRASES[spec.pattern]
+  if spec.shape:
+    fields["s"] = spec.shape
+  prompts = []
+  for template in _PROMPT_TEMPLATES:
+    try:
+      prompts.append(template.format(**fields))
+    except KeyError:  # the template needs an attribute this class leaves open
+      continue
+  return tuple(prompts)
 
 
 def class_words(spec: ClassSpec | str) -> dict[str, frozenset[str]]:
-    """family -> the words naming the class's value of it (e.g. {"pattern": {"striped", "stripes"}})."""
-    spec = _as_spec(spec)
-    return {f: frozenset(ATTRIBUTE_WORDS[(f, v)]) for f, v in spec.attributes().items()}
+  """family -> the words naming the class's value of it (e.g. {"pattern": {"striped", "stripes"}})."""
+  spec = _as_spec(spec)
+  return {f: frozenset(ATTRIBUTE_WORDS[(f, v)]) for f, v in spec.attributes().items()}
 
 
 def discriminative_words(class_a: ClassSpec | str, class_b: ClassSpec | str) -> frozenset[str]:
-    """Words that tell the two classes apart: those naming an attribute where they differ.
+  """Words that tell the two classes apart: those naming an attribute where they differ.
 
-    For "red striped circle" vs "red dotted circle": {"striped", "stripes", "dotted", "dots"}.
-    An attribute one class fixes and the other leaves open counts as a difference. Classes are
-    ClassSpecs or names of FEWSHOT_CLASSES.
-    """
-    words_a, words_b = class_words(class_a), class_words(class_b)
-    differing = set()
-    for family in CLASS_FAMILIES:
-        if words_a.get(family) != words_b.get(family):
-            differing |= words_a.get(family, frozenset()) | words_b.get(family, frozenset())
-    return frozenset(differing)
+  For "red striped circle" vs "red dotted circle": {"striped", "stripes", "dotted", "dots"}.
+  An attribute one class fixes and the other leaves open counts as a difference. Classes are
+  ClassSpecs or names of FEWSHOT_CLASSES.
+  """
+  words_a, words_b = class_words(class_a), class_words(class_b)
+  differing = set()
+  for family in CLASS_FAMILIES:
+    if words_a.get(family) != words_b.get(family):
+      differing |= words_a.get(family, frozenset()) | words_b.get(family, frozenset())
+  return frozenset(differing)
 
 
 def _as_spec(spec: ClassSpec | str) -> ClassSpec:
-    if isinstance(spec, ClassSpec):
-        return spec
-    for candidate in FEWSHOT_CLASSES:
-        if candidate.name == spec:
-            return candidate
-    raise KeyError(f"unknown class {spec!r}; pass a ClassSpec or one of {[c.name for c in FEWSHOT_CLASSES]}")
+  if isinstance(spec, ClassSpec):
+    return spec
+  for candidate in FEWSHOT_CLASSES:
+    if candidate.name == spec:
+      return candidate
+  raise KeyError(
+    f"unknown class {spec!r}; pass a ClassSpec or one of {[c.name for c in FEWSHOT_CLASSES]}"
+  )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,109 +155,135 @@ _TRAIN_STREAM, _TEST_STREAM = 7001, 7002
 
 @dataclasses.dataclass(frozen=True)
 class FewShotDataset:
-    """Few-shot classification data; images are sorted by class.
+  """Few-shot classification data; images are sorted by class.
 
-    Attributes:
-      train, test: SyntheticBatch (single-object images with all ground truth).
-      train_labels: int32 [num_classes * shots].
-      test_labels: int32 [num_classes * n_test_per_class].
-      classes: ClassSpec per class; class_names: their names.
-      prompts: per class, a tuple of CuPL-like prompts.
-    """
+  Attributes:
+    train, test: SyntheticBatch (single-object images with all ground truth).
+    train_labels: int32 [num_classes * shots].
+    test_labels: int32 [num_classes * n_test_per_class].
+    classes: ClassSpec per class; class_names: their names.
+    prompts: per class, a tuple of CuPL-like prompts.
+  """
 
-    train: SyntheticBatch
-    test: SyntheticBatch
-    train_labels: np.ndarray
-    test_labels: np.ndarray
-    classes: tuple[ClassSpec, ...]
-    class_names: tuple[str, ...]
-    prompts: tuple[tuple[str, ...], ...]
+  train: SyntheticBatch
+  test: SyntheticBatch
+  train_labels: np.ndarray
+  test_labels: np.ndarray
+  classes: tuple[ClassSpec, ...]
+  class_names: tuple[str, ...]
+  prompts: tuple[tuple[str, ...], ...]
 
-    @property
-    def train_images(self) -> np.ndarray:
-        """uint8 [num_classes * shots, H, W, 3]."""
-        return self.train.images
+  @property
+  def train_images(self) -> np.ndarray:
+    """uint8 [num_classes * shots, H, W, 3]."""
+    return self.train.images
 
-    @property
-    def test_images(self) -> np.ndarray:
-        """uint8 [num_classes * n_test_per_class, H, W, 3]."""
-        return self.test.images
+  @property
+  def test_images(self) -> np.ndarray:
+    """uint8 [num_classes * n_test_per_class, H, W, 3]."""
+    return self.test.images
 
 
-def _class_images(classes: Sequence[ClassSpec], per_class: int, seed, image_size: int) -> SyntheticBatch:
-    specs = [spec for spec in classes for _ in range(per_class)]
-    return synthetic.generate_with(
-        len(specs), seed, image_size=image_size,
-        **{f: [getattr(spec, f) for spec in specs] for f in CLASS_FAMILIES})
+def _class_images(
+  classes: Sequence[ClassSpec], per_class: int, seed, image_size: int
+) -> SyntheticBatch:
+  specs = [spec for spec in classes for _ in range(per_class)]
+  return synthetic.generate_with(
+    len(specs),
+    seed,
+    image_size=image_size,
+    **{f: [getattr(spec, f) for spec in specs] for f in CLASS_FAMILIES},
+  )
 
 
 def fewshot_dataset(
-    shots: int,
-    seed: int,
-    n_test_per_class: int = 50,
-    *,
-    classes: Sequence[ClassSpec] = FEWSHOT_CLASSES,
-    test_seed: int = 0,
-    image_size: int = 64,
+  shots: int,
+  seed: int,
+  n_test_per_class: int = 50,
+  *,
+  classes: Sequence[ClassSpec] = FEWSHOT_CLASSES,
+  test_seed: int = 0,
+  image_size: int = 64,
 ) -> FewShotDataset:
-    """K-shot training images per class (depend on `seed`) and a fixed test set (`test_seed`).
+  """K-shot training images per class (depend on `seed`) and a fixed test set (`test_seed`).
 
-    Nuisance attributes (size, position, background, and any class attribute left None) are
-    random per image.
-    """
-    if shots < 1 or n_test_per_class < 1:
-        raise ValueError("shots and n_test_per_class must be >= 1")
-    classes = tuple(classes)
-    num_classes = len(classes)
-    train = _class_images(classes, shots, [_TRAIN_STREAM, seed], image_size)
-    test = _class_images(classes, n_test_per_class, [_TEST_STREAM, test_seed], image_size)
-    return FewShotDataset(
-        train=train, test=test,
-        train_labels=np.repeat(np.arange(num_classes, dtype=np.int32), shots),
-        test_labels=np.repeat(np.arange(num_classes, dtype=np.int32), n_test_per_class),
-        classes=classes, class_names=tuple(c.name for c in classes),
-        prompts=tuple(class_prompts(c) for c in classes))
+  Nuisance attributes (size, position, background, and any class attribute left None) are
+  random per image.
+  """
+  if shots < 1 or n_test_per_class < 1:
+    raise ValueError("shots and n_test_per_class must be >= 1")
+  classes = tuple(classes)
+  num_classes = len(classes)
+  train = _class_images(classes, shots, [_TRAIN_STREAM, seed], image_size)
+  test = _class_images(classes, n_test_per_class, [_TEST_STREAM, test_seed], image_size)
+  return FewShotDataset(
+    train=train,
+    test=test,
+    train_labels=np.repeat(np.arange(num_classes, dtype=np.int32), shots),
+    test_labels=np.repeat(np.arange(num_classes, dtype=np.int32), n_test_per_class),
+    classes=classes,
+    class_names=tuple(c.name for c in classes),
+    prompts=tuple(class_prompts(c) for c in classes),
+  )
 
 
 # ---------------------------------------------------------------------------------------------
 # Descriptor bank (Menon & Vondrick style): short phrases, each naming one attribute value,
 # built from words the world's captions use, plus distractors that name nothing.
 
+
 def _value_descriptors(family: str, value: str) -> tuple[str, ...]:
-    if family == "colour":
-        return (f"{value} color", f"painted {value}")
-    if family == "pattern":
-        return (f"{value} pattern", PATTERN_WITH_PHRASES.get(value, "plain fill"))
-    if family == "shape":
-        return (f"{value} shape", f"{value} outline")
-    if family == "size":
-        return (f"{value} size",)
-    raise KeyError(family)
+  if family == "colour":
+    return (f"{value} color", f"painted {value}")
+  if family == "pattern":
+    return (f"{value} pattern", PATTERN_WITH_PHRASES.get(value, "plain fill"))
+  if family == "shape":
+    return (f"{value} shape", f"{value} outline")
+  if family == "size":
+    return (f"{value} size",)
+  raise KeyError(family)
 
 
-DISTRACTOR_DESCRIPTORS = ("a simple drawing", "a flat picture", "sharp clean edges",
-                          "a shape on a background", "a computer graphic", "no shading")
+DISTRACTOR_DESCRIPTORS = (
+  "a simple drawing",
+  "a flat picture",
+  "sharp clean edges",
+  "a shape on a background",
+  "a computer graphic",
+  "no shading",
+)
 
 #: Every descriptor phrase -> the (family, value) it names, or None for distractors.
-DESCRIPTOR_ATTRIBUTES: Mapping[str, tuple[str, str] | None] = MappingProxyType({
-    **{d: (f, v) for f, vocab in (("colour", COLOURS), ("pattern", PATTERNS), ("shape", SHAPES), ("size", SIZES))
-       for v in vocab for d in _value_descriptors(f, v)},
+DESCRIPTOR_ATTRIBUTES: Mapping[str, tuple[str, str] | None] = MappingProxyType(
+  {
+    **{
+      d: (f, v)
+      for f, vocab in (
+        ("colour", COLOURS),
+        ("pattern", PATTERNS),
+        ("shape", SHAPES),
+        ("size", SIZES),
+      )
+      for v in vocab
+      for d in _value_descriptors(f, v)
+    },
     **{d: None for d in DISTRACTOR_DESCRIPTORS},
-})
+  }
+)
 
 
 def descriptor_bank(classes: Sequence[ClassSpec] = FEWSHOT_CLASSES) -> dict[str, list[str]]:
-    """class name -> descriptors: two per class attribute, one size phrase (a plausible but
-    non-defining attribute, as real descriptor lists have), and two distractors."""
-    bank = {}
-    for i, spec in enumerate(classes):
-        phrases = [d for f, v in spec.attributes().items() for d in _value_descriptors(f, v)]
-        phrases += list(_value_descriptors("size", SIZES[i % len(SIZES)]))
-        phrases += [DISTRACTOR_DESCRIPTORS[(2 * i + j) % len(DISTRACTOR_DESCRIPTORS)] for j in range(2)]
-        bank[spec.name] = phrases
-    return bank
+  """class name -> descriptors: two per class attribute, one size phrase (a plausible but
+  non-defining attribute, as real descriptor lists have), and two distractors."""
+  bank = {}
+  for i, spec in enumerate(classes):
+    phrases = [d for f, v in spec.attributes().items() for d in _value_descriptors(f, v)]
+    phrases += list(_value_descriptors("size", SIZES[i % len(SIZES)]))
+    phrases += [DISTRACTOR_DESCRIPTORS[(2 * i + j) % len(DISTRACTOR_DESCRIPTORS)] for j in range(2)]
+    bank[spec.name] = phrases
+  return bank
 
 
 def descriptor_attribute(descriptor: str) -> tuple[str, str] | None:
-    """The (family, value) a descriptor names, or None for a distractor."""
-    return DESCRIPTOR_ATTRIBUTES[descriptor]
+  """The (family, value) a descriptor names, or None for a distractor."""
+  return DESCRIPTOR_ATTRIBUTES[descriptor]

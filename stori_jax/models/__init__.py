@@ -1,7 +1,13 @@
 """Flax CLIP towers; pure modules that never import training or data code."""
+
 from stori_jax.models.attention import attention_probs, reweighted_attention
 from stori_jax.models.clip import CLIP, init_params, param_shapes
-from stori_jax.models.config import (CLIPConfig, TextConfig, VisionConfig, architecture_names,
-                                     get_architecture)
+from stori_jax.models.config import (
+  CLIPConfig,
+  TextConfig,
+  VisionConfig,
+  architecture_names,
+  get_architecture,
+)
 from stori_jax.models.text import TextTransformer, default_start_block, reweighted_block_indices
 from stori_jax.models.vision import VisionTransformer

@@ -5,6 +5,7 @@ w_n >= 0 and renormalises: a_mn = w_n exp(s_mn) / sum_j w_j exp(s_mj), which is
 exactly softmax(s_mn + log w_n). The weights are per key position, shared by all
 heads and all queries.
 """
+
 from __future__ import annotations
 
 import jax
@@ -22,8 +23,12 @@ def causal_mask(length: int) -> jax.Array:
   return jnp.tril(jnp.ones((length, length), dtype=bool))
 
 
-def attention_probs(query: jax.Array, key: jax.Array, mask: jax.Array | None = None,
-                    log_weights: jax.Array | None = None) -> jax.Array:
+def attention_probs(
+  query: jax.Array,
+  key: jax.Array,
+  mask: jax.Array | None = None,
+  log_weights: jax.Array | None = None,
+) -> jax.Array:
   """softmax(q k^T / sqrt(d) + log w) under `mask`: fp32 [B, H, L, L].
 
   Args:
@@ -32,8 +37,7 @@ def attention_probs(query: jax.Array, key: jax.Array, mask: jax.Array | None = N
     log_weights: float [B, L] log-weights of the key positions, or None for
       plain attention. -inf (w = 0) excludes a key cleanly.
   """
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key,
-                      preferred_element_type=jnp.float32)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
   logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
   if log_weights is not None:
     log_weights = jnp.maximum(log_weights.astype(jnp.float32), LOG_WEIGHT_FLOOR)
@@ -44,14 +48,19 @@ def attention_probs(query: jax.Array, key: jax.Array, mask: jax.Array | None = N
 
 
 @jax.jit
-def reweighted_attention(query: jax.Array, key: jax.Array, value: jax.Array,
-                         mask: jax.Array | None = None,
-                         log_weights: jax.Array | None = None) -> jax.Array:
+def reweighted_attention(
+  query: jax.Array,
+  key: jax.Array,
+  value: jax.Array,
+  mask: jax.Array | None = None,
+  log_weights: jax.Array | None = None,
+) -> jax.Array:
   """attention_probs(...) v: [B, L, H, D] in the dtype of `value`.
 
   Logits and softmax are fp32 whatever the compute dtype; see `attention_probs`
   for the arguments.
   """
   probs = attention_probs(query, key, mask, log_weights)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(value.dtype), value,
-                    preferred_element_type=jnp.float32).astype(value.dtype)
+  return jnp.einsum(
+    "bhqk,bkhd->bqhd", probs.astype(value.dtype), value, preferred_element_type=jnp.float32
+  ).astype(value.dtype)

@@ -1,4 +1,5 @@
 """Both CLIP towers and the learned temperature."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -15,6 +16,7 @@ from stori_jax.models.vision import VisionTransformer
 
 class CLIP(nn.Module):
   """Params: {'text': ..., 'vision': ..., 'logit_scale': f32 []}."""
+
   config: CLIPConfig
   dtype: Any = jnp.float32
 
@@ -22,12 +24,30 @@ class CLIP(nn.Module):
     c = self.config
     self.text = TextTransformer(c.text, c.embed_dim, c.layer_norm_eps, self.dtype)
     self.vision = VisionTransformer(c.vision, c.embed_dim, c.layer_norm_eps, self.dtype)
-    self.logit_scale = self.param(
-        "logit_scale", nn.initializers.constant(np.log(1 / 0.07)), ())
+    self.logit_scale = self.param("logit_scale", nn.initializers.constant(np.log(1 / 0.07)), ())
 
-  def encode_text(self, ids: jax.Array, log_weights: jax.Array | None = None,
-                  reweight_blocks: Sequence[int] = (), return_hidden: bool = False):
+  def encode_text(
+    self,
+    ids: jax.Array,
+    log_weights: jax.Array | None = None,
+    reweight_blocks: Sequence[int] = (),
+    return_hidden: bool = False,
+  ):
     return self.text(ids, log_weights, reweight_blocks, return_hidden)
+
+  def text_prefix(self, ids: jax.Array, stop: int) -> jax.Array:
+    """Hidden states at the input of block `stop` (0-indexed): [B, L, W]."""
+    return self.text.blocks(self.text.embed(ids), 0, stop)
+
+  def encode_text_from(
+    self,
+    hidden: jax.Array,
+    ids: jax.Array,
+    first: int,
+    log_weights: jax.Array | None = None,
+    reweight_blocks: Sequence[int] = (),
+  ) -> jax.Array:
+    return self.text.encode_from(hidden, ids, first, log_weights, reweight_blocks)
 
   def encode_text_prompt_weighting(self, ids: jax.Array, weights: jax.Array, block: int):
     return self.text.prompt_weighting(ids, weights, block)
@@ -55,7 +75,8 @@ def init_params(config: CLIPConfig, seed: int = 0) -> dict:
 def param_shapes(config: CLIPConfig) -> dict:
   """The parameter tree of this config as jax.ShapeDtypeStruct leaves, without allocating."""
   model = CLIP(config)
-  images = jax.ShapeDtypeStruct((1, config.vision.image_size, config.vision.image_size, 3),
-                                jnp.float32)
+  images = jax.ShapeDtypeStruct(
+    (1, config.vision.image_size, config.vision.image_size, 3), jnp.float32
+  )
   ids = jax.ShapeDtypeStruct((1, config.text.context_length), jnp.int32)
   return jax.eval_shape(model.init, jax.random.PRNGKey(0), images, ids)["params"]

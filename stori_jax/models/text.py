@@ -1,4 +1,5 @@
 """CLIP's causal text transformer, with SToRI reweighting from a chosen block."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -22,15 +23,17 @@ def default_start_block(layers: int) -> int:
   return layers // 2 + 1
 
 
-def reweighted_block_indices(layers: int, start_block: int | None = None,
-                             stop_block: int | None = None) -> tuple[int, ...]:
+def reweighted_block_indices(
+  layers: int, start_block: int | None = None, stop_block: int | None = None
+) -> tuple[int, ...]:
   """0-indexed blocks that apply log-weights: start_block..stop_block (1-indexed, inclusive)."""
   start = default_start_block(layers) if start_block is None else start_block
   stop = layers if stop_block is None else stop_block
   if not 1 <= start <= stop <= layers:
     raise ValueError(
-        f"Reweighting blocks {start}..{stop} are outside the text tower's blocks 1..{layers} "
-        "(start_block and stop_block are 1-indexed and inclusive).")
+      f"Reweighting blocks {start}..{stop} are outside the text tower's blocks 1..{layers} "
+      "(start_block and stop_block are 1-indexed and inclusive)."
+    )
   return tuple(range(start - 1, stop))
 
 
@@ -45,6 +48,7 @@ class TextTransformer(nn.Module):
   The mask is causal, so the EOT output depends only on tokens up to EOT: ids
   may be cut to any length that keeps every EOT.
   """
+
   config: TextConfig
   embed_dim: int
   layer_norm_eps: float = 1e-5
@@ -52,32 +56,46 @@ class TextTransformer(nn.Module):
 
   def setup(self):
     c = self.config
-    self.token_embedding = nn.Embed(c.vocab_size, c.width, dtype=self.dtype,
-                                    param_dtype=jnp.float32,
-                                    embedding_init=nn.initializers.normal(0.02))
+    self.token_embedding = nn.Embed(
+      c.vocab_size,
+      c.width,
+      dtype=self.dtype,
+      param_dtype=jnp.float32,
+      embedding_init=nn.initializers.normal(0.02),
+    )
     self.positional_embedding = self.param(
-        "positional_embedding", nn.initializers.normal(0.01), (c.context_length, c.width))
+      "positional_embedding", nn.initializers.normal(0.01), (c.context_length, c.width)
+    )
     self.resblocks = [
-        ResidualBlock(c.heads, c.mlp_width, c.activation, self.layer_norm_eps, self.dtype)
-        for _ in range(c.layers)]
+      ResidualBlock(c.heads, c.mlp_width, c.activation, self.layer_norm_eps, self.dtype)
+      for _ in range(c.layers)
+    ]
     self.ln_final = layer_norm(self.layer_norm_eps)
     self.text_projection = self.param(
-        "text_projection", nn.initializers.normal(c.width**-0.5), (c.width, self.embed_dim))
+      "text_projection", nn.initializers.normal(c.width**-0.5), (c.width, self.embed_dim)
+    )
 
   def embed(self, ids: jax.Array) -> jax.Array:
     """ids int32 [B, L] -> token + position embeddings [B, L, width] (compute dtype)."""
     length = ids.shape[-1]
     if length > self.config.context_length:
       raise ValueError(
-          f"Token sequences of length {length} exceed the text tower's context length "
-          f"{self.config.context_length}; tokenize with context_length="
-          f"{self.config.context_length}.")
+        f"Token sequences of length {length} exceed the text tower's context length "
+        f"{self.config.context_length}; tokenize with context_length="
+        f"{self.config.context_length}."
+      )
     pos = self.positional_embedding[:length].astype(self.dtype)
     return self.token_embedding(ids) + pos
 
-  def blocks(self, x: jax.Array, first: int = 0, last: int | None = None,
-             log_weights: jax.Array | None = None,
-             reweight_blocks: Sequence[int] = (), return_hidden: bool = False):
+  def blocks(
+    self,
+    x: jax.Array,
+    first: int = 0,
+    last: int | None = None,
+    log_weights: jax.Array | None = None,
+    reweight_blocks: Sequence[int] = (),
+    return_hidden: bool = False,
+  ):
     """Runs blocks first..last-1 (0-indexed) on x [B, L, W].
 
     log_weights float [B, L] apply in the blocks listed in reweight_blocks.
@@ -91,14 +109,47 @@ class TextTransformer(nn.Module):
       hidden.append(x)
     return (x, hidden) if return_hidden else x
 
+  def encode_from(
+    self,
+    x: jax.Array,
+    ids: jax.Array,
+    first: int,
+    log_weights: jax.Array | None = None,
+    reweight_blocks: Sequence[int] = (),
+  ) -> jax.Array:
+    """Features from the input of block `first` (0-indexed): x [B, L, W] -> float32 [B, E].
+
+    Equals pool(blocks(x, first)) but computes only the EOT row in the last
+    block, exact under the causal mask. Used with a cached prefix (the blocks
+    before the first reweighted one do not depend on the weights).
+    """
+    last = len(self.resblocks) - 1
+    if first <= last:
+      x = self.blocks(x, first, last, log_weights, reweight_blocks)
+      eot = eot_positions(ids, self.config.eot_token_id)
+      x, _ = self.resblocks[last](
+        x, None, log_weights if last in reweight_blocks else None, query_index=eot
+      )
+      pooled = self.ln_final(x[:, 0])
+    else:
+      pooled = self.ln_final(
+        x[jnp.arange(x.shape[0]), eot_positions(ids, self.config.eot_token_id)]
+      )
+    return (pooled @ self.text_projection).astype(jnp.float32)
+
   def pool(self, x: jax.Array, ids: jax.Array) -> jax.Array:
     """ln_final at the EOT position, projected: [B, L, W] -> float32 [B, embed_dim]."""
     batch = jnp.arange(x.shape[0])
     pooled = self.ln_final(x[batch, eot_positions(ids, self.config.eot_token_id)])
     return (pooled @ self.text_projection).astype(jnp.float32)
 
-  def __call__(self, ids: jax.Array, log_weights: jax.Array | None = None,
-               reweight_blocks: Sequence[int] = (), return_hidden: bool = False):
+  def __call__(
+    self,
+    ids: jax.Array,
+    log_weights: jax.Array | None = None,
+    reweight_blocks: Sequence[int] = (),
+    return_hidden: bool = False,
+  ):
     """ids int32 [B, L] -> features float32 [B, embed_dim].
 
     With return_hidden, returns (features, hidden) where hidden is the list of

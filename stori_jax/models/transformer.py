@@ -4,6 +4,7 @@ Parameter names follow OpenAI's CLIP (`ln_1`, `attn`, `ln_2`, `mlp/c_fc`,
 `mlp/c_proj`) so a converted checkpoint reads like the original one; q, k and v
 are separate Dense layers (OpenAI stores them fused as `in_proj_weight`).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -40,24 +41,36 @@ def layer_norm(epsilon: float, name: str | None = None) -> nn.LayerNorm:
 
 class Attention(nn.Module):
   """Multi-head self-attention with optional SToRI log-weights on the keys."""
+
   heads: int
   dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array | None = None,
-               log_weights: jax.Array | None = None):
+  def __call__(
+    self,
+    x: jax.Array,
+    mask: jax.Array | None = None,
+    log_weights: jax.Array | None = None,
+    query_index: jax.Array | None = None,
+  ):
     """x: [B, L, W]; mask: bool [L, L]; log_weights: float [B, L] or None.
 
+    With query_index int [B], only that row of each sequence is a query (causal:
+    it sees keys up to itself; `mask` is ignored) and out is [B, 1, W].
     Returns (out [B, L, W], keys [B, L, W]); keys include their bias, as the
     mutual-knowledge analysis reads them.
     """
     batch, length, width = x.shape
     head_dim = width // self.heads
     dense = lambda name: nn.Dense(width, dtype=self.dtype, param_dtype=jnp.float32, name=name)
-    split = lambda t: t.reshape(batch, length, self.heads, head_dim)
-    query, key, value = dense("query")(x), dense("key")(x), dense("value")(x)
+    split = lambda t: t.reshape(batch, t.shape[1], self.heads, head_dim)
+    key, value = dense("key")(x), dense("value")(x)
+    if query_index is not None:
+      x = x[jnp.arange(batch), query_index][:, None]
+      mask = (jnp.arange(length)[None, :] <= query_index[:, None])[:, None, None, :]
+    query = dense("query")(x)
     out = reweighted_attention(split(query), split(key), split(value), mask, log_weights)
-    out = dense("out")(out.reshape(batch, length, width))
+    out = dense("out")(out.reshape(batch, x.shape[1], width))
     return out, key
 
 
@@ -76,6 +89,7 @@ class MLP(nn.Module):
 
 class ResidualBlock(nn.Module):
   """x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
   heads: int
   mlp_dim: int
   activation: str
@@ -83,12 +97,25 @@ class ResidualBlock(nn.Module):
   dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array | None = None,
-               log_weights: jax.Array | None = None):
-    """x: [B, L, W] -> (x [B, L, W], attention keys [B, L, W])."""
+  def __call__(
+    self,
+    x: jax.Array,
+    mask: jax.Array | None = None,
+    log_weights: jax.Array | None = None,
+    query_index: jax.Array | None = None,
+  ):
+    """x: [B, L, W] -> (x [B, L, W], attention keys [B, L, W]).
+
+    With query_index int [B] only that position is computed: x [B, 1, W]
+    (exact under a causal mask; the last text block needs only the EOT row).
+    """
     attn_out, keys = Attention(self.heads, dtype=self.dtype, name="attn")(
-        layer_norm(self.layer_norm_eps, "ln_1")(x), mask, log_weights)
+      layer_norm(self.layer_norm_eps, "ln_1")(x), mask, log_weights, query_index
+    )
+    if query_index is not None:
+      x = x[jnp.arange(x.shape[0]), query_index][:, None]
     x = x + attn_out.astype(x.dtype)
     mlp_out = MLP(self.mlp_dim, self.activation, dtype=self.dtype, name="mlp")(
-        layer_norm(self.layer_norm_eps, "ln_2")(x))
+      layer_norm(self.layer_norm_eps, "ln_2")(x)
+    )
     return x + mlp_out.astype(x.dtype), keys

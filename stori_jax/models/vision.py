@@ -1,4 +1,5 @@
 """CLIP's ViT image tower."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,6 +14,7 @@ from stori_jax.models.transformer import ResidualBlock, layer_norm
 
 class VisionTransformer(nn.Module):
   """Images float32 NHWC [B, S, S, 3] (normalised) -> features [B, embed_dim]."""
+
   config: VisionConfig
   embed_dim: int
   layer_norm_eps: float = 1e-5
@@ -21,17 +23,24 @@ class VisionTransformer(nn.Module):
   def setup(self):
     c = self.config
     scale = c.width**-0.5
-    self.conv1 = nn.Conv(c.width, (c.patch_size, c.patch_size), strides=c.patch_size,
-                         padding="VALID", use_bias=False, dtype=self.dtype,
-                         param_dtype=jnp.float32)
-    self.class_embedding = self.param("class_embedding", nn.initializers.normal(scale),
-                                      (c.width,))
+    self.conv1 = nn.Conv(
+      c.width,
+      (c.patch_size, c.patch_size),
+      strides=c.patch_size,
+      padding="VALID",
+      use_bias=False,
+      dtype=self.dtype,
+      param_dtype=jnp.float32,
+    )
+    self.class_embedding = self.param("class_embedding", nn.initializers.normal(scale), (c.width,))
     self.positional_embedding = self.param(
-        "positional_embedding", nn.initializers.normal(scale), (c.num_tokens, c.width))
+      "positional_embedding", nn.initializers.normal(scale), (c.num_tokens, c.width)
+    )
     self.ln_pre = layer_norm(self.layer_norm_eps)
     self.resblocks = [
-        ResidualBlock(c.heads, c.mlp_width, c.activation, self.layer_norm_eps, self.dtype)
-        for _ in range(c.layers)]
+      ResidualBlock(c.heads, c.mlp_width, c.activation, self.layer_norm_eps, self.dtype)
+      for _ in range(c.layers)
+    ]
     self.ln_post = layer_norm(self.layer_norm_eps)
     self.proj = self.param("proj", nn.initializers.normal(scale), (c.width, self.embed_dim))
 
@@ -40,14 +49,14 @@ class VisionTransformer(nn.Module):
     size = self.config.image_size
     if images.ndim != 4 or images.shape[1:] != (size, size, 3):
       raise ValueError(
-          f"Expected images of shape [batch, {size}, {size}, 3] (NHWC, normalised), "
-          f"got {tuple(images.shape)}. Resize and crop with bundle.preprocess, which "
-          f"produces {size}x{size} inputs for this model.")
+        f"Expected images of shape [batch, {size}, {size}, 3] (NHWC, normalised), "
+        f"got {tuple(images.shape)}. Resize and crop with bundle.preprocess, which "
+        f"produces {size}x{size} inputs for this model."
+      )
     patches = self.conv1(images.astype(self.dtype))
     batch = patches.shape[0]
     patches = patches.reshape(batch, -1, self.config.width)
-    cls = jnp.broadcast_to(self.class_embedding.astype(self.dtype),
-                           (batch, 1, self.config.width))
+    cls = jnp.broadcast_to(self.class_embedding.astype(self.dtype), (batch, 1, self.config.width))
     x = jnp.concatenate([cls, patches], axis=1)
     x = x + self.positional_embedding.astype(self.dtype)
     return self.ln_pre(x).astype(self.dtype)

@@ -7,21 +7,30 @@
 
 See `bpe` for the tokenizer and `weighted` for the prompt syntax and weight rules.
 """
+
 from .bpe import Tokenizer, default_tokenizer
 from .weighted import (
-    Segment,
-    SplitTokenWarning,
-    WeightedPromptError,
-    Word,
-    parse_weighted,
-    strip_weights,
-    tokenize_weighted,
-    word_weights,
-    words_from_tokens,
+  Segment,
+  SplitTokenWarning,
+  WeightedPromptError,
+  Word,
+  parse_weighted,
+  strip_weights,
+  tokenize_weighted,
+  word_weights,
+  words_from_tokens,
 )
 
 __all__ = [
-    "Tokenizer", "default_tokenizer", "Segment", "Word", "parse_weighted", "strip_weights",
-    "tokenize_weighted", "words_from_tokens", "word_weights", "WeightedPromptError",
-    "SplitTokenWarning",
+  "Tokenizer",
+  "default_tokenizer",
+  "Segment",
+  "Word",
+  "parse_weighted",
+  "strip_weights",
+  "tokenize_weighted",
+  "words_from_tokens",
+  "word_weights",
+  "WeightedPromptError",
+  "SplitTokenWarning",
 ]

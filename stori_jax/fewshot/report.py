@@ -1,0 +1,197 @@
+"""What a few-shot run leaves in its workdir: history, weights, curves, word-shading report."""
+
+from __future__ import annotations
+
+import collections
+import html
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from stori_jax.fewshot.prompt_bank import PromptBank
+from stori_jax.tokenizer import Tokenizer, word_weights
+
+HISTORY_FILE = "history.jsonl"
+
+
+def read_history(workdir: str, up_to_step: int) -> list[dict[str, Any]]:
+  """Logged records of steps <= up_to_step (a resumed run drops what it will redo)."""
+  path = os.path.join(workdir, HISTORY_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  records = [r for r in records if r["step"] <= up_to_step]
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  return records
+
+
+def append_history(workdir: str, record: dict[str, Any]) -> None:
+  with open(os.path.join(workdir, HISTORY_FILE), "a", encoding="utf-8") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+def prompt_word_weights(
+  tokenizer: Tokenizer, bank: PromptBank, weights: Sequence[np.ndarray]
+) -> list[list[tuple[str, float]]]:
+  """Per trainable prompt, its words with their weights (mean over a word's tokens)."""
+  out = []
+  for text, row in zip(bank.texts, weights):
+    ids = tokenizer([text], context_length=len(row), truncate=True)[0]
+    out.append(word_weights(tokenizer, ids, row))
+  return out
+
+
+def class_top_words(
+  bank: PromptBank, words: Sequence[Sequence[tuple[str, float]]], top: int = 5
+) -> dict[str, list[tuple[str, float]]]:
+  """Per class, the words with the highest mean weight over the class's prompts."""
+  result = {}
+  for c, name in enumerate(bank.class_names):
+    pooled = collections.defaultdict(list)
+    for prompt_words, cls in zip(words, bank.text_class):
+      if cls == c:
+        for word, weight in prompt_words:
+          pooled[word].append(weight)
+    means = sorted(((w, float(np.mean(v))) for w, v in pooled.items()), key=lambda x: -x[1])
+    result[name] = means[:top]
+  return result
+
+
+def write_weights(
+  workdir: str, tokenizer: Tokenizer, bank: PromptBank, weights: Sequence[np.ndarray]
+) -> dict[str, list[tuple[str, float]]]:
+  """weights.json: every prompt's tokens, token weights and word weights; returns top words."""
+  words = prompt_word_weights(tokenizer, bank, weights)
+  records = []
+  for text, cls, row, prompt_words in zip(bank.texts, bank.text_class, weights, words):
+    ids = tokenizer([text], context_length=len(row), truncate=True)[0]
+    end = int(np.argmax(ids == tokenizer.eot_token_id)) + 1
+    records.append(
+      {
+        "class": bank.class_names[cls],
+        "prompt": text,
+        "tokens": tokenizer.token_strings(ids[:end]),
+        "token_weights": [float(w) for w in row[:end]],
+        "word_weights": prompt_words,
+      }
+    )
+  with open(os.path.join(workdir, "weights.json"), "w", encoding="utf-8") as f:
+    json.dump(records, f, indent=1)
+  return class_top_words(bank, words)
+
+
+def _shade(weight: float, low: float, high: float) -> str:
+  """Red for emphasis (w > 1), blue for de-emphasis (w < 1), white for 1."""
+  if weight >= 1:
+    t = min(1.0, (weight - 1) / max(high - 1, 1e-6))
+    return f"rgba(220, 40, 40, {0.75 * t:.3f})"
+  t = min(1.0, (1 - weight) / max(1 - low, 1e-6))
+  return f"rgba(40, 90, 220, {0.75 * t:.3f})"
+
+
+def write_interpretability(
+  workdir: str,
+  tokenizer: Tokenizer,
+  bank: PromptBank,
+  weights: Sequence[np.ndarray],
+  per_class: int = 4,
+) -> str:
+  """interpretability.html and .png: prompts with every word shaded by its trained weight."""
+  words = prompt_word_weights(tokenizer, bank, weights)
+  values = [w for prompt in words for _, w in prompt] or [1.0]
+  low, high = min(values), max(values)
+  parts = [
+    "<html><head><meta charset='utf-8'><title>SToRI trained weights</title><style>"
+    "body{font-family:sans-serif;max-width:60em;margin:2em auto}"
+    "span.w{padding:1px 3px;border-radius:3px}</style></head><body>",
+    "<h1>Trained token weights</h1><p>Red: emphasised (w &gt; 1), blue: "
+    f"de-emphasised (w &lt; 1); weights range {low:.2f} to {high:.2f}. Hover a word for "
+    "its weight.</p>",
+  ]
+  for c, name in enumerate(bank.class_names):
+    parts.append(f"<h2>{html.escape(name)}</h2>")
+    for prompt_words, cls in zip(words, bank.text_class):
+      if cls != c:
+        continue
+      spans = " ".join(
+        f"<span class='w' title='{w:.3f}' style='background:{_shade(w, low, high)}'>"
+        f"{html.escape(word)}</span>"
+        for word, w in prompt_words
+      )
+      parts.append(f"<p>{spans}</p>")
+  parts.append("</body></html>")
+  path = os.path.join(workdir, "interpretability.html")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(parts))
+  _interpretability_png(
+    os.path.join(workdir, "interpretability.png"), bank, words, low, high, per_class
+  )
+  return path
+
+
+def _interpretability_png(path, bank, words, low, high, per_class):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  rows = []
+  for c, name in enumerate(bank.class_names):
+    rows.append((name, None))
+    rows += [(None, w) for w, cls in zip(words, bank.text_class) if cls == c][:per_class]
+  fig = plt.figure(figsize=(12, 0.32 * len(rows) + 0.5))
+  renderer = fig.canvas.get_renderer()
+  y = 1.0
+  step = 1.0 / (len(rows) + 1)
+  for title, prompt_words in rows:
+    y -= step
+    if title is not None:
+      fig.text(0.01, y, title, fontsize=10, weight="bold", va="center")
+      continue
+    x = 0.03
+    for word, weight in prompt_words:
+      color = _shade(weight, low, high)
+      rgba = [float(v) for v in color[5:-1].split(",")]
+      text = fig.text(
+        x,
+        y,
+        word,
+        fontsize=9,
+        va="center",
+        bbox=dict(
+          boxstyle="round,pad=0.15", lw=0, fc=(rgba[0] / 255, rgba[1] / 255, rgba[2] / 255, rgba[3])
+        ),
+      )
+      x += text.get_window_extent(renderer).width / fig.bbox.width + 0.006
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def plot_history(workdir: str, history: Sequence[dict[str, Any]], zero_shot_accuracy: float):
+  """training_curve.png: loss and accuracies over steps."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  if not history:
+    return None
+  steps = [r["step"] for r in history]
+  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.5))
+  ax_loss.plot(steps, [r["loss"] for r in history])
+  ax_loss.set(xlabel="step", ylabel="train loss", title="loss")
+  ax_acc.plot(steps, [r["train_accuracy"] for r in history], label="train batch")
+  tested = [r for r in history if "test_accuracy" in r]
+  ax_acc.plot([r["step"] for r in tested], [r["test_accuracy"] for r in tested], "o-", label="test")
+  ax_acc.axhline(zero_shot_accuracy, color="gray", ls="--", label="zero-shot")
+  ax_acc.set(xlabel="step", ylabel="accuracy", title="accuracy")
+  ax_acc.legend()
+  fig.tight_layout()
+  path = os.path.join(workdir, "training_curve.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

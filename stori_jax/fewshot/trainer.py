@@ -1,0 +1,366 @@
+"""Few-shot training of SToRI token weights (or the TaskRes baseline) on cached features.
+
+The image tower is frozen, so every training image is encoded once, for
+`config.views` augmented views; each step draws one view per image. Only the
+log-weights of the trainable prompts' tokens are optimised (SToRI), or the
+class residuals (TaskRes). Batches are a function of (seed, epoch), and the
+state is checkpointed with orbax, so a killed run resumes to the same result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from tqdm import tqdm
+
+from stori_jax.bundle import CLIPBundle
+from stori_jax.checkpointing import TrainCheckpointer
+from stori_jax.fewshot import augment, datasets, prompts
+from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
+from stori_jax.fewshot.text_classifier import (
+  WeightedTextClassifier,
+  cross_entropy_loss,
+  predict,
+  prompt_mesh,
+)
+from stori_jax.loading import load
+from stori_jax.preprocess import PreprocessConfig
+
+# The rare tokens of the nonsensical-token ablation (paper Table 1, after Ruiz et al.).
+RARE_TOKENS = ("sks", "pll", "ucd")
+
+
+# Data --------------------------------------------------------------------------------------
+
+
+def load_split(config: ml_collections.ConfigDict) -> datasets.FewShotSplit:
+  """The configured dataset with its K-shot training sample."""
+  data = config.data
+  if data.name == "synthetic":
+    return datasets.load_synthetic(
+      config.shots, config.seed, data.n_test_per_class, image_size=data.image_size
+    )
+  if data.source == "tfds":
+    return datasets.load_tfds(
+      data.tfds_name,
+      data.root or None,
+      shots=config.shots,
+      seed=config.seed,
+      class_names=data.get("class_names") or None,
+    )
+  split = datasets.load_coop_split(data.root, data.name)
+  return split.few_shot(config.shots, config.seed)
+
+
+def encode_images(
+  bundle: CLIPBundle,
+  sources: Sequence[Any],
+  *,
+  views: int = 1,
+  augment_seed: int | None = None,
+  scale=(0.08, 1.0),
+  batch_size: int = 256,
+  desc: str = "images",
+) -> np.ndarray:
+  """Normalised image features float32 [N, views, E] (augmented when augment_seed is set)."""
+  size = bundle.config.vision.image_size
+  preprocess = bundle.preprocess_config
+
+  def pixels(index, source):
+    if augment_seed is None:
+      return augment.eval_view(source, preprocess)[None]
+    image = datasets.open_image(source).convert("RGB")
+    return np.stack(
+      [
+        augment.train_view(
+          image, size, augment.view_rng(augment_seed, index, v), preprocess, scale=scale
+        )
+        for v in range(views)
+      ]
+    )
+
+  out, pending = [], []
+
+  def flush():
+    stacked = np.concatenate(pending)
+    real = len(stacked)
+    if real < batch_size:  # One compiled shape for every call.
+      stacked = np.concatenate(
+        [stacked, np.zeros((batch_size - real,) + stacked.shape[1:], stacked.dtype)]
+      )
+    features = np.asarray(bundle.encode_image(stacked))[:real]
+    out.append(features / np.linalg.norm(features, axis=-1, keepdims=True))
+    pending.clear()
+
+  per_image = views if augment_seed is not None else 1
+  for index, source in enumerate(
+    tqdm(sources, desc=desc, unit="img", leave=False, disable=len(sources) < 64)
+  ):
+    pending.append(pixels(index, source))
+    if sum(len(p) for p in pending) + per_image > batch_size:
+      flush()
+  if pending:
+    flush()
+  features = np.concatenate(out)
+  return features.reshape(len(sources), per_image, -1)
+
+
+def _with_rare_tokens(texts: Sequence[str], count: int, seed: int) -> list[str]:
+  rng = np.random.default_rng(seed)
+  return [t + " " + " ".join(rng.choice(RARE_TOKENS, count)) for t in texts]
+
+
+def prompt_texts(
+  config,
+  split: datasets.FewShotSplit,
+  bundle: CLIPBundle,
+  train_features: np.ndarray,
+  labels: np.ndarray,
+):
+  """(trainable CuPL prompts {class: [str]}, fixed Base prompts {class: [str]})."""
+  names = split.class_names
+  if split.dataset == "synthetic":
+    cupl = prompts.synthetic_prompts()
+    cupl = [list(cupl[name]) for name in names]
+  else:
+    cupl = [
+      list(p)
+      for p in prompts.load_cupl_prompts(config.prompts.cupl_path, names, dataset=split.dataset)
+    ]
+  if config.prompts.per_class:
+    # ImageNet/SUN397: keep the prompts most similar to the class's training images.
+    cupl = [
+      select_prompts(
+        bundle, texts, train_features[labels == c].mean(axis=(0, 1)), config.prompts.per_class
+      )
+      for c, texts in enumerate(cupl)
+    ]
+  if config.prompts.rare_tokens:
+    cupl = [
+      _with_rare_tokens(texts, config.prompts.rare_tokens, config.seed + c)
+      for c, texts in enumerate(cupl)
+    ]
+  base = (
+    prompts.base_prompts(split.dataset, names) if config.prompts.use_base else [()] * len(names)
+  )
+  return dict(zip(names, cupl)), dict(zip(names, map(list, base)))
+
+
+def select_prompts(
+  bundle: CLIPBundle, texts: Sequence[str], image_mean: np.ndarray, count: int
+) -> list[str]:
+  """The `count` texts whose normalised features are most similar to image_mean [E]."""
+  if len(texts) <= count:
+    return list(texts)
+  features = np.asarray(bundle.encode_text(bundle.tokenize(list(texts))))
+  features /= np.linalg.norm(features, axis=1, keepdims=True)
+  order = np.argsort(-(features @ image_mean), kind="stable")[:count]
+  return [texts[i] for i in sorted(order)]
+
+
+# Methods -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Method:
+  """What is trained: init params, the class embeddings they give, and the optimiser."""
+
+  name: str
+  init: Callable[[], Any]
+  class_embeddings: Callable[[Any], jax.Array]
+  optimizer: optax.GradientTransformation
+
+
+def _schedule(lr: float, total_steps: int):
+  return optax.cosine_decay_schedule(lr, max(total_steps, 1))
+
+
+def stori_method(config, classifier: WeightedTextClassifier, total_steps: int) -> Method:
+  # Paper App. A.1: Adam, cosine schedule, no weight decay.
+  return Method(
+    "stori",
+    classifier.init_log_weights,
+    classifier.class_embeddings,
+    optax.adam(_schedule(config.optim.lr, total_steps)),
+  )
+
+
+def taskres_method(config, zero_shot: np.ndarray, total_steps: int) -> Method:
+  """TaskRes (Yu et al., 2023): classifier normalize(t_c + alpha x_c), x_c trained from 0."""
+  base = jnp.asarray(zero_shot)
+  alpha = config.taskres.alpha
+
+  def class_embeddings(residual):
+    emb = base + alpha * residual
+    return emb / jnp.linalg.norm(emb, axis=-1, keepdims=True)
+
+  optimizer = optax.adamw(
+    _schedule(config.taskres.lr, total_steps), weight_decay=config.taskres.weight_decay
+  )
+  return Method("taskres", lambda: jnp.zeros_like(base), class_embeddings, optimizer)
+
+
+# Training ----------------------------------------------------------------------------------
+
+
+def epoch_batches(num_images: int, batch_size: int, seed: int, epoch: int):
+  """Index batches of one epoch: a seeded permutation; drop_last unless one batch holds all."""
+  order = np.random.default_rng((seed, epoch)).permutation(num_images)
+  if num_images <= batch_size:
+    return [order]
+  return [order[i : i + batch_size] for i in range(0, num_images - batch_size + 1, batch_size)]
+
+
+def make_train_step(method: Method, logit_scale: float):
+  def loss_fn(params, features, labels):
+    return cross_entropy_loss(method.class_embeddings(params), features, labels, logit_scale)
+
+  @jax.jit
+  def train_step(state, features, labels):
+    (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      state["params"], features, labels
+    )
+    updates, opt_state = method.optimizer.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    return (
+      {"params": params, "opt_state": opt_state, "step": state["step"] + 1},
+      {"loss": loss, "train_accuracy": accuracy},
+    )
+
+  return train_step
+
+
+def accuracy_report(
+  class_embeddings, features: np.ndarray, labels: np.ndarray, class_names: Sequence[str]
+) -> dict[str, Any]:
+  predicted = predict(class_embeddings, features)
+  per_class = {
+    name: float(np.mean(predicted[labels == c] == c))
+    for c, name in enumerate(class_names)
+    if np.any(labels == c)
+  }
+  return {"accuracy": float(np.mean(predicted == labels)), "per_class": per_class}
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains (or resumes) and writes metrics, weights and reports to workdir."""
+  from stori_jax.fewshot import report  # pylint: disable=import-outside-toplevel
+
+  os.makedirs(workdir, exist_ok=True)
+  started = time.time()
+  bundle = load(config.model.source, arch=config.model.get("arch") or None)
+  split = load_split(config)
+  preprocess = PreprocessConfig(
+    bundle.config.vision.image_size, bundle.preprocess_config.mean, bundle.preprocess_config.std
+  )
+  bundle = dataclasses.replace(bundle, preprocess_config=preprocess)
+  train_labels, test_labels = split.train_labels, split.test_labels
+  train_features = encode_images(
+    bundle,
+    [i.source for i in split.train],
+    views=config.views,
+    augment_seed=config.seed,
+    scale=tuple(config.augment_scale),
+    desc="train views",
+  )
+  test_features = encode_images(bundle, [i.source for i in split.test], desc="test images")[:, 0]
+  trainable, fixed = prompt_texts(config, split, bundle, train_features, train_labels)
+  mesh = prompt_mesh()
+  bank = build_prompt_bank(
+    bundle.tokenizer,
+    split.class_names,
+    trainable,
+    fixed,
+    bundle.config.text.context_length,
+    chunk=config.chunk,
+    num_shards=mesh.size,
+  )
+  classifier = WeightedTextClassifier(bundle, bank, config.start_block, mesh)
+  zero_shot = np.asarray(jax.jit(classifier.class_embeddings)(classifier.init_log_weights()))
+  zero_shot_report = accuracy_report(zero_shot, test_features, test_labels, split.class_names)
+
+  steps_per_epoch = len(epoch_batches(len(train_labels), config.batch_size, config.seed, 0))
+  total_steps = config.epochs * steps_per_epoch
+  method = (
+    taskres_method(config, zero_shot, total_steps)
+    if config.method == "taskres"
+    else stori_method(config, classifier, total_steps)
+  )
+  train_step = make_train_step(method, bundle.logit_scale)
+  params = method.init()
+  state = {
+    "params": params,
+    "opt_state": method.optimizer.init(params),
+    "step": jnp.zeros((), jnp.int32),
+  }
+  checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=2)
+  if checkpointer.latest_step() is not None:
+    state = checkpointer.restore(state)
+    logging.info("Resumed %s from step %d", workdir, int(state["step"]))
+  history = report.read_history(workdir, int(state["step"]))
+  rng_views = lambda epoch: np.random.default_rng((config.seed, epoch, 1))
+  bar = tqdm(
+    total=total_steps,
+    initial=int(state["step"]),
+    desc=f"train {method.name}",
+    unit="step",
+    dynamic_ncols=True,
+  )
+  first_epoch, skip = divmod(int(state["step"]), steps_per_epoch)
+  for epoch in range(first_epoch, config.epochs):
+    views = rng_views(epoch).integers(0, train_features.shape[1], len(train_labels))
+    for index in epoch_batches(len(train_labels), config.batch_size, config.seed, epoch)[skip:]:
+      features = train_features[index, views[index]]
+      state, metrics = train_step(state, features, train_labels[index])
+      step = int(state["step"])
+      bar.update(1)
+      if step % config.log_every == 0 or step == total_steps:
+        record = {"step": step, "epoch": epoch + 1, **{k: float(v) for k, v in metrics.items()}}
+        if step % config.eval_every == 0 or step == total_steps:
+          emb = jax.jit(method.class_embeddings)(state["params"])
+          record["test_accuracy"] = accuracy_report(
+            emb, test_features, test_labels, split.class_names
+          )["accuracy"]
+        bar.set_postfix(loss=f"{record['loss']:.3f}")
+        history.append(record)
+        report.append_history(workdir, record)
+      if step % config.checkpoint_every == 0 or step == total_steps:
+        checkpointer.save(step, state)
+    skip = 0
+  bar.close()
+  checkpointer.wait()
+  checkpointer.close()
+
+  final = np.asarray(jax.jit(method.class_embeddings)(state["params"]))
+  trained_report = accuracy_report(final, test_features, test_labels, split.class_names)
+  metrics = {
+    "method": method.name,
+    "dataset": split.dataset,
+    "shots": config.shots,
+    "seed": config.seed,
+    "num_prompts": len(bank.texts),
+    "num_devices": mesh.size,
+    "steps": total_steps,
+    "zero_shot": zero_shot_report,
+    "trained": trained_report,
+    "seconds": time.time() - started,
+    "config": json.loads(config.to_json_best_effort()),
+  }
+  if method.name == "stori":
+    weights = gather_token_weights(bank, [np.asarray(w) for w in state["params"]])
+    metrics["top_words"] = report.write_weights(workdir, bundle.tokenizer, bank, weights)
+    report.write_interpretability(workdir, bundle.tokenizer, bank, weights)
+  report.plot_history(workdir, history, zero_shot_report["accuracy"])
+  with open(os.path.join(workdir, "metrics.json"), "w", encoding="utf-8") as f:
+    json.dump(metrics, f, indent=2)
+  return metrics
