@@ -25,9 +25,9 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q
 
+# The main job on the embedded default: few-shot SToRI on the synthetic world (offline).
 demo: $(STAMP)
-	$(PY) -m stori_jax.parity --random ViT-B-32-quickgelu --reference open_clip --batch 2
-	$(PY) -m stori_jax.embed --random test-tiny "a photo of a (red:1.5) circle on a (gray:0.5) background"
+	$(PY) -m stori_jax.train --config configs/demo.py --workdir workdirs/demo
 
 clean:
 	rm -rf $(VENV) *.egg-info

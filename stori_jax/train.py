@@ -2,22 +2,23 @@ r"""Few-shot SToRI: trains the token weights of every CuPL prompt (paper §3.2, 
 
   python -m stori_jax.train --config configs/demo.py
   python -m stori_jax.train --config configs/demo.py --config.method=taskres --workdir /tmp/taskres
-  python -m stori_jax.train --config configs/imagenet_16shot.py --config.shots=4 --config.seed=2
+  python -m stori_jax.train --config configs/imagenet.py:4 --config.seed=2
+  python -m stori_jax.train --config configs/imagenet_16shot.py --distributed   # every host of a pod
 
 Writes to the workdir: metrics.json (zero-shot and trained accuracy, per class,
 config echo), weights.json (every prompt's token and word weights),
 history.jsonl, training_curve.png, interpretability.html/.png, and orbax
 checkpoints (an interrupted run restarted with the same command resumes).
+Prompts are sharded over all devices of all hosts (see launch/).
 """
 
 from __future__ import annotations
 
 import os
 
+import jax
 from absl import app, flags
 from ml_collections import config_flags
-
-from stori_jax.fewshot import trainer
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file (get_config()).", lock_config=True
@@ -25,13 +26,39 @@ _CONFIG = config_flags.DEFINE_config_file(
 flags.DEFINE_string(
   "workdir", None, "Output directory (default: workdirs/<config name>); an existing one resumes."
 )
+flags.DEFINE_bool(
+  "distributed",
+  False,
+  "Call jax.distributed.initialize() first: one process per host of a TPU pod or of a SLURM "
+  "allocation (auto-detected), or the explicit --coordinator/--num_processes/--process_id.",
+)
+flags.DEFINE_string("coordinator", None, "host:port of process 0 (explicit multi-process runs).")
+flags.DEFINE_integer("num_processes", None, "Processes in the run (explicit multi-process runs).")
+flags.DEFINE_integer("process_id", None, "This process's index (explicit multi-process runs).")
+FLAGS = flags.FLAGS
+
+
+def initialize_distributed() -> None:
+  if FLAGS.coordinator:
+    # CPU processes need a collectives backend for cross-process psums (no effect on
+    # accelerators). Set before initialize: querying the backend here would start it.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id)
+  else:
+    jax.distributed.initialize()
 
 
 def main(argv):
   del argv
+  if FLAGS.distributed or FLAGS.coordinator:
+    initialize_distributed()
+  from stori_jax.fewshot import trainer  # pylint: disable=import-outside-toplevel
+
   config = _CONFIG.value
-  workdir = flags.FLAGS.workdir or os.path.join("workdirs", config.name)
+  workdir = FLAGS.workdir or os.path.join("workdirs", config.name)
   metrics = trainer.run(config, workdir)
+  if jax.process_index() != 0:
+    return
   zero_shot, trained = metrics["zero_shot"]["accuracy"], metrics["trained"]["accuracy"]
   print(
     f"\n{metrics['dataset']} {metrics['shots']}-shot, {metrics['num_prompts']} prompts, "

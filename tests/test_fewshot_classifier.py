@@ -82,7 +82,7 @@ def test_matches_naive_encoding(chunk, start_block):
   assert len(bank.buckets) >= 2  # Prompts of different lengths land in different buckets.
   classifier = WeightedTextClassifier(bundle, bank, start_block=start_block)
   log_w = _random_log_weights(classifier)
-  ours = np.asarray(jax.jit(classifier.class_embeddings)(log_w))
+  ours = np.asarray(classifier.embed(log_w))
   naive = naive_class_embeddings(bundle, bank, log_w, start_block)
   np.testing.assert_allclose(ours, naive, atol=2e-6)
 
@@ -91,7 +91,7 @@ def test_zero_log_weights_are_the_zero_shot_classifier():
   bundle = _bundle()
   bank = build_prompt_bank(bundle.tokenizer, CLASSES, PROMPTS, FIXED, chunk=2)
   classifier = WeightedTextClassifier(bundle, bank)
-  ours = np.asarray(jax.jit(classifier.class_embeddings)(classifier.init_log_weights()))
+  ours = np.asarray(classifier.embed(classifier.init_log_weights()))
   texts = [t for c in CLASSES for t in PROMPTS[c] + FIXED[c]]
   labels = np.array([i for i, c in enumerate(CLASSES) for _ in PROMPTS[c] + FIXED[c]])
   plain = np.array(bundle.encode_text(bundle.tokenize(texts)))
@@ -111,8 +111,9 @@ def test_gradients_equal_naive_autodiff():
   log_w = _random_log_weights(classifier, seed=1)
 
   def loss(lw):
-    return cross_entropy_loss(classifier.class_embeddings(lw), images, labels, 50.0)[0]
+    return cross_entropy_loss(classifier.class_embeddings(lw, data), images, labels, 50.0)[0]
 
+  data = classifier.data
   grads = jax.jit(jax.grad(loss))(log_w)
   # Naive: the same loss from a direct per-bucket forward without cache/chunks/EOT trick.
   model = CLIP(CONFIG)
@@ -153,7 +154,7 @@ n = jax.device_count()
 bank = build_prompt_bank(bundle.tokenizer, t.CLASSES, t.PROMPTS, t.FIXED, chunk=1, num_shards=n)
 clf = WeightedTextClassifier(bundle, bank, start_block=2)
 lw = [jax.device_put(w, s.sharding) for w, s in zip(t._random_log_weights(clf), clf.init_log_weights())]
-emb = np.asarray(jax.jit(clf.class_embeddings)(lw))
+emb = np.asarray(clf.embed(lw))
 naive = t.naive_class_embeddings(bundle, bank, lw, 2)
 print(json.dumps({{"devices": n, "max_diff": float(np.abs(emb - naive).max()),
                    "shards": len(lw[0].sharding.device_set)}}))

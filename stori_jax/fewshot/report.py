@@ -62,10 +62,13 @@ def class_top_words(
 
 
 def write_weights(
-  workdir: str, tokenizer: Tokenizer, bank: PromptBank, weights: Sequence[np.ndarray]
-) -> dict[str, list[tuple[str, float]]]:
-  """weights.json: every prompt's tokens, token weights and word weights; returns top words."""
-  words = prompt_word_weights(tokenizer, bank, weights)
+  workdir: str,
+  tokenizer: Tokenizer,
+  bank: PromptBank,
+  weights: Sequence[np.ndarray],
+  words: Sequence[Sequence[tuple[str, float]]],
+) -> None:
+  """weights.json: every prompt's tokens, token weights and word weights."""
   records = []
   for text, cls, row, prompt_words in zip(bank.texts, bank.text_class, weights, words):
     ids = tokenizer([text], context_length=len(row), truncate=True)[0]
@@ -81,7 +84,6 @@ def write_weights(
     )
   with open(os.path.join(workdir, "weights.json"), "w", encoding="utf-8") as f:
     json.dump(records, f, indent=1)
-  return class_top_words(bank, words)
 
 
 def _shade(weight: float, low: float, high: float) -> str:
@@ -95,13 +97,14 @@ def _shade(weight: float, low: float, high: float) -> str:
 
 def write_interpretability(
   workdir: str,
-  tokenizer: Tokenizer,
   bank: PromptBank,
-  weights: Sequence[np.ndarray],
+  words: Sequence[Sequence[tuple[str, float]]],
   per_class: int = 4,
 ) -> str:
-  """interpretability.html and .png: prompts with every word shaded by its trained weight."""
-  words = prompt_word_weights(tokenizer, bank, weights)
+  """interpretability.html and .png: prompts with every word shaded by its trained weight.
+
+  words: per trainable prompt, (word, weight) pairs (see prompt_word_weights).
+  """
   values = [w for prompt in words for _, w in prompt] or [1.0]
   low, high = min(values), max(values)
   parts = [

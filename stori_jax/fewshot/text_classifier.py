@@ -15,6 +15,7 @@ Where the speed comes from (all exact, see DESIGN.md):
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -78,11 +79,19 @@ class WeightedTextClassifier:
     self.prefix = [self._prefix(b, ids) for b, ids in zip(bank.buckets, self.ids)]
     self.fixed_sum, self.fixed_count = self._fixed_sums()
 
+  # Classifiers are static arguments of jitted functions: hash by identity.
+  __hash__ = object.__hash__
+
   # Placement ---------------------------------------------------------------------
 
   def _shard(self, array: np.ndarray) -> jax.Array:
     """Places a host array (identical on every host) sharded over prompts."""
     return jax.make_array_from_callback(array.shape, self._sharded, lambda index: array[index])
+
+  def replicate(self, array: np.ndarray) -> jax.Array:
+    """A host array (identical on every host) as a global array replicated on all devices."""
+    array = np.asarray(array)
+    return jax.make_array_from_callback(array.shape, self._replicated, lambda index: array[index])
 
   def init_log_weights(self) -> list[jax.Array]:
     """All-zero log-weights (w = 1: the zero-shot classifier), sharded, one per bucket."""
@@ -124,16 +133,39 @@ class WeightedTextClassifier:
       np.add.at(counts, bank.fixed_class, 1.0)
     return (jax.device_put(sums, self._replicated), jax.device_put(counts, self._replicated))
 
-  def class_embeddings(self, log_weights: Sequence[jax.Array]) -> jax.Array:
+  @property
+  def data(self) -> dict[str, Any]:
+    """The arrays class_embeddings reads: pass them to jitted functions as an argument.
+
+    (Closing over them would embed them in the program as constants, which multi-host
+    JAX forbids and which would copy a large prefix cache into every compilation.)
+    """
+    return {
+      "params": self.params,
+      "prefix": self.prefix,
+      "ids": self.ids,
+      "class_index": self.class_index,
+      "trainable": self.trainable,
+      "fixed_sum": self.fixed_sum,
+      "fixed_count": self.fixed_count,
+    }
+
+  def class_embeddings(self, log_weights: Sequence[jax.Array], data: dict[str, Any]) -> jax.Array:
     """log_weights: one float32 [P_b, L_b] per bucket -> normalised float32 [C, E].
 
-    Differentiable; call inside jit. Non-trainable positions keep weight 1.
+    data: `self.data` (see there). Differentiable; call inside jit. Non-trainable
+    positions keep weight 1.
     """
     model = self.bundle.model
     first, blocks, num_classes = self.first, self.reweight_blocks, self.num_classes
-    sums, counts = self.fixed_sum, self.fixed_count
+    sums, counts = data["fixed_sum"], data["fixed_count"]
     for bucket, prefix, ids, class_index, trainable, log_w in zip(
-      self.bank.buckets, self.prefix, self.ids, self.class_index, self.trainable, log_weights
+      self.bank.buckets,
+      data["prefix"],
+      data["ids"],
+      data["class_index"],
+      data["trainable"],
+      log_weights,
     ):
 
       def local(params, prefix, ids, class_index, trainable, log_w, chunk=bucket.chunk):
@@ -159,13 +191,22 @@ class WeightedTextClassifier:
         mesh=self.mesh,
         in_specs=(PartitionSpec(),) + (spec,) * 5,
         out_specs=(PartitionSpec(), PartitionSpec()),
-      )(self.params, prefix, ids, class_index, trainable, log_w)
+      )(data["params"], prefix, ids, class_index, trainable, log_w)
       sums, counts = sums + bucket_sums, counts + bucket_counts
     return _normalize(sums / counts[:, None])
+
+  def embed(self, log_weights: Sequence[jax.Array]) -> jax.Array:
+    """Eager convenience: class_embeddings under jit with self.data passed in."""
+    return _jitted_class_embeddings(self, log_weights, self.data)
 
   @property
   def logit_scale(self) -> float:
     return self.bundle.logit_scale
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _jitted_class_embeddings(classifier, log_weights, data):
+  return classifier.class_embeddings(log_weights, data)
 
 
 def cross_entropy_loss(
@@ -179,9 +220,18 @@ def cross_entropy_loss(
   return loss, accuracy
 
 
+def to_host(array: jax.Array) -> np.ndarray:
+  """The global value of a (possibly sharded, multi-host) array as numpy, on every host."""
+  if isinstance(array, jax.Array) and not array.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+  return np.asarray(array)
+
+
 def predict(class_embeddings: Any, image_features: np.ndarray, batch: int = 4096) -> np.ndarray:
   """Argmax class of normalised image features [N, E] -> int [N]."""
-  class_embeddings = np.asarray(class_embeddings)
+  class_embeddings = to_host(class_embeddings)
   return np.concatenate(
     [
       np.argmax(image_features[i : i + batch] @ class_embeddings.T, axis=1)

@@ -28,6 +28,7 @@ from stori_jax.checkpointing import TrainCheckpointer
 from stori_jax.fewshot import augment, datasets, prompts
 from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
 from stori_jax.fewshot.text_classifier import (
+  to_host,
   WeightedTextClassifier,
   cross_entropy_loss,
   predict,
@@ -173,11 +174,17 @@ def select_prompts(
 
 @dataclasses.dataclass
 class Method:
-  """What is trained: init params, the class embeddings they give, and the optimiser."""
+  """What is trained: init params, the class embeddings they give, and the optimiser.
+
+  class_embeddings(params, context) -> normalised [C, E]; context holds the fixed
+  arrays it reads, passed to jitted functions as an argument (multi-host JAX
+  forbids closing over global arrays).
+  """
 
   name: str
   init: Callable[[], Any]
-  class_embeddings: Callable[[Any], jax.Array]
+  class_embeddings: Callable[[Any, Any], jax.Array]
+  context: Any
   optimizer: optax.GradientTransformation
 
 
@@ -191,23 +198,28 @@ def stori_method(config, classifier: WeightedTextClassifier, total_steps: int) -
     "stori",
     classifier.init_log_weights,
     classifier.class_embeddings,
+    classifier.data,
     optax.adam(_schedule(config.optim.lr, total_steps)),
   )
 
 
-def taskres_method(config, zero_shot: np.ndarray, total_steps: int) -> Method:
-  """TaskRes (Yu et al., 2023): classifier normalize(t_c + alpha x_c), x_c trained from 0."""
-  base = jnp.asarray(zero_shot)
+def taskres_method(config, zero_shot: jax.Array, total_steps: int) -> Method:
+  """TaskRes (Yu et al., 2023): classifier normalize(t_c + alpha x_c), x_c trained from 0.
+
+  zero_shot: the normalised zero-shot class embeddings [C, E] (Base + CuPL, w = 1).
+  """
   alpha = config.taskres.alpha
 
-  def class_embeddings(residual):
+  def class_embeddings(residual, base):
     emb = base + alpha * residual
     return emb / jnp.linalg.norm(emb, axis=-1, keepdims=True)
 
   optimizer = optax.adamw(
     _schedule(config.taskres.lr, total_steps), weight_decay=config.taskres.weight_decay
   )
-  return Method("taskres", lambda: jnp.zeros_like(base), class_embeddings, optimizer)
+  return Method(
+    "taskres", lambda: jnp.zeros_like(zero_shot), class_embeddings, zero_shot, optimizer
+  )
 
 
 # Training ----------------------------------------------------------------------------------
@@ -222,13 +234,14 @@ def epoch_batches(num_images: int, batch_size: int, seed: int, epoch: int):
 
 
 def make_train_step(method: Method, logit_scale: float):
-  def loss_fn(params, features, labels):
-    return cross_entropy_loss(method.class_embeddings(params), features, labels, logit_scale)
+  def loss_fn(params, context, features, labels):
+    embeddings = method.class_embeddings(params, context)
+    return cross_entropy_loss(embeddings, features, labels, logit_scale)
 
   @jax.jit
-  def train_step(state, features, labels):
+  def train_step(state, context, features, labels):
     (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-      state["params"], features, labels
+      state["params"], context, features, labels
     )
     updates, opt_state = method.optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
@@ -258,8 +271,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   os.makedirs(workdir, exist_ok=True)
   started = time.time()
-  bundle = load(config.model.source, arch=config.model.get("arch") or None)
+  # On several hosts every process computes the same host-side data; process 0 writes files.
+  is_main = jax.process_index() == 0
   split = load_split(config)
+  bundle = load(config.model.source, arch=config.model.get("arch") or None)
   preprocess = PreprocessConfig(
     bundle.config.vision.image_size, bundle.preprocess_config.mean, bundle.preprocess_config.std
   )
@@ -286,7 +301,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     num_shards=mesh.size,
   )
   classifier = WeightedTextClassifier(bundle, bank, config.start_block, mesh)
-  zero_shot = np.asarray(jax.jit(classifier.class_embeddings)(classifier.init_log_weights()))
+  zero_shot = classifier.embed(classifier.init_log_weights())
   zero_shot_report = accuracy_report(zero_shot, test_features, test_labels, split.class_names)
 
   steps_per_epoch = len(epoch_batches(len(train_labels), config.batch_size, config.seed, 0))
@@ -297,6 +312,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     else stori_method(config, classifier, total_steps)
   )
   train_step = make_train_step(method, bundle.logit_scale)
+  embed = jax.jit(method.class_embeddings)
   params = method.init()
   state = {
     "params": params,
@@ -307,7 +323,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if checkpointer.latest_step() is not None:
     state = checkpointer.restore(state)
     logging.info("Resumed %s from step %d", workdir, int(state["step"]))
-  history = report.read_history(workdir, int(state["step"]))
+  history = report.read_history(workdir, int(state["step"])) if is_main else []
   rng_views = lambda epoch: np.random.default_rng((config.seed, epoch, 1))
   bar = tqdm(
     total=total_steps,
@@ -320,20 +336,22 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   for epoch in range(first_epoch, config.epochs):
     views = rng_views(epoch).integers(0, train_features.shape[1], len(train_labels))
     for index in epoch_batches(len(train_labels), config.batch_size, config.seed, epoch)[skip:]:
-      features = train_features[index, views[index]]
-      state, metrics = train_step(state, features, train_labels[index])
+      features = classifier.replicate(train_features[index, views[index]])
+      labels = classifier.replicate(train_labels[index])
+      state, metrics = train_step(state, method.context, features, labels)
       step = int(state["step"])
       bar.update(1)
       if step % config.log_every == 0 or step == total_steps:
         record = {"step": step, "epoch": epoch + 1, **{k: float(v) for k, v in metrics.items()}}
         if step % config.eval_every == 0 or step == total_steps:
-          emb = jax.jit(method.class_embeddings)(state["params"])
+          emb = embed(state["params"], method.context)
           record["test_accuracy"] = accuracy_report(
             emb, test_features, test_labels, split.class_names
           )["accuracy"]
         bar.set_postfix(loss=f"{record['loss']:.3f}")
         history.append(record)
-        report.append_history(workdir, record)
+        if is_main:
+          report.append_history(workdir, record)
       if step % config.checkpoint_every == 0 or step == total_steps:
         checkpointer.save(step, state)
     skip = 0
@@ -341,7 +359,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   checkpointer.wait()
   checkpointer.close()
 
-  final = np.asarray(jax.jit(method.class_embeddings)(state["params"]))
+  final = to_host(embed(state["params"], method.context))
   trained_report = accuracy_report(final, test_features, test_labels, split.class_names)
   metrics = {
     "method": method.name,
@@ -357,10 +375,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     "config": json.loads(config.to_json_best_effort()),
   }
   if method.name == "stori":
-    weights = gather_token_weights(bank, [np.asarray(w) for w in state["params"]])
-    metrics["top_words"] = report.write_weights(workdir, bundle.tokenizer, bank, weights)
-    report.write_interpretability(workdir, bundle.tokenizer, bank, weights)
-  report.plot_history(workdir, history, zero_shot_report["accuracy"])
-  with open(os.path.join(workdir, "metrics.json"), "w", encoding="utf-8") as f:
-    json.dump(metrics, f, indent=2)
+    weights = gather_token_weights(bank, [to_host(w) for w in state["params"]])
+    words = report.prompt_word_weights(bundle.tokenizer, bank, weights)
+    metrics["top_words"] = report.class_top_words(bank, words)
+    if is_main:
+      report.write_weights(workdir, bundle.tokenizer, bank, weights, words)
+      report.write_interpretability(workdir, bank, words)
+  if is_main:
+    report.plot_history(workdir, history, zero_shot_report["accuracy"])
+    with open(os.path.join(workdir, "metrics.json"), "w", encoding="utf-8") as f:
+      json.dump(metrics, f, indent=2)
   return metrics

@@ -1,0 +1,770 @@
+r"""Steps per second of one SToRI training step: this implementation vs naive JAX vs PyTorch.
+
+  python benchmarks/train_step.py                 # CPU-sized defaults, a few minutes on 2 cores
+  python benchmarks/train_step.py --num_classes 100 --prompts_per_class 10 --batch 256 \
+      --repeats 10 --cupl_path ../shared/data/cupl/imagenet_prompts_base.json   # GPU, real size
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+      python benchmarks/train_step.py --memory     # peak memory of a 10,000-prompt ViT-L/14 step
+
+One training step = forward and backward over every weighted prompt, the cross-entropy
+on a batch of images, and an Adam update of the per-token log-weights. Three
+implementations of that step run on the same weights, prompts, images and labels, in
+one process, alternating (ours, naive, torch, ours, ...) so drifts in machine load hit
+all three; figures are medians and the ratios are medians of per-round ratios:
+
+1. ours: `WeightedTextClassifier` (prefix cache up to the start block, causal
+   truncation to length buckets, EOT-only last block, chunked `jax.checkpoint`,
+   prompts sharded over the devices) with the trainer's `make_train_step`; image
+   features are cached (computed once, outside the timed step, as in training).
+2. naive JAX: every prompt at full context (77 tokens), every text block recomputed
+   each step, no chunking, and the image tower run on the image batch each step;
+   jitted, same loss and optimizer.
+3. PyTorch eager: transformers' `CLIPModel` with the same weights, its text layers
+   called one by one with an additive 4-D mask (causal + log w from the start block
+   on, i.e. softmax(q k^T / sqrt(d) + mask + log w)), the image tower each step,
+   torch.optim.Adam on log-weights [P, 77].
+
+The class embedding of class c is the normalised mean of the normalised features of
+its prompts (no fixed Base prompts here); the loss is the mean cross-entropy of
+logit_scale * image . class on normalised image features; Adam with a cosine
+schedule (optax.adam + cosine_decay_schedule; torch Adam + CosineAnnealingLR). Before
+timing, the losses, class embeddings and log-weight gradients of the three are
+compared at the same random log-weights.
+
+Prompts: CuPL-like synthetic sentences (the synthetic world's, varied to the requested
+count), or the first classes of a real CuPL file with --cupl_path (never copied here).
+Weights are random (transformers' init plus noise); speed does not depend on them.
+
+On a GPU, JAX is told not to preallocate GPU memory (so PyTorch can allocate too),
+and fp32 matmuls run at full precision in both frameworks (--precision=highest; pass
+--precision=default to allow TF32 in both). The naive and PyTorch steps hold every
+prompt's activations at 77 tokens at once: on one 80 GB GPU keep prompts to ~1,000
+for a ViT-B text tower (the full ImageNet 10,000-prompt step only fits chunked).
+
+--memory compiles (never runs) our train step for a large run (default: 10,000
+CuPL-length prompts, a ViT-L/14-size text tower, prompts sharded over 8 devices) from
+abstract shapes and prints XLA's memory analysis per device.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _prepare_environment():
+  """Before JAX starts: no GPU preallocation; --memory fakes 8 CPU devices unless told."""
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  if not any(a in ("--memory", "--memory=true", "--memory=True") for a in sys.argv[1:]):
+    return
+  count = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--memory_devices=")), "8")
+  xla_flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in xla_flags:
+    os.environ["XLA_FLAGS"] = f"{xla_flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+_prepare_environment()
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import app, flags
+from jax.sharding import NamedSharding, PartitionSpec
+
+from stori_jax.bundle import CLIPBundle
+from stori_jax.fewshot import prompts as prompt_lib
+from stori_jax.fewshot.prompt_bank import build_prompt_bank
+from stori_jax.fewshot.text_classifier import (
+  AXIS,
+  WeightedTextClassifier,
+  cross_entropy_loss,
+  prompt_mesh,
+)
+from stori_jax.fewshot.trainer import make_train_step, stori_method
+from stori_jax.models import (
+  CLIP,
+  get_architecture,
+  init_params,
+  param_shapes,
+  reweighted_block_indices,
+)
+from stori_jax.tokenizer import default_tokenizer
+
+flags.DEFINE_string("arch", "ViT-B-16", "Architecture (both towers; the text tower is trained).")
+flags.DEFINE_integer("num_classes", 10, "Classes.")
+flags.DEFINE_integer("prompts_per_class", 8, "Weighted prompts per class.")
+flags.DEFINE_integer("batch", 16, "Images per step.")
+flags.DEFINE_integer("repeats", 3, "Timed rounds (one step of each implementation per round).")
+flags.DEFINE_integer("start_block", None, "First reweighted block (1-indexed); default: half.")
+flags.DEFINE_integer("chunk", 64, "Prompts per device per encoder call (ours).")
+flags.DEFINE_float("lr", 1e-2, "Adam learning rate (paper, ImageNet).")
+flags.DEFINE_enum(
+  "prompt_source", "synthetic", ["synthetic", "cupl"], "Prompt text; cupl needs --cupl_path."
+)
+flags.DEFINE_string("cupl_path", None, "A CuPL prompt JSON; implies --prompt_source=cupl.")
+flags.DEFINE_bool("skip_torch", False, "Leave out the PyTorch reference.")
+flags.DEFINE_enum(
+  "torch_attention", "sdpa", ["sdpa", "eager"], "transformers attention implementation."
+)
+flags.DEFINE_enum(
+  "precision", "highest", ["highest", "default"], "fp32 matmul precision (both frameworks)."
+)
+flags.DEFINE_integer("seed", 0, "Seed of weights, log-weights, images and labels.")
+flags.DEFINE_string("json", None, "Also write the figures here.")
+flags.DEFINE_bool("memory", False, "Report the compiled memory of a large train step instead.")
+flags.DEFINE_integer("memory_prompts", 10_000, "--memory: weighted prompts.")
+flags.DEFINE_integer("memory_classes", 1000, "--memory: classes.")
+flags.DEFINE_string("memory_arch", "ViT-L-14", "--memory: architecture of the text tower.")
+flags.DEFINE_integer("memory_devices", 8, "--memory: devices the prompts are sharded over.")
+flags.DEFINE_integer("memory_batch", 256, "--memory: images per step.")
+FLAGS = flags.FLAGS
+
+CONTEXT = 77
+
+# Prompts -----------------------------------------------------------------------------------
+
+_ADJECTIVES = ("small", "large", "bright", "pale", "old", "shiny", "dark", "soft", "tiny", "wide")
+
+
+def synthetic_texts(num_classes: int, per_class: int) -> dict[str, list[str]]:
+  """CuPL-like sentences: the synthetic world's, with class names varied to reach the count.
+
+  Class c reuses the sentences of synthetic class c mod 12 with its name prefixed by
+  adjectives (c // 12 picks them); prompt j >= the class's sentence count adds one more.
+  """
+  synthetic = prompt_lib.synthetic_prompts()
+  names = list(synthetic)
+  out = {}
+  for c in range(num_classes):
+    base = names[c % len(names)]
+    variant = c // len(names)
+    words = []
+    while variant:
+      variant, digit = divmod(variant - 1, len(_ADJECTIVES))
+      words.append(_ADJECTIVES[digit])
+    name = " ".join(words + [base])
+    sentences = synthetic[base]
+    texts = []
+    for j in range(per_class):
+      extra, index = divmod(j, len(sentences))
+      label = name if not extra else f"{_ADJECTIVES[(extra - 1) % len(_ADJECTIVES)]} {name}"
+      texts.append(sentences[index].replace(base, label))
+    out[name] = texts
+  return out
+
+
+def cupl_texts(path: str, num_classes: int, per_class: int) -> dict[str, list[str]]:
+  """The first num_classes classes of a CuPL file, per_class sentences each (cycled).
+
+  Past the file's classes (ImageNet's has 998 keys: CLIP's list repeats two names), classes
+  repeat with a numbered name and the same sentences.
+  """
+  with open(path, encoding="utf-8") as f:
+    data = json.load(f)
+  keys = [n for n in data if data[n]]
+  out = {}
+  for c in range(num_classes):
+    repeat, key = divmod(c, len(keys))
+    sentences = data[keys[key]]
+    out[keys[key] + (f" ({repeat})" if repeat else "")] = [
+      sentences[j % len(sentences)] for j in range(per_class)
+    ]
+  return out
+
+
+def prompt_texts(num_classes: int, per_class: int) -> tuple[dict[str, list[str]], str]:
+  if FLAGS.cupl_path or FLAGS.prompt_source == "cupl":
+    if not FLAGS.cupl_path:
+      raise SystemExit("--prompt_source=cupl needs --cupl_path=FILE.json (a CuPL prompt file).")
+    return cupl_texts(FLAGS.cupl_path, num_classes, per_class), f"CuPL {FLAGS.cupl_path}"
+  return synthetic_texts(num_classes, per_class), "synthetic CuPL-like"
+
+
+def length_stats(tokenizer, bank) -> dict[str, float]:
+  ids = tokenizer(list(bank.texts), context_length=CONTEXT, truncate=True)
+  lengths = np.argmax(ids == tokenizer.eot_token_id, axis=1) + 1
+  rows = sum(b.num_prompts for b in bank.buckets)
+  return {
+    "median_tokens": float(np.median(lengths)),
+    "p99_tokens": float(np.percentile(lengths, 99)),
+    "max_tokens": int(lengths.max()),
+    "mean_bucket_tokens": float(sum(b.num_prompts * b.length for b in bank.buckets) / rows),
+    "buckets": [[b.length, b.num_prompts] for b in bank.buckets],
+  }
+
+
+# Layout between our buckets and the naive [P, 77] rows (bank text order) -------------------
+
+
+def full_layout(tokenizer, bank):
+  """ids int32 [P, 77], trainable bool [P, 77] (the words: 1..EOT-1), class int32 [P]."""
+  ids = tokenizer(list(bank.texts), context_length=CONTEXT, truncate=True).astype(np.int32)
+  eot = np.argmax(ids == tokenizer.eot_token_id, axis=1)
+  positions = np.arange(CONTEXT)[None]
+  trainable = (positions >= 1) & (positions < eot[:, None])
+  return ids, trainable, np.asarray(bank.text_class, np.int32)
+
+
+def to_buckets(bank, full: np.ndarray) -> list[np.ndarray]:
+  out = []
+  for b in bank.buckets:
+    part = np.zeros(b.ids.shape, np.float32)
+    valid = b.prompt_index >= 0
+    part[valid] = full[b.prompt_index[valid], : b.length]
+    out.append(part)
+  return out
+
+
+def from_buckets(bank, parts) -> np.ndarray:
+  full = np.zeros((len(bank.texts), CONTEXT), np.float32)
+  for b, part in zip(bank.buckets, parts):
+    valid = b.prompt_index >= 0
+    full[b.prompt_index[valid], : b.length] = np.asarray(part)[valid]
+  return full
+
+
+def _normalize(x):
+  return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _schedule(total_steps: int):
+  return optax.cosine_decay_schedule(FLAGS.lr, total_steps)
+
+
+# Naive JAX ---------------------------------------------------------------------------------
+
+
+def make_naive_step(model: CLIP, blocks, num_classes: int, logit_scale: float, optimizer):
+  """Full 77-token prompts, all blocks, image tower every step; returns grads for checks."""
+
+  def loss_fn(log_w, params, ids, trainable, text_class, pixels, labels):
+    log_w = jnp.where(trainable, log_w, 0.0)
+    text = model.apply({"params": params}, ids, log_w, blocks, method=CLIP.encode_text)
+    text = _normalize(text)
+    sums = jax.ops.segment_sum(text, text_class, num_segments=num_classes)
+    counts = jax.ops.segment_sum(jnp.ones(len(ids)), text_class, num_segments=num_classes)
+    embeddings = _normalize(sums / counts[:, None])
+    image = _normalize(model.apply({"params": params}, pixels, method=CLIP.encode_image))
+    loss, _ = cross_entropy_loss(embeddings, image, labels, logit_scale)
+    return loss, embeddings
+
+  @jax.jit
+  def step(state, params, ids, trainable, text_class, pixels, labels):
+    (loss, embeddings), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      state["params"], params, ids, trainable, text_class, pixels, labels
+    )
+    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+    new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
+    return new, {"loss": loss, "embeddings": embeddings, "grads": grads}
+
+  return step
+
+
+# PyTorch eager -----------------------------------------------------------------------------
+
+
+class TorchReference:
+  """transformers CLIPModel, text layers called one by one with log w in the additive mask."""
+
+  def __init__(self, model, ids, trainable, text_class, pixels_nhwc, labels, num_classes, first):
+    import torch  # pylint: disable=import-outside-toplevel
+
+    self.torch = torch
+    self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    self.model = model.to(self.device).eval()
+    for p in self.model.parameters():
+      p.requires_grad_(False)
+    to = lambda a, dtype=None: torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype)
+    self.ids = to(ids, torch.int64)
+    eot = model.config.text_config.eos_token_id
+    self.eot = to(np.argmax(ids == eot, axis=1), torch.int64)
+    self.trainable = to(trainable)
+    self.text_class = to(text_class, torch.int64)
+    self.counts = torch.bincount(self.text_class, minlength=num_classes).float()
+    self.pixels = to(pixels_nhwc.transpose(0, 3, 1, 2))
+    self.labels = to(labels, torch.int64)
+    self.num_classes, self.first = num_classes, first
+    length = ids.shape[1]
+    causal = torch.full((length, length), torch.finfo(torch.float32).min, device=self.device)
+    self.causal = causal.triu(1)[None, None]  # [1, 1, L, L]
+    self.logit_scale = float(self.model.logit_scale.exp())
+    self.log_weights = torch.zeros(ids.shape, device=self.device, requires_grad=True)
+
+  def make_optimizer(self, total_steps: int):
+    torch = self.torch
+    self.optimizer = torch.optim.Adam([self.log_weights], lr=FLAGS.lr)
+    self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, total_steps)
+
+  def class_embeddings(self):
+    torch, text = self.torch, self.model.text_model
+    log_w = torch.where(self.trainable, self.log_weights, 0.0)
+    weighted = self.causal + log_w[:, None, None, :]  # [P, 1, L, L]
+    hidden = text.embeddings(input_ids=self.ids)
+    for index, layer in enumerate(text.encoder.layers):
+      hidden = layer(hidden, weighted if index >= self.first else self.causal)
+    hidden = text.final_layer_norm(hidden)
+    pooled = hidden[torch.arange(hidden.shape[0], device=self.device), self.eot]
+    features = torch.nn.functional.normalize(self.model.text_projection(pooled), dim=-1)
+    sums = torch.zeros(self.num_classes, features.shape[1], device=self.device)
+    sums = sums.index_add(0, self.text_class, features)
+    return torch.nn.functional.normalize(sums / self.counts[:, None], dim=-1)
+
+  def step(self, details: bool = False):
+    torch = self.torch
+    self.optimizer.zero_grad(set_to_none=True)
+    embeddings = self.class_embeddings()
+    vision = self.model.vision_model(pixel_values=self.pixels).pooler_output
+    image = torch.nn.functional.normalize(self.model.visual_projection(vision), dim=-1)
+    logits = self.logit_scale * image @ embeddings.T
+    loss = torch.nn.functional.cross_entropy(logits, self.labels)
+    loss.backward()
+    out = None
+    if details:
+      out = {
+        "loss": loss.item(),
+        "embeddings": embeddings.detach().cpu().numpy(),
+        "grads": self.log_weights.grad.detach().cpu().numpy().copy(),
+      }
+    self.optimizer.step()
+    self.scheduler.step()
+    self.sync()
+    return out if details else loss
+
+  def sync(self):
+    if self.device.type == "cuda":
+      self.torch.cuda.synchronize()
+
+
+def build_weights(config, seed: int, with_torch: bool):
+  """(params, torch model or None): the same random weights in both frameworks."""
+  if not with_torch:
+    return jax.device_get(init_params(config, seed)), None
+  from stori_jax import torch_reference  # pylint: disable=import-outside-toplevel
+  from stori_jax.checkpoints import hf  # pylint: disable=import-outside-toplevel
+
+  torch_reference._torch().manual_seed(seed)  # pylint: disable=protected-access
+  model = torch_reference.randomize_(torch_reference.build_transformers(config), seed)
+  model.set_attn_implementation(FLAGS.torch_attention)
+  state_dict = torch_reference.state_dict_numpy(model)
+  return hf.params_from_state_dict(state_dict, config, "random transformers"), model
+
+
+# The benchmark -----------------------------------------------------------------------------
+
+
+def _block_flops(rows: int, length: int, width: int, mlp: int, queries: int | None = None):
+  """Matmul FLOPs of one transformer block's forward over rows sequences of `length` tokens.
+
+  queries: query rows per sequence (the EOT-only last block: 1); keys/values use all tokens.
+  """
+  q = length if queries is None else queries
+  keys_values = rows * length * 4 * width * width
+  rest = rows * q * (4 * width * width + 4 * width * mlp)  # query, out, MLP
+  attention = rows * q * length * 4 * width  # q k^T and p v
+  return keys_values + rest + attention
+
+
+def expected_flops(config, bank, blocks, num_prompts: int, batch: int) -> dict[str, float]:
+  """Matmul FLOPs per step. No parameter gradients are taken, so a block's backward costs
+  about its forward; ours runs each reweighted block forward twice (jax.checkpoint)."""
+  t, v = config.text, config.vision
+  ours = 0.0
+  for b in bank.buckets:
+    ours += sum(_block_flops(b.num_prompts, b.length, t.width, t.mlp_width) for _ in blocks[:-1])
+    ours += _block_flops(b.num_prompts, b.length, t.width, t.mlp_width, queries=1)
+  ours *= 3  # forward, recomputed forward, backward
+  full = _block_flops(num_prompts, CONTEXT, t.width, t.mlp_width)
+  naive_text = full * (t.layers + len(blocks))
+  patches = batch * v.grid_size**2 * 2 * 3 * v.patch_size**2 * v.width
+  image = patches + v.layers * _block_flops(batch, v.num_tokens, v.width, v.mlp_width)
+  return {"ours": ours, "naive_text": naive_text, "naive_image": image, "naive": naive_text + image}
+
+
+def _errors(ours, other) -> dict[str, float]:
+  ours, other = np.asarray(ours, np.float64), np.asarray(other, np.float64)
+  diff = float(np.max(np.abs(ours - other)))
+  scale = float(np.max(np.abs(ours)))
+  return {"max_abs": diff, "max_rel": diff / scale if scale else diff}
+
+
+def _timed(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def benchmark():
+  if FLAGS.precision == "highest":
+    jax.config.update("jax_default_matmul_precision", "highest")
+  config = get_architecture(FLAGS.arch)
+  with_torch = not FLAGS.skip_torch
+  if with_torch:
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch.set_float32_matmul_precision("highest" if FLAGS.precision == "highest" else "high")
+  rng = np.random.default_rng(FLAGS.seed)
+  tokenizer = default_tokenizer()
+  texts, source = prompt_texts(FLAGS.num_classes, FLAGS.prompts_per_class)
+  mesh = prompt_mesh()
+  bank = build_prompt_bank(
+    tokenizer, list(texts), texts, None, CONTEXT, chunk=FLAGS.chunk, num_shards=mesh.size
+  )
+  stats = length_stats(tokenizer, bank)
+  params, torch_model = build_weights(config, FLAGS.seed, with_torch)
+  bundle = CLIPBundle(config=config, params=params)
+  size = config.vision.image_size
+  pixels = rng.standard_normal((FLAGS.batch, size, size, 3), dtype=np.float32)
+  labels = rng.integers(0, FLAGS.num_classes, FLAGS.batch).astype(np.int32)
+  ids, trainable, text_class = full_layout(tokenizer, bank)
+  # The check point: random log-weights on the words (w in [0.6, 1.6]).
+  check_full = np.where(trainable, rng.uniform(-0.5, 0.5, ids.shape), 0.0).astype(np.float32)
+  total_steps = 1000
+  device = jax.devices()[0]
+  print(
+    f"{FLAGS.arch}: {len(bank.texts)} prompts ({FLAGS.num_classes} classes x "
+    f"{FLAGS.prompts_per_class}, {source}; tokens median {stats['median_tokens']:.0f}, p99 "
+    f"{stats['p99_tokens']:.0f}, max {stats['max_tokens']}, mean bucket length "
+    f"{stats['mean_bucket_tokens']:.1f}), {FLAGS.batch} images/step, {device.platform}:"
+    f"{device.device_kind} x {mesh.size}, fp32 matmul precision {FLAGS.precision}",
+    flush=True,
+  )
+
+  # 1. Ours: the prefix cache and image features are computed once, before the steps.
+  start = time.perf_counter()
+  classifier = WeightedTextClassifier(bundle, bank, FLAGS.start_block, mesh)
+  jax.block_until_ready(classifier.prefix)
+  prefix_s = time.perf_counter() - start
+  start = time.perf_counter()
+  features = np.asarray(_normalize(bundle.encode_image(pixels)))
+  image_s = time.perf_counter() - start
+  opt_config = ml_collections.ConfigDict({"optim": {"lr": FLAGS.lr}})
+  method = stori_method(opt_config, classifier, total_steps)
+  train_step = make_train_step(method, bundle.logit_scale)
+  features_d, labels_d = classifier.replicate(features), classifier.replicate(labels)
+  check_parts = [classifier._shard(p) for p in to_buckets(bank, check_full)]
+  ours_state = {
+    "params": check_parts,
+    "opt_state": method.optimizer.init(check_parts),
+    "step": jnp.zeros((), jnp.int32),
+  }
+
+  def ours_loss(log_w, context, features, labels):
+    embeddings = classifier.class_embeddings(log_w, context)
+    loss, _ = cross_entropy_loss(embeddings, features, labels, bundle.logit_scale)
+    return loss, embeddings
+
+  ours_check = jax.jit(jax.value_and_grad(ours_loss, has_aux=True))
+  (ours_check_loss, ours_emb), ours_grads = ours_check(
+    check_parts, method.context, features_d, labels_d
+  )
+  ours_grads = from_buckets(bank, [np.asarray(g) for g in ours_grads])
+  ours_emb = np.asarray(ours_emb)
+
+  def ours_step():
+    nonlocal ours_state
+    ours_state, metrics = train_step(ours_state, method.context, features_d, labels_d)
+    jax.block_until_ready(ours_state)
+    return metrics
+
+  compile_s = {}
+  losses = {}
+  compile_s["ours"] = _timed(lambda: losses.__setitem__("ours", float(ours_step()["loss"])))
+  # The step's outputs may carry other (equivalent) shardings than our initial state, which
+  # retraces once: warm up until the input shardings are the step's own.
+  compile_s["ours"] += _timed(ours_step)
+
+  # 2. Naive JAX.
+  blocks = reweighted_block_indices(config.text.layers, FLAGS.start_block)
+  naive_optimizer = optax.adam(_schedule(total_steps))
+  naive_step = make_naive_step(
+    bundle.model, blocks, FLAGS.num_classes, bundle.logit_scale, naive_optimizer
+  )
+  naive_args = jax.device_put((params, ids, trainable, text_class, pixels, labels))
+  naive_state = {"params": jnp.asarray(check_full)}
+  naive_state["opt_state"] = naive_optimizer.init(naive_state["params"])
+
+  def run_naive(details=False):
+    nonlocal naive_state
+    naive_state, metrics = naive_step(naive_state, *naive_args)
+    jax.block_until_ready(naive_state)
+    return metrics if details else None
+
+  naive = {}
+  compile_s["naive_jax"] = _timed(lambda: naive.update(run_naive(details=True)))
+  losses["naive_jax"] = float(naive["loss"])
+  checks = {
+    "naive_jax": {
+      "loss": abs(losses["naive_jax"] - float(ours_check_loss)),
+      "class_embeddings": _errors(ours_emb, naive["embeddings"]),
+      "grads": _errors(ours_grads, np.asarray(naive["grads"]) * trainable),
+    }
+  }
+
+  # 3. PyTorch eager.
+  runners = {"ours": ours_step, "naive_jax": run_naive}
+  if with_torch:
+    reference = TorchReference(
+      torch_model, ids, trainable, text_class, pixels, labels, FLAGS.num_classes, blocks[0]
+    )
+    with torch.no_grad():
+      reference.log_weights.copy_(torch.from_numpy(check_full))
+    reference.make_optimizer(total_steps)
+    ref = {}
+    compile_s["torch"] = _timed(lambda: ref.update(reference.step(details=True)))
+    losses["torch"] = ref["loss"]
+    checks["torch"] = {
+      "loss": abs(losses["torch"] - float(ours_check_loss)),
+      "class_embeddings": _errors(ours_emb, ref["embeddings"]),
+      "grads": _errors(ours_grads, ref["grads"] * trainable),
+    }
+    runners["torch"] = reference.step
+
+  print(
+    f"check at random log-weights (step 0): loss ours {float(ours_check_loss):.6f} "
+    f"(train step: {losses['ours']:.6f})",
+    flush=True,
+  )
+  worst = 0.0
+  for name, check in checks.items():
+    print(
+      f"  {name:<10} loss {losses[name]:.6f}  |dloss| {check['loss']:.2e}  class embeddings "
+      f"max |diff| {check['class_embeddings']['max_abs']:.2e}  grads max rel "
+      f"{check['grads']['max_rel']:.2e}"
+    )
+    worst = max(worst, check["loss"], check["class_embeddings"]["max_abs"])
+  agree = worst < 1e-4
+  print(f"  agreement within 1e-4 (loss and class embeddings): {'yes' if agree else 'NO'}")
+
+  # Timed rounds: one step of each implementation per round, alternating.
+  cache_sizes = (train_step._cache_size(), naive_step._cache_size())
+  rounds = []
+  for _ in range(FLAGS.repeats):
+    rounds.append({name: _timed(run) for name, run in runners.items()})
+  if (train_step._cache_size(), naive_step._cache_size()) != cache_sizes:
+    print("WARNING: a JAX step compiled again during the timed rounds; the figures include it.")
+  median = {name: float(np.median([r[name] for r in rounds])) for name in runners}
+  flops = expected_flops(config, bank, blocks, len(bank.texts), FLAGS.batch)
+  speedup = {
+    name: float(np.median([r[name] / r["ours"] for r in rounds]))
+    for name in runners
+    if name != "ours"
+  }
+  result = {
+    "arch": FLAGS.arch,
+    "device": f"{device.platform}:{device.device_kind}",
+    "num_devices": mesh.size,
+    "num_classes": FLAGS.num_classes,
+    "prompts_per_class": FLAGS.prompts_per_class,
+    "num_prompts": len(bank.texts),
+    "prompt_source": source,
+    "token_lengths": stats,
+    "batch": FLAGS.batch,
+    "start_block": blocks[0] + 1,
+    "chunk": FLAGS.chunk,
+    "precision": FLAGS.precision,
+    "torch_attention": FLAGS.torch_attention if with_torch else None,
+    "repeats": FLAGS.repeats,
+    "seconds_per_step": median,
+    "rounds_s": rounds,
+    "steps_per_s": {name: 1.0 / s for name, s in median.items()},
+    "speedup_of_ours": speedup,
+    "expected_matmul_flops": flops,
+    "expected_speedup_from_flops": flops["naive"] / flops["ours"],
+    "first_call_s": compile_s,
+    "ours_one_time_s": {"prefix_cache": prefix_s, "image_features": image_s},
+    "step0_losses": losses,
+    "checks_vs_ours": checks,
+    "agree_1e-4": agree,
+  }
+  print("steps/s (median of rounds):")
+  for name, s in median.items():
+    print(f"  {name:<10} {1 / s:10.3f} steps/s  ({s * 1e3:9.1f} ms/step)")
+  for name, ratio in speedup.items():
+    print(f"  ours vs {name}: {ratio:.2f}x faster (median of per-round time ratios)")
+  print(
+    f"matmul FLOPs per step (estimate): ours {flops['ours'] / 1e9:.1f} G, naive "
+    f"{flops['naive'] / 1e9:.1f} G (image tower {flops['naive_image'] / 1e9:.1f} G): "
+    f"{flops['naive'] / flops['ours']:.2f}x fewer"
+  )
+  print(
+    f"one-time setup of ours (not in the step): prefix cache {prefix_s:.1f} s, image features "
+    f"{image_s:.1f} s (both include compilation); first calls "
+    + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items())
+  )
+  return result
+
+
+# --memory ----------------------------------------------------------------------------------
+
+
+class _ShapeOnlyClassifier(WeightedTextClassifier):
+  """The classifier's program without its arrays: `data` holds ShapeDtypeStructs."""
+
+  def __init__(self, bundle, bank, start_block, mesh):  # pylint: disable=super-init-not-called
+    self.bundle, self.bank, self.mesh = bundle, bank, mesh
+    self.reweight_blocks = reweighted_block_indices(bundle.config.text.layers, start_block)
+    self.first = self.reweight_blocks[0]
+    self.num_classes = bank.num_classes
+    self._sharded = NamedSharding(mesh, PartitionSpec(AXIS))
+    self._replicated = NamedSharding(mesh, PartitionSpec())
+
+  def sharded(self, shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=self._sharded)
+
+  def replicated(self, shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
+
+  def init_log_weights(self):
+    return [self.sharded(b.ids.shape) for b in self.bank.buckets]
+
+  @property
+  def data(self):
+    shapes = self.bundle.params
+    width, embed = self.bundle.config.text.width, self.bundle.config.embed_dim
+    params = {"text": shapes["text"], "logit_scale": shapes["logit_scale"]}
+    params = jax.tree.map(lambda s: self.replicated(s.shape, s.dtype), params)
+    buckets = self.bank.buckets
+    return {
+      "params": params,
+      "prefix": [self.sharded((b.num_prompts, b.length, width)) for b in buckets],
+      "ids": [self.sharded(b.ids.shape, jnp.int32) for b in buckets],
+      "class_index": [self.sharded(b.class_index.shape, jnp.int32) for b in buckets],
+      "trainable": [self.sharded(b.trainable.shape, jnp.bool_) for b in buckets],
+      "fixed_sum": self.replicated((self.num_classes, embed)),
+      "fixed_count": self.replicated((self.num_classes,)),
+    }
+
+
+def _tree_bytes(tree, devices: int) -> float:
+  """Bytes per device of a tree of ShapeDtypeStructs (sharded leaves split over devices)."""
+  total = 0.0
+  for leaf in jax.tree.leaves(tree):
+    size = float(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+    sharded = leaf.sharding is not None and leaf.sharding.spec != PartitionSpec()
+    total += size / devices if sharded else size
+  return total
+
+
+def memory():
+  config = get_architecture(FLAGS.memory_arch)
+  all_devices = jax.devices()
+  count = min(FLAGS.memory_devices, len(all_devices))
+  mesh = prompt_mesh(all_devices[:count])
+  per_class = -(-FLAGS.memory_prompts // FLAGS.memory_classes)
+  texts, source = prompt_texts(FLAGS.memory_classes, per_class)
+  tokenizer = default_tokenizer()
+  bank = build_prompt_bank(
+    tokenizer, list(texts), texts, None, CONTEXT, chunk=FLAGS.chunk, num_shards=count
+  )
+  stats = length_stats(tokenizer, bank)
+  bundle = CLIPBundle(config=config, params=param_shapes(config))
+  classifier = _ShapeOnlyClassifier(bundle, bank, FLAGS.start_block, mesh)
+  method = stori_method(
+    ml_collections.ConfigDict({"optim": {"lr": FLAGS.lr}}), classifier, total_steps=1000
+  )
+  train_step = make_train_step(method, logit_scale=100.0)
+  log_weights = classifier.init_log_weights()
+  opt_state = jax.eval_shape(method.optimizer.init, log_weights)
+  opt_state = jax.tree.map(
+    lambda s: (
+      classifier.sharded(s.shape, s.dtype) if s.ndim else classifier.replicated((), s.dtype)
+    ),
+    opt_state,
+  )
+  state = {
+    "params": log_weights,
+    "opt_state": opt_state,
+    "step": classifier.replicated((), jnp.int32),
+  }
+  features = classifier.replicated((FLAGS.memory_batch, config.embed_dim))
+  labels = classifier.replicated((FLAGS.memory_batch,), jnp.int32)
+  device = all_devices[0]
+  print(
+    f"--memory: our train step for {len(bank.texts)} prompts ({FLAGS.memory_classes} classes x "
+    f"{per_class}, {source}; tokens median {stats['median_tokens']:.0f}, p99 "
+    f"{stats['p99_tokens']:.0f}, max {stats['max_tokens']}; {len(bank.buckets)} buckets, mean "
+    f"length {stats['mean_bucket_tokens']:.1f}), {FLAGS.memory_arch} text tower (width "
+    f"{config.text.width}, {config.text.layers} blocks), chunk {FLAGS.chunk}, "
+    f"{FLAGS.memory_batch} images/step, sharded over {count} {device.platform} devices",
+    flush=True,
+  )
+  start = time.perf_counter()
+  lowered = train_step.lower(state, method.context, features, labels)
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+  analysis = compiled.memory_analysis()
+  gb = 1e9
+  figures = {
+    name: getattr(analysis, f"{name}_size_in_bytes") / gb
+    for name in ("argument", "output", "temp", "alias", "generated_code")
+  }
+  figures["peak_estimate"] = (
+    figures["argument"] + figures["output"] + figures["temp"] - figures["alias"]
+  )
+  # jit drops inputs the program never reads (the token embedding and the blocks before the
+  # start block: the prefix cache replaces them), but a run keeps them on the device.
+  inputs = (state, method.context, features, labels)
+  parts = {
+    "all_inputs": _tree_bytes(inputs, count) / gb,
+    "text_params": _tree_bytes(method.context["params"], count) / gb,
+    "prefix_cache": _tree_bytes(method.context["prefix"], count) / gb,
+    "log_weights_and_adam": _tree_bytes(state, count) / gb,
+  }
+  figures["resident_peak_estimate"] = (
+    parts["all_inputs"] + figures["output"] + figures["temp"] - figures["alias"]
+  )
+  print(
+    "What was measured: XLA's buffer assignment (compiled.memory_analysis()) of the compiled, "
+    f"never executed, train step on {device.platform}, lowered from abstract argument shapes "
+    "with their shardings. Per device, GB:"
+  )
+  print(f"  arguments the program reads {figures['argument']:8.3f}")
+  print(f"  outputs (new state)         {figures['output']:8.3f}")
+  print(f"  temporaries                 {figures['temp']:8.3f}")
+  print(f"  aliased (donated)           {figures['alias']:8.3f}")
+  print(
+    f"  program peak                {figures['peak_estimate']:8.3f}  (args + out + temp - alias)"
+  )
+  print(
+    f"  resident peak               {figures['resident_peak_estimate']:8.3f}  (every input array, "
+    "used or not, + out + temp - alias)"
+  )
+  print(
+    "  inputs: text params (replicated) {text_params:.3f}, prefix cache (sharded) "
+    "{prefix_cache:.3f}, log-weights + Adam moments {log_weights_and_adam:.3f}, all "
+    "{all_inputs:.3f}".format(**parts)
+  )
+  print(f"  (compile {compile_s:.1f} s; other backends fuse differently, so their figures differ)")
+  return {
+    "mode": "memory",
+    "measured": "compiled.memory_analysis() of the jitted train step, not executed",
+    "arch": FLAGS.memory_arch,
+    "num_prompts": len(bank.texts),
+    "num_classes": FLAGS.memory_classes,
+    "prompt_source": source,
+    "token_lengths": stats,
+    "chunk": FLAGS.chunk,
+    "batch": FLAGS.memory_batch,
+    "devices": count,
+    "platform": device.platform,
+    "gb_per_device": figures,
+    "inputs_gb_per_device": parts,
+    "compile_s": compile_s,
+  }
+
+
+def main(argv):
+  del argv
+  result = memory() if FLAGS.memory else benchmark()
+  if FLAGS.json:
+    with open(FLAGS.json, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+  app.run(main)

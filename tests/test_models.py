@@ -1,0 +1,55 @@
+"""Model-level outputs the analyses read: hidden states, patch tokens, attention keys; configs."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stori_jax
+from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, get_architecture, init_params
+
+CONFIG = CLIPConfig(
+  embed_dim=16,
+  text=TextConfig(width=32, layers=2, heads=2),
+  vision=VisionConfig(image_size=32, patch_size=8, width=32, layers=3, heads=4),
+)
+
+
+def test_image_details_expose_patch_tokens_and_keys():
+  bundle = stori_jax.CLIPBundle(config=CONFIG, params=init_params(CONFIG, seed=0))
+  images = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype(np.float32)
+  features, details = bundle.image_details(images)
+  np.testing.assert_allclose(features, bundle.encode_image(images), atol=1e-6)
+  hidden = details["hidden_states"]
+  assert len(hidden) == CONFIG.vision.layers + 1 and hidden[0].shape == (2, 17, 32)
+  np.testing.assert_array_equal(details["patch_tokens"], hidden[-1][:, 1:])
+  # keys = ln_1(input of the last block) @ W_k + b_k.
+  block = bundle.params["vision"][f"resblocks_{CONFIG.vision.layers - 1}"]
+  x = np.asarray(hidden[-2], np.float64)
+  ln = block["ln_1"]
+  normed = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+  normed = normed * ln["scale"] + ln["bias"]
+  keys = normed @ block["attn"]["key"]["kernel"] + block["attn"]["key"]["bias"]
+  np.testing.assert_allclose(details["keys"], keys, atol=1e-5)
+
+
+def test_architecture_presets_and_validation():
+  b32 = get_architecture("ViT-B/32")
+  assert b32.vision.patch_size == 32 and b32.text.activation == "quick_gelu"
+  assert get_architecture("ViT-L-14-336").vision.image_size == 336
+  assert get_architecture("ViT-B-16").text.activation == "gelu"
+  with pytest.raises(ValueError, match="Unknown architecture 'ViT-X-1'"):
+    get_architecture("ViT-X-1")
+  with pytest.raises(ValueError, match="not divisible by heads"):
+    CLIPConfig(text=TextConfig(width=30, heads=4))
+  with pytest.raises(ValueError, match="not a multiple of patch_size"):
+    CLIPConfig(vision=VisionConfig(image_size=30, patch_size=8))
+  with pytest.raises(ValueError, match="Unknown activation"):
+    CLIPConfig(text=TextConfig(activation="relu"))
+  assert CLIPConfig.from_dict(CONFIG.to_dict()) == CONFIG
+
+
+def test_bf16_bundle_returns_fp32_features():
+  bundle = stori_jax.CLIPBundle(config=CONFIG, params=init_params(CONFIG, seed=0))
+  ids = np.zeros((1, 77), np.int32)
+  ids[0, :3] = [49406, 320, 49407]
+  assert bundle.with_dtype(jnp.bfloat16).encode_text(ids).dtype == jnp.float32
