@@ -1,10 +1,13 @@
 r"""Steps per second of one SToRI training step: this implementation vs naive JAX vs PyTorch.
 
-  python benchmarks/train_step.py                 # CPU-sized defaults, a few minutes on 2 cores
+  python benchmarks/train_step.py      # ViT-B-16, 80 prompts, 16 images: ~2 min on 2 CPU cores
   python benchmarks/train_step.py --num_classes 100 --prompts_per_class 10 --batch 256 \
       --repeats 10 --cupl_path ../shared/data/cupl/imagenet_prompts_base.json   # GPU, real size
-  XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-      python benchmarks/train_step.py --memory     # peak memory of a 10,000-prompt ViT-L/14 step
+  python benchmarks/train_step.py --memory \
+      --cupl_path ../shared/data/cupl/imagenet_prompts_base.json   # 10,000-prompt ViT-L/14 step
+
+(--memory sets XLA_FLAGS=--xla_force_host_platform_device_count=8 itself unless XLA_FLAGS
+already names a device count.)
 
 One training step = forward and backward over every weighted prompt, the cross-entropy
 on a batch of images, and an Adam update of the per-token log-weights. Three
