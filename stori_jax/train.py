@@ -52,11 +52,17 @@ def main(argv):
   del argv
   if FLAGS.distributed or FLAGS.coordinator:
     initialize_distributed()
+  from stori_jax.checkpoints import CheckpointError  # pylint: disable=import-outside-toplevel
   from stori_jax.fewshot import trainer  # pylint: disable=import-outside-toplevel
+  from stori_jax.fewshot.datasets import DatasetMissingError  # pylint: disable=import-outside-toplevel
 
   config = _CONFIG.value
   workdir = FLAGS.workdir or os.path.join("workdirs", config.name)
-  metrics = trainer.run(config, workdir)
+  try:
+    metrics = trainer.run(config, workdir)
+  except (DatasetMissingError, CheckpointError) as e:
+    # Missing data or weights: the message says what to fetch and where; no traceback.
+    raise SystemExit(f"error: {e}") from None
   if jax.process_index() != 0:
     return
   zero_shot, trained = metrics["zero_shot"]["accuracy"], metrics["trained"]["accuracy"]

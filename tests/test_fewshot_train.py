@@ -228,3 +228,25 @@ def test_two_processes_match_one(tmp_path, random_model):
     rtol=0,
     atol=1e-4,
   )
+
+
+def test_missing_dataset_stops_with_what_to_download(tmp_path):
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "stori_jax.train",
+      f"--config={REPO}/configs/dtd.py:16",
+      f"--workdir={tmp_path / 'run'}",
+      f"--config.data.root={tmp_path / 'data'}",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 1
+  assert (
+    "dtd-r1.0.1.tar.gz" in result.stderr and "split_zhou_DescribableTextures.json" in result.stderr
+  )
+  assert "Traceback" not in result.stderr

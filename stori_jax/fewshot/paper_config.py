@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from stori_jax.fewshot.prompts import CUPL_FILES
+
 DATASETS = ("imagenet", "dtd", "sun397", "flowers102", "caltech101", "food101")
 SHOTS = (1, 2, 4, 8, 16)
 # Hub ids of the paper's backbones (transformers layout; downloaded when online, or point
@@ -15,14 +17,6 @@ SHOTS = (1, 2, 4, 8, 16)
 BACKBONES = {
   "clip": "openai/clip-vit-large-patch14",
   "metaclip": "facebook/metaclip-l14-fullcc2.5b",
-}
-_CUPL_FILES = {
-  "imagenet": "imagenet_prompts_base.json",
-  "dtd": "texture_prompts_base.json",
-  "sun397": "sun_prompts_base.json",
-  "flowers102": "flower_prompts_base.json",
-  "caltech101": "cal_prompts_base.json",
-  "food101": "food_prompts_base.json",
 }
 
 
@@ -67,7 +61,7 @@ def fewshot_config(
   )
   config.prompts = ml_collections.ConfigDict(
     dict(
-      cupl_path=f"{data_root}/cupl/{_CUPL_FILES[dataset]}",
+      cupl_path=f"{data_root}/cupl/{CUPL_FILES[dataset]}",
       # ImageNet and SUN397: 10 CuPL prompts per class, chosen by similarity to the
       # class's training images (paper §4.1.1).
       per_class=10 if dataset in ("imagenet", "sun397") else 0,

@@ -1,0 +1,51 @@
+"""The paper's few-shot hyperparameters (App. A.1) as the configs encode them."""
+
+import importlib.util
+import os
+
+import pytest
+
+from stori_jax.fewshot.paper_config import fewshot_config, learning_rate
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def _config_file(name, argument=None):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(CONFIGS, f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(argument) if argument is not None else module.get_config()
+
+
+@pytest.mark.parametrize(
+  "dataset,shots,lr",
+  [
+    ("imagenet", 1, 1e-2),
+    ("sun397", 16, 1e-2),
+    ("food101", 2, 0.1),
+    ("dtd", 4, 5e-2),
+    ("dtd", 8, 0.1),
+    ("flowers102", 16, 0.1),
+    ("flowers102", 2, 5e-2),
+    ("caltech101", 16, 5e-2),
+  ],
+)
+def test_learning_rates(dataset, shots, lr):
+  assert learning_rate(dataset, shots) == lr
+  assert fewshot_config(dataset, shots).optim.lr == lr
+
+
+def test_protocol_details():
+  imagenet = _config_file("imagenet_16shot")
+  assert imagenet.epochs == 200 and imagenet.batch_size == 256 and imagenet.start_block == 7
+  assert imagenet.prompts.per_class == 10 and imagenet.taskres.lr == 2e-5
+  assert imagenet.prompts.cupl_path.endswith("imagenet_prompts_base.json")
+  dtd = _config_file("dtd", "4,metaclip")
+  assert dtd.epochs == 100 and dtd.prompts.per_class == 0 and dtd.taskres.lr == 2e-4
+  assert dtd.model.source == "facebook/metaclip-l14-fullcc2.5b"
+  assert _config_file("ablation_rare_tokens", "demo").prompts.rare_tokens == 5
+  assert _config_file("ablation_start_block", "sun397,3").start_block == 3
+  with pytest.raises(ValueError, match="shots must be one of"):
+    fewshot_config("dtd", 3)
+  with pytest.raises(ValueError, match="dataset must be one of"):
+    fewshot_config("cifar10", 16)
