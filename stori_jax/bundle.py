@@ -12,6 +12,7 @@ import numpy as np
 
 from stori_jax.models import CLIP, CLIPConfig, reweighted_block_indices
 from stori_jax.preprocess import ImageLike, PreprocessConfig, preprocess
+from stori_jax.tokenizer import Tokenizer, default_tokenizer, tokenize_weighted
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -38,10 +39,8 @@ class CLIPBundle:
 
   # Tokenizer ------------------------------------------------------------------
 
-  @functools.cached_property
-  def tokenizer(self):
-    from stori_jax.tokenizer import default_tokenizer  # pylint: disable=import-outside-toplevel
-
+  @property
+  def tokenizer(self) -> Tokenizer:
     return default_tokenizer()
 
   def tokenize(self, texts: str | Sequence, with_weights: bool = False):
@@ -52,8 +51,6 @@ class CLIPBundle:
     """
     context = self.config.text.context_length
     if with_weights:
-      from stori_jax.tokenizer import tokenize_weighted  # pylint: disable=import-outside-toplevel
-
       return tokenize_weighted(self.tokenizer, texts, context_length=context)
     return self.tokenizer(texts, context_length=context)
 
