@@ -25,8 +25,15 @@ EXTRAS = {
   # PyTorch references for parity checks and for reading torch pickles
   # (.bin/.pt). Everything else (safetensors, HF directories) loads without it.
   "torch": ["torch>=2.1", "transformers>=4.40", "open_clip_torch>=2.24"],
-  "test": ["pytest>=7.4"],
+  # The interactive retrieval explorer (`python -m stori_jax.explore`).
+  "explore": ["flask>=2.3"],
+  # Reference implementations the mutual-knowledge stages are compared against:
+  # a C++ dense CRF and OpenCV (the reference pipeline's libraries, for the benchmark).
+  "mutual": ["pydensecrf2>=1.1", "opencv-python-headless>=4.8"],
+  # playwright drives the system's Chromium (Debian `chromium`) in the explorer test.
+  "test": ["pytest>=7.4", "playwright>=1.40"],
 }
+EXTRAS["test"] += EXTRAS["explore"] + EXTRAS["mutual"]
 EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})
 
 setuptools.setup(

@@ -18,12 +18,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
-import urllib.request
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from stori_jax.data import synthetic_tasks
+from stori_jax.data.download import fetch_json
 from stori_jax.fewshot.datasets import DatasetMissingError, canonical_name
 
 #: Tip-Adapter's selection from CLIP's 80 ImageNet templates (CoOp's IMAGENET_TEMPLATES_SELECT).
@@ -260,23 +259,14 @@ def download_cupl(
   """
   dataset = canonical_name(dataset)
   path = os.path.join(os.fspath(directory), CUPL_FILES[dataset])
-  if os.path.isfile(path):
-    return path
   url = url or cupl_url(dataset)
-  try:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-      payload = response.read()
-    _validated(json.loads(payload.decode("utf-8")), url)
-  except (OSError, ValueError) as error:  # URLError, HTTPError and timeouts are OSErrors
-    raise DatasetMissingError(
+  return fetch_json(
+    url,
+    path,
+    validate=_validated,
+    on_error=lambda error: DatasetMissingError(
       f"Could not download CuPL prompts from {url} ({error}). "
       + _missing_cupl_message(dataset, path)
-    ) from error
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  # Write then rename, so an interrupted download never leaves a truncated file behind.
-  with tempfile.NamedTemporaryFile(
-    "wb", dir=os.path.dirname(os.path.abspath(path)), suffix=".part", delete=False
-  ) as f:
-    f.write(payload)
-  os.replace(f.name, path)
-  return path
+    ),
+    timeout=timeout,
+  )
