@@ -213,7 +213,9 @@ class CLIPBundle:
     return self._image_fn(self.params, self.check_images(images), False)
 
   def image_details(self, images):
-    """(features [B, E], dict with hidden_states, patch_tokens, keys); see VisionTransformer."""
+    """(features float32 [B, E], details): details hold hidden_states and feature_map
+    [B, h, w, C] for every tower, patch_tokens and keys for ViT, keys for ResNet; see
+    CLIP.encode_image."""
     return self._image_fn(self.params, self.check_images(images), True)
 
   def preprocess(self, images: ImageLike | Sequence[ImageLike]) -> np.ndarray:

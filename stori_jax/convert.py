@@ -36,10 +36,13 @@ def main(argv):
     bundle, FLAGS.output, FLAGS.format, metadata={"converted_from": source, "arch": FLAGS.arch}
   )
   c = bundle.config
+  if c.vision_kind == "vit":
+    vision = f"ViT {c.vision.layers}x{c.vision.width} patch {c.vision.patch_size}"
+  else:
+    vision = type(c.vision).__name__.removesuffix("Config")
   print(
-    f"wrote {out}: text {c.text.layers}x{c.text.width}, vision {c.vision.layers}x"
-    f"{c.vision.width} patch {c.vision.patch_size} @ {c.vision.image_size}px, "
-    f"embed {c.embed_dim}, {c.text.activation}"
+    f"wrote {out}: text {c.text.layers}x{c.text.width}, vision {vision} @ "
+    f"{c.vision.image_size}px, embed {c.embed_dim}, {c.text.activation}"
   )
 
 

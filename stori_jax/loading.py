@@ -14,7 +14,7 @@ from stori_jax.checkpoints import hf, hub, native, openai
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.open_clip_config import architecture_config, config_from_open_clip
 from stori_jax.checkpoints.state_dict import is_torchscript, read_state_dict
-from stori_jax.models import CLIPConfig
+from stori_jax.models import CLIPConfig, registry
 from stori_jax.preprocess import PreprocessConfig
 
 ASSETS_DIR = os.path.join(os.path.dirname(__file__), "assets")
@@ -27,6 +27,19 @@ def named_checkpoints() -> list[str]:
   return sorted(
     d for d in os.listdir(ASSETS_DIR) if native.is_native_dir(os.path.join(ASSETS_DIR, d))
   )
+
+
+def _load_registered(entry: registry.ModelEntry, models_dir, revision):
+  """A registry entry: its weights (local copy, HF cache or download) in its architecture."""
+  if entry.resize_mode != "shortest" or entry.interpolation != "bicubic":
+    raise CheckpointError(
+      f"{entry.name}: preprocessing {entry.resize_mode}/{entry.interpolation} is not "
+      "implemented; stori_jax.preprocess resizes the shorter side (bicubic) and crops."
+    )
+  path = hub.fetch_weights(entry.name, entry.hf_repo, entry.weights_files, models_dir, revision)
+  config = entry.config
+  params = openai.params_from_state_dict(read_state_dict(path), config, path)
+  return config, params, PreprocessConfig(entry.image_size, entry.mean, entry.std)
 
 
 def _first_file(directory: str, names) -> str | None:
@@ -100,12 +113,18 @@ def load(
   arch: str | CLIPConfig | None = None,
   dtype: Any = jnp.float32,
   revision: str | None = None,
+  models_dir: str | os.PathLike | None = None,
 ) -> CLIPBundle:
   """Loads a CLIP checkpoint as a CLIPBundle.
 
   Args:
     source: one of
       - a name from `named_checkpoints()` (shipped with the package);
+      - a registered model (`python -m stori_jax.models` lists them), by name
+        ('openai-rn50') or paper label ('ViT-B/16-dfn'): read from
+        <models_dir>/<name>/ or the Hugging Face cache, else downloaded from
+        its hub repository; offline, the error names the file to fetch and
+        where to put it;
       - this project's converted directory (stori_config.json);
       - a transformers directory (config.json + model.safetensors/pytorch_model.bin);
       - an open_clip hub directory (open_clip_config.json + weights);
@@ -117,10 +136,22 @@ def load(
     arch: architecture name or CLIPConfig for state-dict files; inferred from
       the tensor shapes (with QuickGELU) when omitted.
     dtype: compute dtype (float32 or bfloat16); params stay float32.
-    revision: hub revision for hub ids.
+    revision: hub revision for hub ids and registered models.
+    models_dir: where registered models' weights are placed by hand (default
+      $STORI_JAX_MODELS or ~/.cache/stori_jax/models).
   """
   source = os.fspath(source)
   origin = source
+  entry = None if os.path.exists(source) else registry.find(source)
+  if entry is not None:
+    if arch is not None:
+      raise ValueError(
+        f"{source!r} is a registered model with architecture {entry.arch}; drop arch."
+      )
+    config, params, preprocess = _load_registered(entry, models_dir, revision)
+    return CLIPBundle(
+      config=config, params=params, dtype=dtype, preprocess_config=preprocess, source=entry.name
+    )
   if source in named_checkpoints():
     source = os.path.join(ASSETS_DIR, source)
   elif source.startswith("hf-hub:"):
@@ -132,7 +163,8 @@ def load(
       known = ", ".join(named_checkpoints()) or "none installed"
       raise CheckpointError(
         f"{source} does not exist. Pass a checkpoint directory or file, a hub id such as "
-        f"'openai/clip-vit-base-patch32' or 'hf-hub:org/name', or a shipped name ({known})."
+        f"'openai/clip-vit-base-patch32' or 'hf-hub:org/name', a shipped name ({known}) "
+        f"or a registered model ({', '.join(registry.names())})."
       )
 
   if os.path.isdir(source):

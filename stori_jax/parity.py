@@ -144,9 +144,12 @@ def run_parity(model, bundle: CLIPBundle, batch: int = 4, seed: int = 0) -> dict
 
 def format_report(report: Mapping[str, Any]) -> str:
   lines = [f"{'tensor':<22}{'max |jax-torch|':>18}{'max |torch|':>14}{'relative':>12}"]
+  cnn = "patch_size" not in report.get("config", {}).get("vision", {"patch_size": None})
   for tower in ("text", "vision"):
+    # CNN image towers report the stem and the four stages instead of blocks.
+    first, unit = ("stem", "stage") if cnn and tower == "vision" else ("embed", "block")
     for row in report[f"{tower}_blocks"]:
-      label = f"{tower} " + ("embed" if row["block"] == 0 else f"block {row['block']}")
+      label = f"{tower} " + (first if row["block"] == 0 else f"{unit} {row['block']}")
       lines.append(
         f"{label:<22}{row['max_abs']:>18.3e}{row['scale']:>14.3e}{row['max_rel']:>12.3e}"
       )
@@ -167,8 +170,13 @@ def main(argv):
   jax.config.update("jax_default_matmul_precision", "highest")
   if bool(f.source) == bool(f.random):
     raise SystemExit("Give exactly one of --source PATH or --random ARCH.")
+  if f.image_size and not f.random:
+    raise SystemExit("--image_size applies to --random architectures only.")
   if f.random:
-    model, bundle = random_pair(f.random, f.reference, f.seed)
+    arch = architecture_config(f.random)
+    if f.image_size:
+      arch = arch.with_image_size(f.image_size)
+    model, bundle = random_pair(arch, f.reference, f.seed)
   else:
     model, bundle = reference_for_source(f.source, f.arch)
   report = run_parity(model, bundle, f.batch, f.seed)
@@ -188,10 +196,13 @@ def _define_flags():
     "random",
     None,
     "Check random weights of this architecture instead, "
-    "e.g. ViT-B-32-quickgelu, ViT-L-14, test-tiny.",
+    "e.g. ViT-B-32-quickgelu, ViT-L-14, RN50-quickgelu, convnext_base, test-tiny.",
   )
   flags.DEFINE_enum(
     "reference", "open_clip", torch_reference.REFERENCES, "PyTorch reference for --random."
+  )
+  flags.DEFINE_integer(
+    "image_size", None, "Input size for --random (default: the architecture's own)."
   )
   flags.DEFINE_integer("batch", 4, "Images and texts per check.")
   flags.DEFINE_integer("seed", 0, "Seed of the random inputs and weights.")

@@ -11,6 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
+from stori_jax.checkpoints.open_clip_config import TIMM_CONVNEXTS
 from stori_jax.models import CLIPConfig
 
 REFERENCES = ("open_clip", "transformers")
@@ -25,6 +26,8 @@ def _torch():
 
 
 def _check_one_activation(config: CLIPConfig, reference: str):
+  if config.vision_kind != "vit":
+    return  # CNN towers have their own activations; quick_gelu sets the text tower's.
   if config.text.activation != config.vision.activation and reference == "open_clip":
     raise ValueError(
       "open_clip uses one activation for both towers; this config mixes "
@@ -32,13 +35,25 @@ def _check_one_activation(config: CLIPConfig, reference: str):
     )
 
 
-def build_open_clip(config: CLIPConfig):
-  """An open_clip CLIP (random init) with exactly this architecture."""
-  _check_one_activation(config, "open_clip")
-  from open_clip.model import CLIP  # pylint: disable=import-outside-toplevel
-
-  v, t = config.vision, config.text
-  vision_cfg = dict(
+def _open_clip_vision_cfg(config: CLIPConfig) -> dict:
+  v = config.vision
+  if config.vision_kind == "resnet":
+    return dict(
+      image_size=v.image_size,
+      layers=list(v.layers),
+      width=v.width,
+      head_width=v.feature_width // v.heads,
+    )
+  if config.vision_kind == "convnext":
+    return dict(
+      timm_model_name=_timm_convnext_name(v),
+      timm_pool="",
+      timm_proj="linear",
+      timm_proj_bias=v.proj_bias,
+      timm_drop=0.0,
+      image_size=v.image_size,
+    )
+  return dict(
     image_size=v.image_size,
     layers=v.layers,
     width=v.width,
@@ -46,6 +61,40 @@ def build_open_clip(config: CLIPConfig):
     mlp_ratio=v.mlp_width / v.width,
     patch_size=v.patch_size,
   )
+
+
+def _timm_convnext_name(vision) -> str:
+  """The timm ConvNeXt with these depths and dims, or convnext_base (resized later)."""
+  for name, (depths, dims) in TIMM_CONVNEXTS.items():
+    if (tuple(vision.depths), tuple(vision.dims)) == (depths, dims):
+      return name
+  return "convnext_base"
+
+
+def _resize_convnext_trunk_(model, config: CLIPConfig):
+  """Replaces open_clip's timm trunk by one with the config's depths and dims.
+
+  open_clip builds timm towers by name only; small test towers need other
+  shapes, so the trunk and projection are rebuilt as open_clip's TimmModel
+  would build them (timm head kept: average pool + LayerNorm, no classifier).
+  """
+  import timm  # pylint: disable=import-outside-toplevel
+  from torch import nn  # pylint: disable=import-outside-toplevel
+
+  v = config.vision
+  model.visual.trunk = timm.create_model(
+    "convnext_base", depths=v.depths, dims=v.dims, kernel_sizes=v.kernel_size, num_classes=0
+  )
+  model.visual.head.proj = nn.Linear(v.dims[-1], config.embed_dim, bias=v.proj_bias)
+
+
+def build_open_clip(config: CLIPConfig):
+  """An open_clip CLIP (random init) with exactly this architecture."""
+  _check_one_activation(config, "open_clip")
+  from open_clip.model import CLIP  # pylint: disable=import-outside-toplevel
+
+  t = config.text
+  vision_cfg = _open_clip_vision_cfg(config)
   text_cfg = dict(
     context_length=t.context_length,
     vocab_size=t.vocab_size,
@@ -55,10 +104,19 @@ def build_open_clip(config: CLIPConfig):
     mlp_ratio=t.mlp_width / t.width,
   )
   if config.layer_norm_eps != 1e-5:
-    vision_cfg["norm_kwargs"] = text_cfg["norm_kwargs"] = {"eps": config.layer_norm_eps}
-  return CLIP(
+    text_cfg["norm_kwargs"] = {"eps": config.layer_norm_eps}
+    if config.vision_kind == "vit":
+      vision_cfg["norm_kwargs"] = text_cfg["norm_kwargs"]
+  model = CLIP(
     config.embed_dim, vision_cfg, text_cfg, quick_gelu=config.text.activation == "quick_gelu"
-  ).eval()
+  )
+  if config.vision_kind == "convnext":
+    v = config.vision
+    if v.layer_norm_eps != 1e-6 or v.mlp_ratio != 4:
+      raise ValueError("The timm ConvNeXt reference has LayerNorm eps 1e-6 and MLP ratio 4.")
+    if ((tuple(v.depths), tuple(v.dims)) not in TIMM_CONVNEXTS.values()) or v.kernel_size != 7:
+      _resize_convnext_trunk_(model, config)
+  return model.eval()
 
 
 def build_transformers(config: CLIPConfig):
@@ -105,7 +163,9 @@ def randomize_(model, seed: int = 0, scale: float = 0.02):
   """Adds N(0, scale) noise to every parameter (logit_scale aside), in place.
 
   Fresh initialisations leave LayerNorm scales at 1 and many biases at 0, which
-  would hide a wrongly mapped tensor; noise makes every tensor count.
+  would hide a wrongly mapped tensor; noise makes every tensor count. Batch-norm
+  running statistics are perturbed too (means shifted, variances scaled by
+  factors in [0.5, 2)), so the inference-mode normalisation is tested.
   """
   torch = _torch()
   generator = torch.Generator().manual_seed(seed)
@@ -113,6 +173,11 @@ def randomize_(model, seed: int = 0, scale: float = 0.02):
     for name, param in model.named_parameters():
       if "logit_scale" not in name:
         param.add_(scale * torch.randn(param.shape, generator=generator))
+    for name, buffer in model.named_buffers():
+      if name.endswith("running_mean"):
+        buffer.add_(10 * scale * torch.randn(buffer.shape, generator=generator))
+      elif name.endswith("running_var"):
+        buffer.mul_(0.5 + 1.5 * torch.rand(buffer.shape, generator=generator))
   return model
 
 
@@ -120,28 +185,49 @@ def state_dict_numpy(model) -> dict[str, np.ndarray]:
   return {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items()}
 
 
+def _vision_stages(visual):
+  """(module whose input is the first hidden state, modules whose outputs follow).
+
+  ModifiedResNet: the stem output (layer1's input) and the four layers; timm
+  ConvNeXt: the stem and the four stages. None for a ViT, whose residual blocks
+  are hooked like the text tower's.
+  """
+  if hasattr(visual, "transformer"):
+    return None
+  if hasattr(visual, "layer1"):
+    return visual.layer1, [visual.layer1, visual.layer2, visual.layer3, visual.layer4]
+  return None, [visual.trunk.stem, *visual.trunk.stages]
+
+
+def _hook_hidden(first, modules, store, fix):
+  hooks = []
+  if first is not None:
+    hooks.append(
+      first.register_forward_pre_hook(lambda _m, args: store.append(fix(args[0]).numpy().copy()))
+    )
+  for module in modules:
+    hooks.append(
+      module.register_forward_hook(lambda _m, _args, out: store.append(fix(out).numpy().copy()))
+    )
+  return hooks
+
+
 def _run_open_clip(model, images, ids):
   torch = _torch()
   hidden = {"text": [], "vision": []}
+  batch_first = getattr(model.transformer, "batch_first", True)
+  seq_fix = (lambda x: x) if batch_first else (lambda x: x.permute(1, 0, 2))
+  nchw_to_nhwc = lambda x: x.permute(0, 2, 3, 1)
+  towers = [("text", model.transformer.resblocks[0], model.transformer.resblocks, seq_fix)]
+  stages = _vision_stages(model.visual)
+  if stages is None:
+    blocks = model.visual.transformer.resblocks
+    towers.append(("vision", blocks[0], blocks, seq_fix))
+  else:
+    towers.append(("vision", *stages, nchw_to_nhwc))
   hooks = []
-  for tower, blocks in (
-    ("text", model.transformer.resblocks),
-    ("vision", model.visual.transformer.resblocks),
-  ):
-    batch_first = getattr(model.transformer, "batch_first", True)
-    fix = (lambda x: x) if batch_first else (lambda x: x.permute(1, 0, 2))
-    store = hidden[tower]
-    hooks.append(
-      blocks[0].register_forward_pre_hook(
-        lambda _m, args, store=store, fix=fix: store.append(fix(args[0]).numpy().copy())
-      )
-    )
-    for block in blocks:
-      hooks.append(
-        block.register_forward_hook(
-          lambda _m, _args, out, store=store, fix=fix: store.append(fix(out).numpy().copy())
-        )
-      )
+  for tower, first, modules, fix in towers:
+    hooks += _hook_hidden(first, modules, hidden[tower], fix)
   try:
     with torch.no_grad():
       image_features = model.encode_image(images)
@@ -177,7 +263,8 @@ def run(model, images_nhwc: np.ndarray, ids: np.ndarray) -> Mapping[str, object]
       open_clip pools at the argmax).
 
   Returns dict: image_features [B, E], text_features [B, E], logits
-  [B_images, B_texts], text_hidden / vision_hidden: lists of [B, L, W].
+  [B_images, B_texts], text_hidden / vision_hidden: lists of [B, L, W]
+  (CNN image towers: the stem and stage outputs, NHWC).
   """
   torch = _torch()
   images = torch.from_numpy(np.ascontiguousarray(images_nhwc.transpose(0, 3, 1, 2)))

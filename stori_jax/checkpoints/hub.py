@@ -39,8 +39,8 @@ def download(repo_id: str, roles: Sequence[Sequence[str]], revision: str | None 
     for filename in candidates:
       try:
         path = huggingface_hub.hf_hub_download(repo_id, filename, revision=revision)
-      except (errors.LocalEntryNotFoundError, OSError) as e:
-        # LocalEntryNotFoundError subclasses EntryNotFoundError: test it first.
+      except errors.LocalEntryNotFoundError as e:
+        # Subclasses EntryNotFoundError (and OSError): test it first.
         raise CheckpointError(_offline_message(repo_id, filename, e)) from e
       except errors.EntryNotFoundError as e:
         last_error = e  # This repo stores the weights under another name.
@@ -50,8 +50,104 @@ def download(repo_id: str, roles: Sequence[Sequence[str]], revision: str | None 
           f"{repo_id!r} is neither a local path nor a Hugging Face hub repository "
           "(check the spelling, or pass a local directory or file)."
         ) from e
+      except OSError as e:  # No network, offline mode, HTTP errors.
+        raise CheckpointError(_offline_message(repo_id, filename, e)) from e
       directory = os.path.dirname(path)
       break
     else:
       raise CheckpointError(f"{repo_id} has none of {list(candidates)}: {last_error}")
   return directory
+
+
+MODELS_DIR_ENV = "STORI_JAX_MODELS"
+
+
+def models_dir(directory: str | os.PathLike | None = None) -> str:
+  """Where registry weights may be placed by hand: `directory`, $STORI_JAX_MODELS,
+  or ~/.cache/stori_jax/models."""
+  directory = directory or os.environ.get(MODELS_DIR_ENV) or "~/.cache/stori_jax/models"
+  return os.path.abspath(os.path.expanduser(os.fspath(directory)))
+
+
+def find_local(
+  name: str,
+  repo_id: str,
+  filenames: Sequence[str],
+  local_dir: str | os.PathLike | None = None,
+  revision: str | None = None,
+) -> tuple[str, str] | None:
+  """(path, where) of the first of `filenames` on this machine, or None.
+
+  Looks in <models_dir>/<name>/ first ("local dir"), then in the Hugging Face
+  cache ("HF cache"); never touches the network.
+  """
+  directory = os.path.join(models_dir(local_dir), name)
+  for filename in filenames:
+    path = os.path.join(directory, filename)
+    if os.path.isfile(path):
+      return path, "local dir"
+  try:
+    import huggingface_hub  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None
+  for filename in filenames:
+    cached = huggingface_hub.try_to_load_from_cache(repo_id, filename, revision=revision)
+    if isinstance(cached, str) and os.path.isfile(cached):
+      return cached, "HF cache"
+  return None
+
+
+def _placement_message(name, repo_id, filenames, local_dir, reason) -> str:
+  target = os.path.join(models_dir(local_dir), name, filenames[0])
+  url = f"https://huggingface.co/{repo_id}/resolve/main/{filenames[0]}"
+  others = ", ".join(filenames[1:])
+  return (
+    f"The weights of {name!r} are not on this machine and could not be downloaded ({reason}). "
+    f"Fetch {filenames[0]} of the Hugging Face repository {repo_id} ({url}"
+    + (f"; {others} works as well" if others else "")
+    + f") on a machine with network and place it at {target} (set ${MODELS_DIR_ENV} to use "
+    f"another directory than {models_dir(local_dir)}), or fill the Hugging Face cache there "
+    f"with `huggingface-cli download {repo_id} {filenames[0]}` and copy the cache over."
+  )
+
+
+def fetch_weights(
+  name: str,
+  repo_id: str,
+  filenames: Sequence[str],
+  local_dir: str | os.PathLike | None = None,
+  revision: str | None = None,
+) -> str:
+  """The weights file of a registered model: local copy, HF cache, else a download.
+
+  Downloads prefer .safetensors (no torch needed to read it) and fall back to
+  the other names. Raises CheckpointError naming the repository, the file and
+  where to place it when the network or huggingface_hub is missing.
+  """
+  found = find_local(name, repo_id, filenames, local_dir, revision)
+  if found:
+    return found[0]
+  try:
+    import huggingface_hub  # pylint: disable=import-outside-toplevel
+    from huggingface_hub import errors  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise CheckpointError(
+      _placement_message(name, repo_id, filenames, local_dir, "huggingface_hub is not installed")
+    ) from None
+  order = sorted(filenames, key=lambda f: not f.endswith(".safetensors"))
+  missing = []
+  for filename in order:
+    try:
+      return huggingface_hub.hf_hub_download(repo_id, filename, revision=revision)
+    except errors.LocalEntryNotFoundError as e:  # Offline; subclasses EntryNotFoundError.
+      error = e
+    except errors.EntryNotFoundError:  # The repository names this file differently.
+      missing.append(filename)
+      continue
+    except OSError as e:  # No network, offline mode, HTTP errors.
+      error = e
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    raise CheckpointError(
+      _placement_message(name, repo_id, filenames, local_dir, reason)
+    ) from error
+  raise CheckpointError(f"{repo_id} has none of {missing}; check the registry entry of {name!r}.")

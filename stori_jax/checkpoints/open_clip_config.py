@@ -5,9 +5,16 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from stori_jax.checkpoints.errors import CheckpointError
-from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, get_architecture
+from stori_jax.models import (
+  CLIPConfig,
+  ConvNeXtConfig,
+  ResNetConfig,
+  TextConfig,
+  VisionConfig,
+  get_architecture,
+)
 
-# Keys that change nothing for the ViT/transformer towers we implement.
+# Keys that change nothing for the towers we implement.
 _HARMLESS = {
   "output_tokens",
   "timm_model_pretrained",
@@ -17,6 +24,25 @@ _HARMLESS = {
 }
 _VISION_KEYS = {"image_size", "layers", "width", "patch_size", "head_width", "mlp_ratio"}
 _TEXT_KEYS = {"context_length", "vocab_size", "width", "heads", "layers", "mlp_ratio"}
+_RESNET_KEYS = {"image_size", "layers", "width", "patch_size", "head_width"}
+# timm_drop and timm_drop_path act only in training.
+_TIMM_KEYS = {
+  "image_size",
+  "timm_model_name",
+  "timm_pool",
+  "timm_proj",
+  "timm_proj_bias",
+  "timm_drop",
+  "timm_drop_path",
+}
+# timm's ConvNeXt variants with its default LayerNorm eps (1e-6), from
+# timm/models/convnext.py: name -> (depths, dims).
+TIMM_CONVNEXTS = {
+  "convnext_tiny": ((3, 3, 9, 3), (96, 192, 384, 768)),
+  "convnext_small": ((3, 3, 27, 3), (96, 192, 384, 768)),
+  "convnext_base": ((3, 3, 27, 3), (128, 256, 512, 1024)),
+  "convnext_large": ((3, 3, 27, 3), (192, 384, 768, 1536)),
+}
 
 
 def _check_keys(section: Mapping[str, Any], allowed: set[str], where: str, name: str):
@@ -24,7 +50,8 @@ def _check_keys(section: Mapping[str, Any], allowed: set[str], where: str, name:
   if unsupported:
     raise CheckpointError(
       f"open_clip model {name!r}: {where} options {unsupported} are not supported; "
-      "this project implements the OpenAI CLIP ViT/transformer layout "
+      "this project implements OpenAI CLIP's ViT/ModifiedResNet/transformer layouts and "
+      "timm ConvNeXt towers "
       f"(supported {where} keys: {sorted(allowed)})."
     )
 
@@ -32,6 +59,33 @@ def _check_keys(section: Mapping[str, Any], allowed: set[str], where: str, name:
 def _mlp_dim(width: int, section: Mapping[str, Any]) -> int | None:
   ratio = section.get("mlp_ratio", 4.0)
   return None if ratio == 4.0 else int(width * ratio)
+
+
+def _vision_config(vision: Mapping[str, Any], activation: str, name: str):
+  """open_clip's vision_cfg -> VisionConfig, ResNetConfig or ConvNeXtConfig."""
+  image_size = _square_size(vision.get("image_size", 224), name)
+  if vision.get("timm_model_name"):
+    return _timm_config(vision, image_size, name)
+  if isinstance(vision.get("layers"), (list, tuple)):
+    _check_keys(vision, _RESNET_KEYS, "vision_cfg", name)
+    width = vision.get("width", 64)
+    return ResNetConfig(
+      image_size=image_size,
+      layers=tuple(vision["layers"]),
+      width=width,
+      heads=width * 32 // vision.get("head_width", 64),
+    )
+  _check_keys(vision, _VISION_KEYS, "vision_cfg", name)
+  width = vision.get("width", 768)
+  return VisionConfig(
+    image_size=image_size,
+    patch_size=vision.get("patch_size", 16),
+    width=width,
+    layers=vision.get("layers", 12),
+    heads=width // vision.get("head_width", 64),
+    mlp_dim=_mlp_dim(width, vision),
+    activation=activation,
+  )
 
 
 def config_from_open_clip(model_cfg: Mapping[str, Any], name: str = "") -> CLIPConfig:
@@ -43,30 +97,13 @@ def config_from_open_clip(model_cfg: Mapping[str, Any], name: str = "") -> CLIPC
     "model",
     name,
   )
-  if isinstance(vision.get("layers"), (list, tuple)):
-    raise CheckpointError(
-      f"open_clip model {name!r} has a ResNet image tower; only ViT towers are supported so far."
-    )
-  _check_keys(vision, _VISION_KEYS, "vision_cfg", name)
   _check_keys(text, _TEXT_KEYS, "text_cfg", name)
-  image_size = vision.get("image_size", 224)
-  if isinstance(image_size, (list, tuple)):
-    if len(set(image_size)) != 1:
-      raise CheckpointError(f"open_clip model {name!r}: non-square image_size {image_size}.")
-    image_size = image_size[0]
+  # open_clip's quick_gelu switches the transformers only; timm towers keep GELU.
   activation = "quick_gelu" if model_cfg.get("quick_gelu", False) else "gelu"
-  v_width, t_width = vision.get("width", 768), text.get("width", 512)
+  t_width = text.get("width", 512)
   return CLIPConfig(
     embed_dim=model_cfg["embed_dim"],
-    vision=VisionConfig(
-      image_size=image_size,
-      patch_size=vision.get("patch_size", 16),
-      width=v_width,
-      layers=vision.get("layers", 12),
-      heads=v_width // vision.get("head_width", 64),
-      mlp_dim=_mlp_dim(v_width, vision),
-      activation=activation,
-    ),
+    vision=_vision_config(vision, activation, name),
     text=TextConfig(
       vocab_size=text.get("vocab_size", 49408),
       context_length=text.get("context_length", 77),
@@ -77,6 +114,39 @@ def config_from_open_clip(model_cfg: Mapping[str, Any], name: str = "") -> CLIPC
       activation=activation,
     ),
     name=name,
+  )
+
+
+def _square_size(image_size, name: str) -> int:
+  if isinstance(image_size, (list, tuple)):
+    if len(set(image_size)) != 1:
+      raise CheckpointError(f"open_clip model {name!r}: non-square image_size {image_size}.")
+    return image_size[0]
+  return image_size
+
+
+def _timm_config(vision: Mapping[str, Any], image_size: int, name: str) -> ConvNeXtConfig:
+  """open_clip's TimmModel settings -> ConvNeXtConfig; other timm towers are rejected."""
+  _check_keys(vision, _TIMM_KEYS, "vision_cfg", name)
+  trunk = vision["timm_model_name"]
+  if trunk not in TIMM_CONVNEXTS:
+    raise CheckpointError(
+      f"open_clip model {name!r}: timm tower {trunk!r} is not supported; supported timm "
+      f"towers: {sorted(TIMM_CONVNEXTS)}."
+    )
+  pool, proj = vision.get("timm_pool", "avg"), vision.get("timm_proj", "linear")
+  # pool "" keeps ConvNeXt's own head (average pool + LayerNorm), as "avg" does.
+  if pool not in ("", "avg") or proj != "linear":
+    raise CheckpointError(
+      f"open_clip model {name!r}: timm_pool={pool!r}, timm_proj={proj!r} is not supported; "
+      "this project implements timm_pool '' or 'avg' with timm_proj 'linear'."
+    )
+  depths, dims = TIMM_CONVNEXTS[trunk]
+  return ConvNeXtConfig(
+    image_size=image_size,
+    depths=depths,
+    dims=dims,
+    proj_bias=bool(vision.get("timm_proj_bias", False)),
   )
 
 

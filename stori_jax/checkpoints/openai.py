@@ -1,7 +1,8 @@
 """OpenAI / open_clip state dicts (`visual.transformer.resblocks.0.attn.in_proj_weight`, ...).
 
-OpenAI's JIT archives, its plain state dicts and open_clip's ViT CLIP models
-share these key names.
+OpenAI's JIT archives, its plain state dicts and open_clip's CLIP models share
+these key names; the CNN image towers (ModifiedResNet, open_clip's timm
+ConvNeXt) are mapped in checkpoints/cnn.py.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
+from stori_jax.checkpoints import cnn
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.mapping import StateDictReader, block_count, conv_kernel, linear_kernel
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig
@@ -21,16 +23,29 @@ IGNORED_KEYS = ("attn_mask", "input_resolution", "context_length", "vocab_size")
 
 def _require(state_dict, key, source):
   if key not in state_dict:
-    if "visual.layer1.0.conv1.weight" in state_dict:
-      raise CheckpointError(
-        f"{source} holds a ResNet image tower (ModifiedResNet); only ViT towers are "
-        "supported so far."
-      )
     raise CheckpointError(
       f"{source} has no key {key!r}: it is not an OpenAI/open_clip CLIP state dict. "
       f"First keys: {sorted(state_dict)[:8]}"
     )
   return state_dict[key]
+
+
+def _vit_config(state_dict, source, activation, head_width) -> VisionConfig:
+  conv = _require(state_dict, "visual.conv1.weight", source)
+  vision_width, _, patch, _ = conv.shape
+  grid = round((_require(state_dict, "visual.positional_embedding", source).shape[0] - 1) ** 0.5)
+  vision_mlp = _require(state_dict, "visual.transformer.resblocks.0.mlp.c_fc.weight", source).shape[
+    0
+  ]
+  return VisionConfig(
+    image_size=patch * grid,
+    patch_size=patch,
+    width=vision_width,
+    layers=block_count(state_dict, "visual.transformer.resblocks."),
+    heads=max(1, vision_width // head_width),
+    mlp_dim=None if vision_mlp == 4 * vision_width else vision_mlp,
+    activation=activation,
+  )
 
 
 def config_from_state_dict(
@@ -42,17 +57,19 @@ def config_from_state_dict(
 ) -> CLIPConfig:
   """Infers the architecture from the tensor shapes, as OpenAI's build_model does.
 
-  Heads are width // head_width (64 for every OpenAI model), at least 1. The activation is
-  not visible in the weights: OpenAI's models use QuickGELU.
+  Heads are width // head_width (64 for every OpenAI model), at least 1; a
+  ModifiedResNet pools with width * 32 // head_width heads. The activation is
+  not visible in the weights: OpenAI's models use QuickGELU. ConvNeXt towers do
+  not record their input size and need an architecture name.
   """
-  conv = _require(state_dict, "visual.conv1.weight", source)
-  vision_width, _, patch, _ = conv.shape
-  grid = round((_require(state_dict, "visual.positional_embedding", source).shape[0] - 1) ** 0.5)
+  if cnn.CONVNEXT_MARKER in state_dict:
+    raise cnn.convnext_needs_arch(state_dict, source)
+  if cnn.RESNET_MARKER in state_dict:
+    vision = cnn.resnet_config(state_dict, head_width)
+  else:
+    vision = _vit_config(state_dict, source, activation, head_width)
   text_width = _require(state_dict, "ln_final.weight", source).shape[0]
   text_mlp = _require(state_dict, "transformer.resblocks.0.mlp.c_fc.weight", source).shape[0]
-  vision_mlp = _require(state_dict, "visual.transformer.resblocks.0.mlp.c_fc.weight", source).shape[
-    0
-  ]
   return CLIPConfig(
     embed_dim=_require(state_dict, "text_projection", source).shape[1],
     text=TextConfig(
@@ -64,15 +81,7 @@ def config_from_state_dict(
       mlp_dim=None if text_mlp == 4 * text_width else text_mlp,
       activation=activation,
     ),
-    vision=VisionConfig(
-      image_size=patch * grid,
-      patch_size=patch,
-      width=vision_width,
-      layers=block_count(state_dict, "visual.transformer.resblocks."),
-      heads=max(1, vision_width // head_width),
-      mlp_dim=None if vision_mlp == 4 * vision_width else vision_mlp,
-      activation=activation,
-    ),
+    vision=vision,
     name=name,
   )
 
@@ -103,18 +112,24 @@ def params_from_state_dict(
 
   Raises CheckpointMismatchError naming absent, unexpected and misshaped keys.
   """
-  reader = StateDictReader(state_dict, source, ignored=IGNORED_KEYS)
+  ignored = (*IGNORED_KEYS, *cnn.ignored_keys(state_dict))
+  reader = StateDictReader(state_dict, source, ignored=ignored)
   reader.put("text/token_embedding/embedding", "token_embedding.weight")
   reader.put("text/positional_embedding", "positional_embedding")
   _blocks(reader, "text", "transformer.resblocks.", config.text.layers)
   reader.put_layer_norm("text/ln_final", "ln_final")
   reader.put("text/text_projection", "text_projection")
-  reader.put("vision/conv1/kernel", "visual.conv1.weight", conv_kernel)
-  reader.put("vision/class_embedding", "visual.class_embedding")
-  reader.put("vision/positional_embedding", "visual.positional_embedding")
-  reader.put_layer_norm("vision/ln_pre", "visual.ln_pre")
-  _blocks(reader, "vision", "visual.transformer.resblocks.", config.vision.layers)
-  reader.put_layer_norm("vision/ln_post", "visual.ln_post")
-  reader.put("vision/proj", "visual.proj")
+  if config.vision_kind == "resnet":
+    cnn.put_resnet(reader, config.vision)
+  elif config.vision_kind == "convnext":
+    cnn.put_convnext(reader, config.vision)
+  else:
+    reader.put("vision/conv1/kernel", "visual.conv1.weight", conv_kernel)
+    reader.put("vision/class_embedding", "visual.class_embedding")
+    reader.put("vision/positional_embedding", "visual.positional_embedding")
+    reader.put_layer_norm("vision/ln_pre", "visual.ln_pre")
+    _blocks(reader, "vision", "visual.transformer.resblocks.", config.vision.layers)
+    reader.put_layer_norm("vision/ln_post", "visual.ln_post")
+    reader.put("vision/proj", "visual.proj")
   reader.put("logit_scale", "logit_scale", lambda x: x.reshape(()))
   return reader.params(config)

@@ -10,8 +10,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from stori_jax.models.config import CLIPConfig
+from stori_jax.models.convnext import ConvNeXt
+from stori_jax.models.modified_resnet import ModifiedResNet
 from stori_jax.models.text import TextTransformer
 from stori_jax.models.vision import VisionTransformer
+
+
+def vision_tower(config: CLIPConfig, dtype: Any = jnp.float32) -> nn.Module:
+  """The image tower module of this config (ViT, ModifiedResNet or ConvNeXt)."""
+  kind = config.vision_kind
+  if kind == "resnet":
+    return ModifiedResNet(config.vision, config.embed_dim, dtype)
+  if kind == "convnext":
+    return ConvNeXt(config.vision, config.embed_dim, dtype)
+  return VisionTransformer(config.vision, config.embed_dim, config.layer_norm_eps, dtype)
 
 
 class CLIP(nn.Module):
@@ -23,7 +35,7 @@ class CLIP(nn.Module):
   def setup(self):
     c = self.config
     self.text = TextTransformer(c.text, c.embed_dim, c.layer_norm_eps, self.dtype)
-    self.vision = VisionTransformer(c.vision, c.embed_dim, c.layer_norm_eps, self.dtype)
+    self.vision = vision_tower(c, self.dtype)
     self.logit_scale = self.param("logit_scale", nn.initializers.constant(np.log(1 / 0.07)), ())
 
   def encode_text(
@@ -53,7 +65,23 @@ class CLIP(nn.Module):
     return self.text.prompt_weighting(ids, weights, block)
 
   def encode_image(self, images: jax.Array, return_hidden: bool = False):
-    return self.vision(images, return_hidden)
+    """images [B, S, S, 3] -> features float32 [B, E] (and details with return_hidden).
+
+    Every tower's details hold hidden_states, patch_tokens and feature_map
+    [B, h, w, C], the final spatial map the mutual-knowledge analysis reads
+    (ViT: the last block's patch tokens on the g x g grid, before ln_post;
+    ResNet/ConvNeXt: the last stage's output, before attention/average
+    pooling). ViT and ResNet also give attention keys. See VisionTransformer,
+    ModifiedResNet and ConvNeXt for the shapes.
+    """
+    out = self.vision(images, return_hidden)
+    if return_hidden and self.config.vision_kind == "vit":
+      features, details = out
+      tokens = details["patch_tokens"]
+      grid = self.config.vision.grid_size
+      details = {**details, "feature_map": tokens.reshape(tokens.shape[0], grid, grid, -1)}
+      return features, details
+    return out
 
   def __call__(self, images: jax.Array, ids: jax.Array) -> jax.Array:
     """Logits float32 [B_images, B_texts] = exp(logit_scale) * cosine."""

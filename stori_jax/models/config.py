@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
 ACTIVATIONS = ("quick_gelu", "gelu")
 
@@ -58,28 +58,140 @@ class VisionConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ResNetConfig:
+  """OpenAI's ModifiedResNet image tower: 3-conv stem, bottleneck stages with
+  anti-aliased (avg-pool) strides, attention pooling over the final 1/32 map.
+
+  Batch norm runs in inference mode; its running statistics are parameters.
+  """
+
+  image_size: int = 224
+  layers: tuple[int, int, int, int] = (3, 4, 6, 3)  # Bottlenecks per stage.
+  width: int = 64  # Stem width; stage i has 4 * width * 2**i output channels.
+  heads: int = 32  # Attention-pooling heads; open_clip uses width * 32 // 64.
+
+  @property
+  def feature_width(self) -> int:
+    """Channels of the final feature map (the attention-pooling width)."""
+    return self.width * 32
+
+  @property
+  def patch_size(self) -> int:
+    """Pixels per cell of the final feature map (its stride), like a ViT's patch."""
+    return 32
+
+  @property
+  def grid_size(self) -> int:
+    return self.image_size // self.patch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvNeXtConfig:
+  """timm's ConvNeXt trunk as open_clip wraps it (avg pool, LayerNorm, linear projection).
+
+  Patch stem (4x4 conv + LayerNorm), four stages of blocks (depthwise conv,
+  LayerNorm, MLP with exact GELU, layer scale), a LayerNorm + 2x2 conv
+  downsampling before stages 2-4; the head averages the final map, normalises it
+  and projects it without bias (open_clip's timm_pool="", timm_proj="linear").
+  """
+
+  image_size: int = 224
+  depths: tuple[int, int, int, int] = (3, 3, 27, 3)
+  dims: tuple[int, int, int, int] = (128, 256, 512, 1024)
+  kernel_size: int = 7
+  mlp_ratio: int = 4
+  layer_norm_eps: float = 1e-6  # timm's LayerNorm default, unlike CLIP's 1e-5.
+  proj_bias: bool = False
+
+  @property
+  def feature_width(self) -> int:
+    return self.dims[-1]
+
+  @property
+  def patch_size(self) -> int:
+    """Pixels per cell of the final feature map (its stride), like a ViT's patch."""
+    return 32
+
+  @property
+  def grid_size(self) -> int:
+    return self.image_size // self.patch_size
+
+
+AnyVisionConfig = Union[VisionConfig, ResNetConfig, ConvNeXtConfig]
+
+
+def tower_kind(vision: AnyVisionConfig) -> str:
+  """'vit', 'resnet' or 'convnext'."""
+  kinds = {VisionConfig: "vit", ResNetConfig: "resnet", ConvNeXtConfig: "convnext"}
+  if type(vision) not in kinds:
+    raise ValueError(f"Unknown vision config type {type(vision).__name__}.")
+  return kinds[type(vision)]
+
+
+def _vision_from_dict(d: Mapping[str, Any]) -> AnyVisionConfig:
+  """Rebuilds a vision config from its dict (JSON lists become tuples)."""
+  d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+  if "depths" in d:
+    return ConvNeXtConfig(**d)
+  if isinstance(d.get("layers"), tuple):
+    return ResNetConfig(**d)
+  return VisionConfig(**d)
+
+
+def _check_vision(vision: AnyVisionConfig):
+  kind = tower_kind(vision)
+  if kind == "vit":
+    if vision.image_size % vision.patch_size:
+      raise ValueError(
+        f"image_size {vision.image_size} is not a multiple of patch_size {vision.patch_size}."
+      )
+    return
+  if vision.image_size % 32:
+    raise ValueError(
+      f"{kind} towers downsample by 32: image_size {vision.image_size} is not a multiple of 32."
+    )
+  if kind == "resnet":
+    if len(vision.layers) != 4 or min(vision.layers) < 1:
+      raise ValueError(f"ResNetConfig.layers needs 4 positive counts, got {vision.layers}.")
+    if vision.heads < 1 or vision.feature_width % vision.heads:
+      raise ValueError(
+        f"ResNetConfig: attention-pooling width {vision.feature_width} is not divisible by "
+        f"heads {vision.heads}."
+      )
+  elif len(vision.depths) != 4 or len(vision.dims) != 4:
+    raise ValueError(
+      f"ConvNeXtConfig needs 4 depths and 4 dims, got {vision.depths} and {vision.dims}."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class CLIPConfig:
-  """Both towers, the shared embedding size and LayerNorm epsilon."""
+  """Both towers, the shared embedding size and LayerNorm epsilon.
+
+  `vision` is a VisionConfig (ViT), ResNetConfig or ConvNeXtConfig; the
+  layer_norm_eps here applies to the text tower and the ViT.
+  """
 
   embed_dim: int = 512
   text: TextConfig = TextConfig()
-  vision: VisionConfig = VisionConfig()
+  vision: AnyVisionConfig = VisionConfig()
   layer_norm_eps: float = 1e-5
   name: str = ""  # Architecture name, informative only.
 
   def __post_init__(self):
-    for tower in (self.text, self.vision):
+    towers = (self.text, self.vision) if self.vision_kind == "vit" else (self.text,)
+    for tower in towers:
       if tower.activation not in ACTIVATIONS:
         raise ValueError(f"Unknown activation {tower.activation!r}; expected one of {ACTIVATIONS}.")
       if tower.heads < 1 or tower.width % tower.heads:
         raise ValueError(
           f"{type(tower).__name__}: width {tower.width} is not divisible by heads {tower.heads}."
         )
-    if self.vision.image_size % self.vision.patch_size:
-      raise ValueError(
-        f"image_size {self.vision.image_size} is not a multiple of patch_size "
-        f"{self.vision.patch_size}."
-      )
+    _check_vision(self.vision)
+
+  @property
+  def vision_kind(self) -> str:
+    return tower_kind(self.vision)
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -92,17 +204,23 @@ class CLIPConfig:
     if unknown:
       raise ValueError(f"Unknown CLIPConfig fields {sorted(unknown)}; known: {sorted(known)}.")
     d["text"] = TextConfig(**d.get("text", {}))
-    d["vision"] = VisionConfig(**d.get("vision", {}))
+    d["vision"] = _vision_from_dict(d.get("vision", {}))
     return cls(**d)
 
   def replace(self, **changes) -> "CLIPConfig":
     return dataclasses.replace(self, **changes)
 
+  def with_image_size(self, image_size: int) -> "CLIPConfig":
+    """The same architecture at another input size (positional/pooling tables resize)."""
+    return self.replace(vision=dataclasses.replace(self.vision, image_size=image_size))
+
   def with_activation(self, activation: str) -> "CLIPConfig":
+    """Sets the transformer activation; CNN towers keep theirs (ReLU, or timm's exact GELU)."""
+    vision = self.vision
+    if self.vision_kind == "vit":
+      vision = dataclasses.replace(vision, activation=activation)
     return dataclasses.replace(
-      self,
-      text=dataclasses.replace(self.text, activation=activation),
-      vision=dataclasses.replace(self.vision, activation=activation),
+      self, text=dataclasses.replace(self.text, activation=activation), vision=vision
     )
 
 
@@ -124,6 +242,22 @@ def _vit(
   )
 
 
+def _text(width, heads):
+  return TextConfig(width=width, heads=heads, layers=12, activation="gelu")
+
+
+def _resnet(name, embed_dim, image_size, layers, width, t_width, t_heads):
+  # Attention-pooling heads as open_clip and OpenAI compute them: width * 32 // 64.
+  vision = ResNetConfig(image_size=image_size, layers=layers, width=width, heads=width * 32 // 64)
+  return CLIPConfig(embed_dim=embed_dim, text=_text(t_width, t_heads), vision=vision, name=name)
+
+
+def _convnext(name, embed_dim, image_size, t_width, t_heads):
+  # Both use timm's convnext_base trunk; "_w" widens the text tower and embedding.
+  vision = ConvNeXtConfig(image_size=image_size)
+  return CLIPConfig(embed_dim=embed_dim, text=_text(t_width, t_heads), vision=vision, name=name)
+
+
 # open_clip's architecture names. The plain names use exact GELU, as in
 # open_clip; "-quickgelu" selects QuickGELU (OpenAI weights, MetaCLIP, DFN).
 _BASE_ARCHITECTURES = {
@@ -132,6 +266,13 @@ _BASE_ARCHITECTURES = {
   "ViT-L-14": _vit("ViT-L-14", 768, 224, 14, 1024, 24, 16, 768, 12),
   "ViT-L-14-336": _vit("ViT-L-14-336", 768, 336, 14, 1024, 24, 16, 768, 12),
   "ViT-H-14": _vit("ViT-H-14", 1024, 224, 14, 1280, 32, 16, 1024, 16, t_layers=24),
+  # CNN towers (open_clip's model_configs/RN*.json, convnext_base*.json).
+  "RN50": _resnet("RN50", 1024, 224, (3, 4, 6, 3), 64, 512, 8),
+  "RN101": _resnet("RN101", 512, 224, (3, 4, 23, 3), 64, 512, 8),
+  "RN50x4": _resnet("RN50x4", 640, 288, (4, 6, 10, 6), 80, 640, 10),
+  "RN50x16": _resnet("RN50x16", 768, 384, (6, 8, 18, 8), 96, 768, 12),
+  "convnext_base": _convnext("convnext_base", 512, 224, 512, 8),
+  "convnext_base_w": _convnext("convnext_base_w", 640, 256, 640, 10),
   # Small configs for tests and the embedded default.
   "test-tiny": CLIPConfig(
     embed_dim=32,
