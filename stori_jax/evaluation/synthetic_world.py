@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from stori_jax.data import synthetic
 from stori_jax.preprocess import normalize
+from stori_jax.retrieval.metrics import precision_at_k
 
 #: Default seeds, disjoint from pretraining's (0, k) namespace.
 ZERO_SHOT_SEED = (2024, 1)
@@ -466,9 +467,7 @@ def emphasis_prompt(
 def _precision_at_positives(y_true: np.ndarray, scores: np.ndarray) -> float:
   """Precision among the R top-ranked images, R = number of positives (the paper's P_400 on
   800 CelebA images, half of them positive); ties broken by index."""
-  r = int(y_true.sum())
-  order = np.argsort(-scores, kind="stable")
-  return float(y_true[order[:r]].mean())
+  return precision_at_k(y_true, scores)
 
 
 def _summary(values: np.ndarray, weights: Sequence[float]) -> dict[str, Any]:

@@ -1,0 +1,559 @@
+"""Image pools with binary attributes for preference retrieval (paper section 4.2, App. A.2).
+
+A `RetrievalData` holds the images of every task (identified by string keys, loaded on
+demand at any size) and its `RetrievalTask`s. A task is one prompt built from a template
+and one phrase per attribute, plus its image pool with bool labels [N, A]: label [i, a]
+says whether image i has the prompt's value of attribute a. The 2**A label combinations
+are the categories of the paper's Figures 4-6 and App. B.
+
+Sources:
+* `synthetic_data`: the synthetic world (offline, the default): per attribute triple of
+  `evaluation.synthetic_world.emphasis_triples`, its 8 categories rendered as there.
+* `celeba_data`: CelebA from a folder holding `list_attr_celeba.txt` (the official
+  format) and the aligned JPEGs (in `img_align_celeba/` or next to the file), or from TFDS
+  `celeb_a` when tensorflow-datasets (and TensorFlow) are installed and prepared.
+* `cub_data`: CUB-200-2011 from its folder (`images.txt`, `images/`,
+  `attributes/image_attribute_labels.txt` and `attributes.txt` at the root, in
+  `attributes/` or in the parent folder, as the archive unpacks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import itertools
+import os
+import warnings
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from stori_jax.data import synthetic
+from stori_jax.evaluation import synthetic_world as sw
+from stori_jax.preprocess import resize_center_crop, to_pil
+from stori_jax.retrieval.metrics import category_codes
+
+#: uint8 images [n, size, size, 3] of the given image indices.
+ImageLoader = Callable[[np.ndarray, int], np.ndarray]
+
+
+def weight_text(weight: float) -> str:
+  """A weight as the prompt syntax writes it: 1.5 -> "1.5", 2.0 -> "2"."""
+  return f"{float(weight):g}"
+
+
+def _escape(text: str) -> str:
+  for char in "\\():":
+    text = text.replace(char, "\\" + char)
+  return text
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RetrievalTask:
+  """One prompt and its labelled image pool.
+
+  Attributes:
+    name: short identifier.
+    template: the prompt with placeholders {0}, {1}, ... for the attribute phrases.
+    phrases: A phrases, the words that a weight applies to (e.g. "with blond hair").
+    values: A pairs (name if present, name if absent), for category names.
+    images: int64 [N] rows of the data's image keys.
+    labels: bool [N, A].
+    attribute_names: A names shared by tasks of the same kind (e.g. "colour"), for
+      category names of results averaged over tasks; default the phrases.
+  """
+
+  name: str
+  template: str
+  phrases: tuple[str, ...]
+  values: tuple[tuple[str, str], ...]
+  images: np.ndarray
+  labels: np.ndarray
+  attribute_names: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    a = len(self.phrases)
+    if len(self.values) != a or self.labels.shape != (len(self.images), a):
+      raise ValueError(
+        f"task {self.name!r}: {a} phrases need {a} value pairs and labels [N, {a}], got "
+        f"{len(self.values)} and {self.labels.shape} for {len(self.images)} images"
+      )
+    try:
+      self.template.format(*self.phrases)
+    except (IndexError, KeyError) as e:
+      raise ValueError(f"template {self.template!r} needs placeholders {{0}}..{{{a - 1}}}") from e
+
+  @property
+  def n_attributes(self) -> int:
+    return len(self.phrases)
+
+  @property
+  def n_categories(self) -> int:
+    return 2**self.n_attributes
+
+  @property
+  def categories(self) -> np.ndarray:
+    """int64 [N]: category code of each image (see metrics.category_codes)."""
+    return category_codes(self.labels)
+
+  def category_name(self, code: int) -> str:
+    bits = [(code >> (self.n_attributes - 1 - a)) & 1 for a in range(self.n_attributes)]
+    return ", ".join(v[0] if b else v[1] for v, b in zip(self.values, bits))
+
+  @property
+  def category_names(self) -> list[str]:
+    return [self.category_name(c) for c in range(self.n_categories)]
+
+  @property
+  def generic_category_names(self) -> list[str]:
+    """Names valid across tasks: the attribute name, primed where absent ("colour'")."""
+    names = self.attribute_names or self.phrases
+    return [
+      " ".join(
+        n if (c >> (self.n_attributes - 1 - a)) & 1 else n + "'" for a, n in enumerate(names)
+      )
+      for c in range(self.n_categories)
+    ]
+
+  def code(self, present: Sequence[bool]) -> int:
+    """Category code of a label row."""
+    return int(category_codes(np.asarray([present], bool))[0])
+
+  def prompt(self, weights: Sequence[float] | None = None) -> str:
+    """The prompt with `(phrase:w)` on every attribute whose weight differs from 1."""
+    weights = [1.0] * self.n_attributes if weights is None else [float(w) for w in weights]
+    if len(weights) != self.n_attributes:
+      raise ValueError(f"task {self.name!r} takes {self.n_attributes} weights, got {weights}")
+    parts = [
+      _escape(p) if w == 1.0 else f"({_escape(p)}:{weight_text(w)})"
+      for p, w in zip(self.phrases, weights)
+    ]
+    return self.template.format(*parts)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RetrievalData:
+  """Images (keys and a loader) and the tasks that rank them.
+
+  `spec` is a JSON-able description of the images (source, root, selection), part of the
+  index cache key together with `keys`.
+  """
+
+  name: str
+  spec: Mapping[str, Any]
+  keys: tuple[str, ...]
+  load: ImageLoader
+  tasks: tuple[RetrievalTask, ...]
+
+  def keys_digest(self) -> str:
+    return hashlib.sha256("\n".join(self.keys).encode()).hexdigest()
+
+
+def _pil_loader(paths: Sequence[str]) -> ImageLoader:
+  def load(indices, size):
+    out = [
+      np.asarray(resize_center_crop(to_pil(paths[int(i)]).convert("RGB"), size))
+      for i in np.asarray(indices).reshape(-1)
+    ]
+    return np.stack(out).astype(np.uint8)
+
+  return load
+
+
+def resize_images(images: np.ndarray, size: int) -> np.ndarray:
+  """uint8 [n, S, S, 3] -> uint8 [n, size, size, 3] (bicubic, square images)."""
+  if images.shape[1] == size:
+    return images
+  return np.stack([np.asarray(resize_center_crop(to_pil(im), size)) for im in images])
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic world.
+
+
+def synthetic_data(
+  n_triples: int = 24,
+  images_per_category: int = 8,
+  seed: Sequence[int] = sw.EMPHASIS_SEED,
+  image_size: int = 64,
+) -> RetrievalData:
+  """The triples of `emphasis_triples(n_triples, seed)` as tasks, rendered as in
+  `emphasis_effect` (triple t with seed (*seed, t)), so both measure the same images.
+
+  Task t: prompt `emphasis_prompt(triple)` ("a photo of a red striped circle"), attributes
+  colour, pattern, shape; an image's label is True where it has the prompt's value, False
+  where it has the triple's alternative.
+  """
+  seed = tuple(int(s) for s in np.atleast_1d(seed))
+  triples = sw.emphasis_triples(n_triples, seed)
+  pool = 8 * images_per_category
+  tasks = []
+  for t, triple in enumerate(triples):
+    _, positives = sw.emphasis_scenes(triple, images_per_category)
+    words = [synthetic.attribute_words(f, triple[f][0])[0] for f in sw.EMPHASIS_FAMILIES]
+    article = "an" if words[0][0] in "aeiou" else "a"
+    tasks.append(
+      RetrievalTask(
+        name="_".join(words),
+        template=f"a photo of {article} {{0}} {{1}} {{2}}",
+        phrases=tuple(words),
+        values=tuple((triple[f][0], triple[f][1]) for f in sw.EMPHASIS_FAMILIES),
+        images=np.arange(t * pool, (t + 1) * pool),
+        labels=np.stack([positives[f] for f in sw.EMPHASIS_FAMILIES], axis=1),
+        attribute_names=sw.EMPHASIS_FAMILIES,
+      )
+    )
+
+  @functools.lru_cache(maxsize=None)
+  def rendered(t: int) -> np.ndarray:
+    scenes, _ = sw.emphasis_scenes(triples[t], images_per_category)
+    return synthetic.render(scenes, (*seed, t), image_size=image_size).images
+
+  def load(indices, size):
+    indices = np.asarray(indices).reshape(-1)
+    images = np.stack([rendered(int(i) // pool)[int(i) % pool] for i in indices])
+    return resize_images(images, size)
+
+  keys = tuple(f"{t}/{j}" for t in range(n_triples) for j in range(pool))
+  spec = {
+    "source": "synthetic",
+    "n_triples": int(n_triples),
+    "images_per_category": int(images_per_category),
+    "seed": list(seed),
+    "render_size": int(image_size),
+  }
+  return RetrievalData("synthetic", spec, keys, load, tuple(tasks))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks from attribute tables (CelebA, CUB).
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSpec:
+  """A task's prompt: template with {0}.. and per attribute (column, phrase, present, absent).
+
+  column names an attribute of the table; "not X" means the absence of X (e.g. "not Male"
+  for a woman).
+  """
+
+  template: str
+  attributes: tuple[tuple[str, str, str, str], ...]
+
+
+def _column(table: Mapping[str, np.ndarray], column: str) -> np.ndarray:
+  negate = column.startswith("not ")
+  name = column[4:] if negate else column
+  if name not in table:
+    raise ValueError(f"attribute {name!r} is not in the table; known: {sorted(table)[:50]}")
+  return ~table[name] if negate else table[name]
+
+
+def tasks_from_table(
+  table: Mapping[str, np.ndarray],
+  prompts: Sequence[PromptSpec],
+  images_per_category: int | None,
+  seed: int,
+) -> tuple[np.ndarray, list[RetrievalTask], list[dict[str, Any]]]:
+  """Samples each prompt's pool from a bool attribute table {column: [M]}.
+
+  images_per_category: images drawn (without replacement, seeded) from each of the 2**A
+  categories; a category with fewer images contributes all it has (reported); None takes
+  every image (the paper's CUB setup).
+
+  Returns:
+    (rows int64 [K]: the table rows used by any task, sorted; tasks whose `images` index
+    those rows; per task {"name", "category_sizes"}).
+  """
+  rng = np.random.default_rng(seed)
+  chosen, notes = [], []
+  for spec in prompts:
+    labels = np.stack([_column(table, c[0]) for c in spec.attributes], axis=1)
+    codes = category_codes(labels)
+    a = labels.shape[1]
+    if images_per_category is None:
+      rows = np.arange(len(codes))
+    else:
+      rows = np.concatenate(
+        [
+          np.sort(rng.permutation(np.flatnonzero(codes == c))[:images_per_category])
+          for c in range(2**a)
+        ]
+      )
+    sizes = np.bincount(codes[rows], minlength=2**a)
+    name = spec.template.format(*(c[1] for c in spec.attributes))
+    if (sizes == 0).any():
+      warnings.warn(f"task {name!r}: categories {np.flatnonzero(sizes == 0).tolist()} are empty")
+    chosen.append((spec, rows, labels[rows]))
+    notes.append({"name": name, "category_sizes": sizes.tolist()})
+  used = np.unique(np.concatenate([rows for _, rows, _ in chosen]))
+  tasks = [
+    RetrievalTask(
+      name=note["name"],
+      template=spec.template,
+      phrases=tuple(c[1] for c in spec.attributes),
+      values=tuple((c[2], c[3]) for c in spec.attributes),
+      images=np.searchsorted(used, rows),
+      labels=labels,
+    )
+    for (spec, rows, labels), note in zip(chosen, notes)
+  ]
+  return used, tasks, notes
+
+
+# ---------------------------------------------------------------------------------------------
+# CelebA.
+
+
+def read_celeba_attributes(path: str) -> tuple[list[str], dict[str, np.ndarray]]:
+  """list_attr_celeba.txt -> (file names [M], {attribute: bool [M]}).
+
+  Format: the image count, a line of the 40 attribute names, then per image its file name
+  and 40 values in {1, -1}.
+  """
+  with open(path, encoding="utf-8") as f:
+    lines = [line.split() for line in f if line.strip()]
+  if len(lines) < 2 or not lines[0][0].isdigit():
+    raise ValueError(f"{path} is not in list_attr_celeba.txt format (count, names, rows)")
+  count, names, rows = int(lines[0][0]), lines[1], lines[2:]
+  if len(rows) != count:
+    raise ValueError(f"{path} announces {count} images but lists {len(rows)}")
+  bad = [r[0] for r in rows if len(r) != len(names) + 1]
+  if bad:
+    raise ValueError(f"{path}: rows {bad[:5]} do not have {len(names)} values")
+  values = np.asarray([r[1:] for r in rows], np.int64)
+  if not np.isin(values, (-1, 1)).all():
+    raise ValueError(f"{path}: attribute values must be 1 or -1")
+  return [r[0] for r in rows], {n: values[:, j] == 1 for j, n in enumerate(names)}
+
+
+def _celeba_partition(root: str, files: Sequence[str], split: str) -> np.ndarray:
+  """bool [M]: rows in the split ("all", or "train"/"valid"/"test" via
+  list_eval_partition.txt)."""
+  if split == "all":
+    return np.ones(len(files), bool)
+  codes = {"train": "0", "valid": "1", "test": "2"}
+  if split not in codes:
+    raise ValueError(f"split must be 'all', 'train', 'valid' or 'test', got {split!r}")
+  path = os.path.join(root, "list_eval_partition.txt")
+  if not os.path.isfile(path):
+    raise ValueError(f"split {split!r} needs {path}; use split='all' without it")
+  with open(path, encoding="utf-8") as f:
+    partition = dict(line.split()[:2] for line in f if line.strip())
+  return np.asarray([partition.get(name) == codes[split] for name in files])
+
+
+def celeba_data(
+  root: str,
+  prompts: Sequence[PromptSpec],
+  images_per_category: int = 100,
+  seed: int = 0,
+  split: str = "all",
+) -> RetrievalData:
+  """CelebA from a folder with list_attr_celeba.txt and the JPEGs (see the module doc)."""
+  attr_path = os.path.join(root, "list_attr_celeba.txt")
+  if not os.path.isfile(attr_path):
+    raise ValueError(
+      f"{attr_path} does not exist; point data.root at the CelebA folder holding "
+      "list_attr_celeba.txt and img_align_celeba/"
+    )
+  files, table = read_celeba_attributes(attr_path)
+  keep = _celeba_partition(root, files, split)
+  files = [f for f, k in zip(files, keep) if k]
+  table = {n: v[keep] for n, v in table.items()}
+  image_dir = os.path.join(root, "img_align_celeba")
+  if not os.path.isdir(image_dir):
+    image_dir = root
+  used, tasks, notes = tasks_from_table(table, prompts, images_per_category, seed)
+  paths = [os.path.join(image_dir, files[i]) for i in used]
+  missing = [p for p in paths[:1000] if not os.path.isfile(p)]
+  if missing:
+    raise ValueError(f"CelebA images missing, e.g. {missing[:3]}")
+  keys = tuple(files[i] for i in used)
+  spec = {
+    "source": "celeba",
+    "root": os.path.abspath(root),
+    "split": split,
+    "images_per_category": images_per_category,
+    "seed": seed,
+    "tasks": notes,
+  }
+  return RetrievalData("celeba", spec, keys, _pil_loader(paths), tuple(tasks))
+
+
+def celeba_tfds_data(
+  prompts: Sequence[PromptSpec],
+  images_per_category: int = 100,
+  seed: int = 0,
+  split: str = "test",
+  data_dir: str | None = None,
+) -> RetrievalData:
+  """CelebA from a prepared TFDS `celeb_a` (never downloads: TFDS needs the manual files)."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ValueError(
+      "data.source='celeba_tfds' needs tensorflow-datasets and tensorflow "
+      "(pip install tensorflow tensorflow-datasets) and a prepared celeb_a; or use "
+      "data.source='celeba' with a folder holding list_attr_celeba.txt"
+    ) from e
+  split = {"all": "train+validation+test", "valid": "validation"}.get(split, split)
+  reader = tfds.load(
+    "celeb_a",
+    split=split,
+    data_dir=data_dir,
+    download=False,
+    decoders={"image": tfds.decode.SkipDecoding()},
+  )
+  attributes = [ex["attributes"] for ex in tfds.as_numpy(reader)]
+  table = {n: np.asarray([a[n] for a in attributes], bool) for n in attributes[0]}
+  used, tasks, notes = tasks_from_table(table, prompts, images_per_category, seed)
+  wanted = set(used.tolist())
+  images = {}
+  for i, ex in enumerate(tfds.as_numpy(tfds.load("celeb_a", split=split, data_dir=data_dir))):
+    if i in wanted:
+      images[i] = ex["image"]
+  rows = [images[i] for i in used]
+
+  def load(indices, size):
+    return np.stack(
+      [np.asarray(resize_center_crop(to_pil(rows[int(i)]), size)) for i in np.ravel(indices)]
+    )
+
+  spec = {
+    "source": "celeba_tfds",
+    "split": split,
+    "images_per_category": images_per_category,
+    "seed": seed,
+    "tasks": notes,
+  }
+  keys = tuple(f"{split}/{i}" for i in used)
+  return RetrievalData("celeba", spec, keys, load, tuple(tasks))
+
+
+# ---------------------------------------------------------------------------------------------
+# CUB-200-2011.
+
+
+def _first_file(paths: Sequence[str]) -> str:
+  for path in paths:
+    if os.path.isfile(path):
+      return path
+  raise ValueError(f"none of {list(paths)} exists; is data.root the CUB_200_2011 folder?")
+
+
+def read_cub_attributes(root: str) -> tuple[list[str], dict[str, np.ndarray]]:
+  """CUB_200_2011 -> (image paths relative to images/ [M], {attribute name: bool [M]}).
+
+  Files: images.txt ("<image_id> <path>"), attributes.txt ("<attribute_id> <name>") and
+  attributes/image_attribute_labels.txt ("<image_id> <attribute_id> <is_present>
+  <certainty_id> <time>"; a few official lines hold extra fields, ignored).
+  """
+  with open(_first_file([os.path.join(root, "images.txt")]), encoding="utf-8") as f:
+    images = [line.split() for line in f if line.strip()]
+  ids = {int(r[0]): k for k, r in enumerate(images)}
+  names_path = _first_file(
+    [
+      os.path.join(root, "attributes.txt"),
+      os.path.join(root, "attributes", "attributes.txt"),
+      os.path.join(os.path.dirname(os.path.abspath(root)), "attributes.txt"),
+    ]
+  )
+  with open(names_path, encoding="utf-8") as f:
+    names = dict(line.split()[:2] for line in f if line.strip())
+  labels_path = _first_file([os.path.join(root, "attributes", "image_attribute_labels.txt")])
+  rows = np.loadtxt(labels_path, dtype=np.int64, usecols=(0, 1, 2), ndmin=2)
+  present = np.zeros((len(images), max(int(k) for k in names) + 1), bool)
+  unknown = set(rows[:, 0].tolist()) - set(ids)
+  if unknown:
+    raise ValueError(f"{labels_path} names images {sorted(unknown)[:5]} absent from images.txt")
+  present[[ids[i] for i in rows[:, 0]], rows[:, 1]] = rows[:, 2] == 1
+  table = {name: present[:, int(k)] for k, name in names.items()}
+  return [r[1] for r in images], table
+
+
+def cub_prompts(
+  attributes: Sequence[tuple[str, str]], template: str, size: int = 3
+) -> list[PromptSpec]:
+  """Combinations of `size` attributes (Table 10 order) whose colours all differ.
+
+  attributes: (CUB attribute name, text) pairs; an attribute "has_X_color::c" has colour
+  c, others none (the paper forms "combinations of three attributes that do not share the
+  same color").
+  """
+
+  def colour(name: str) -> str | None:
+    part, _, value = name.partition("::")
+    return value if part.endswith("_color") else None
+
+  specs = []
+  for combo in itertools.combinations(attributes, size):
+    colours = [colour(n) for n, _ in combo if colour(n) is not None]
+    if len(colours) == len(set(colours)):
+      specs.append(PromptSpec(template, tuple((n, t, t, "no " + t) for n, t in combo)))
+  return specs
+
+
+def cub_data(
+  root: str, prompts: Sequence[PromptSpec], images_per_category: int | None = None, seed: int = 0
+) -> RetrievalData:
+  """CUB-200-2011 (all images by default, as in the paper)."""
+  files, table = read_cub_attributes(root)
+  used, tasks, notes = tasks_from_table(table, prompts, images_per_category, seed)
+  paths = [os.path.join(root, "images", files[i]) for i in used]
+  spec = {
+    "source": "cub",
+    "root": os.path.abspath(root),
+    "images_per_category": images_per_category,
+    "seed": seed,
+    "tasks": notes,
+  }
+  keys = tuple(files[i] for i in used)
+  return RetrievalData("cub", spec, keys, _pil_loader(paths), tuple(tasks))
+
+
+def folder_data(root: str, extensions=(".jpg", ".jpeg", ".png", ".bmp", ".webp")) -> RetrievalData:
+  """Every image under a folder (sorted relative paths), without tasks (the explorer)."""
+  if not os.path.isdir(root):
+    raise ValueError(f"{root} is not a folder of images")
+  files = sorted(
+    os.path.relpath(os.path.join(d, n), root)
+    for d, _, names in os.walk(root)
+    for n in names
+    if n.lower().endswith(tuple(extensions))
+  )
+  if not files:
+    raise ValueError(f"no images ({', '.join(extensions)}) under {root}")
+  spec = {"source": "folder", "root": os.path.abspath(root)}
+  loader = _pil_loader([os.path.join(root, f) for f in files])
+  return RetrievalData("folder", spec, tuple(files), loader, ())
+
+
+def build_data(config, image_size: int) -> RetrievalData:
+  """RetrievalData from a config's `data` block (see configs/retrieval_*.py)."""
+  source = config.source
+  if source == "synthetic":
+    return synthetic_data(
+      config.n_triples, config.images_per_category, tuple(config.seed), image_size
+    )
+  if source in ("celeba", "celeba_tfds", "cub"):
+    prompts = [
+      PromptSpec(p["template"], tuple(tuple(a) for a in p["attributes"])) for p in config.prompts
+    ]
+    if source == "celeba":
+      return celeba_data(
+        config.root, prompts, config.images_per_category, config.seed, config.split
+      )
+    if source == "celeba_tfds":
+      return celeba_tfds_data(
+        prompts,
+        config.images_per_category,
+        config.seed,
+        config.split,
+        config.get("data_dir") or None,
+      )
+    return cub_data(config.root, prompts, config.get("images_per_category"), config.seed)
+  raise ValueError(
+    f"data.source must be 'synthetic', 'celeba', 'celeba_tfds' or 'cub', got {source!r}"
+  )

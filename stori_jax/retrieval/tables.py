@@ -1,0 +1,107 @@
+"""Markdown tables shaped like the paper's Tables 3-6 from `protocol` results."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+_ROW_TITLES = {1.0: "Plain", 0.0: "Removed"}
+
+
+def _cell(summary: Mapping[str, Any], key: str, delta: bool, digits: int = 3) -> str:
+  d = digits
+  text = f"{summary['mean'][key]:.{d}f} ± {summary['std'][key]:.{d}f}"
+  if delta and "delta_mean" in summary:
+    text += f" (Δ {summary['delta_mean'][key]:+.{d}f} ± {summary['delta_std'][key]:.{d}f})"
+  return text
+
+
+def _row_title(w: float) -> str:
+  if w in _ROW_TITLES:
+    return f"{_ROW_TITLES[w]} (w = {w:g})"
+  return f"{'Emphasized' if w > 1 else 'De-emphasized'} (w = {w:g})"
+
+
+def _k_name(result: Mapping[str, Any]) -> str:
+  k = result.get("precision_k")
+  return "P@R (R = #positives)" if k is None else f"P@{k}"
+
+
+def emphasis_table(result: Mapping[str, Any], digits: int = 3) -> str:
+  """Table 3 / 5 / 6 layout: a row per weight (plain first, then emphasis, de-emphasis),
+  AP and P@k as mean ± std over (prompt, attribute) pairs, with the change from plain."""
+  weights = sorted(result["weights"], key=lambda w: (w != 1.0, w < 1.0, abs(w - 1.0)))
+  lines = [f"| weight on one attribute | AP | {_k_name(result)} |", "|---|---|---|"]
+  for w in weights:
+    key = repr(float(w))
+    cells = [_cell(result[m], key, w != 1.0, digits) for m in ("ap", "p_at_k")]
+    lines.append(f"| {_row_title(w)} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def pair_table(result: Mapping[str, Any], digits: int = 3) -> str:
+  """Table 4 layout: plain, then the attribute at the lower and at the higher weight."""
+  lines = [f"| | AP | {_k_name(result)} |", "|---|---|---|"]
+  plain = [_cell(result[m]["plain"], "1.0", False, digits) for m in ("ap", "p_at_k")]
+  lines.append("| Plain (w = 1.0) | " + " | ".join(plain) + " |")
+  for part in ("low", "high"):
+    cells = [_cell(result[m][part], "weighted", True, digits) for m in ("ap", "p_at_k")]
+    lines.append(f"| Attribute with w = {result[part]:g} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def sweep_table(result: Mapping[str, Any], every: int = 1) -> str:
+  """Mean AUC per category (columns, all attributes present first) at each swept weight
+  (rows); * marks the category that the emphasis favours."""
+  codes = list(range(len(result["category_names"])))[::-1]
+  names = [result["category_names"][c] + (" *" if c == result["focus"] else "") for c in codes]
+  a, b = result["attributes"]
+  head = f"w on #{a}" + (f", 1 - w on #{b}" if result["complement"] else "")
+  lines = [f"| {head} | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+  rows = sorted(set(range(0, len(result["ws"]), every)) | {len(result["ws"]) - 1})
+  for i in rows:
+    cells = [f"{result['mean_auc'][i][c]:.4f}" for c in codes]
+    lines.append(f"| {result['ws'][i]:g} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def settings_table(sweeps: Mapping[str, Mapping[str, Any]]) -> str:
+  """One row per sweep (method / blocks, Figures 6 and 9): the favoured category's mean AUC
+  at the first and last swept weight, its change, and whether it rose at every step."""
+  lines = [
+    "| sweep | weights | favoured category | AUC first | AUC last | change | monotonic |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for sweep in sweeps.values():
+    focus = [row[sweep["focus"]] for row in sweep["mean_auc"]]
+    steps = [y - x for x, y in zip(focus, focus[1:])]
+    ws = f"{sweep['ws'][0]:g}..{sweep['ws'][-1]:g}" + (" / 1 - w" if sweep["complement"] else "")
+    lines.append(
+      f"| {sweep['label']} | {ws} | {sweep['category_names'][sweep['focus']]} | "
+      f"{focus[0]:.4f} | {focus[-1]:.4f} | {focus[-1] - focus[0]:+.4f} | "
+      f"{'yes' if min(steps) >= 0 else 'no'} |"
+    )
+  return "\n".join(lines)
+
+
+def report(results: Mapping[str, Any], digits: int = 3) -> str:
+  """The markdown report of `retrieve`: every table present in results."""
+  out = [f"# Preference retrieval: `{results['model']}` on {results['data']}", ""]
+  out += [f"{results['n_tasks']} prompts, {results['n_images']} indexed images.", ""]
+  for name, title in (
+    ("emphasis", "Emphasis / de-emphasis of one attribute (cf. Tables 3, 5, 6), SToRI"),
+    ("emphasis_prompt_weighting", "The same with prompt weighting (App. C.1 baseline)"),
+  ):
+    if name in results:
+      out += [f"## {title}", "", emphasis_table(results[name], digits), ""]
+  if "pairs" in results:
+    out += ["## Two attributes at different weights (cf. Table 4)", ""]
+    out += [pair_table(results["pairs"], digits), ""]
+  sweeps = results.get("sweeps", {})
+  if "stori_pair" in sweeps:
+    sweep = sweeps["stori_pair"]
+    out += [f"## Per-category AUC over the weight sweep ({sweep['label']}, cf. Figure 5)", ""]
+    out += [sweep_table(sweep, every=max(1, len(sweep["ws"]) // 5)), ""]
+  if sweeps:
+    out += ["## The favoured category under each sweep (cf. Figures 6 and 9)", ""]
+    out += [settings_table(sweeps), ""]
+  return "\n".join(out).rstrip() + "\n"
