@@ -1,0 +1,199 @@
+r"""Mutual-knowledge analysis of a CLIP model on a dataset, class by class.
+
+  python -m mutual.analyze --config configs/mutual_synthetic.py --workdir workdirs/mutual
+  python -m mutual.analyze --config configs/mutual_imagenet.py --workdir DIR \
+      --config.data.root=/data/imagenet/val --config.data.descriptors=/data/descriptors_imagenet.json
+
+Writes to the workdir:
+  per_image/<class index>/<image index>.json   concepts, descriptors, mutual concepts, MI curve, AUC
+  results.json                                 per-class and dataset aggregates (Table 3 columns)
+  table.md                                     the dataset row of Table 3
+  figures/concepts_<method>_<class>.png        Fig. 4: concept overlays with their descriptors
+  figures/curves_<class>.png, curves.png       Fig. 3 / 5: MI curves
+  figures/mutual_<method>_<class>.png          Fig. 6: vision / language / mutual descriptors
+Same config and seed, same JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import ml_collections
+from absl import app, flags, logging
+from ml_collections import config_flags
+from tqdm import tqdm
+
+import stori_jax
+from mutual import data, descriptors, pipeline, report
+from stori_jax.data import synthetic_tasks
+from stori_jax.fewshot.datasets import DatasetMissingError
+
+
+def _define_flags():
+  # Defined only when run as a program: the config files import this module for its defaults.
+  config_flags.DEFINE_config_file("config", None, "Analysis config file.", lock_config=True)
+  flags.DEFINE_string("workdir", None, "Output directory.")
+
+
+def analysis_config(**overrides) -> ml_collections.ConfigDict:
+  """The analysis settings (config.analysis) at the paper / reference values (App. K)."""
+  values = dict(
+    methods=("pca", "kmeans"),
+    feature_kind="tokens",  # or "keys" (App. A.1)
+    joint_foreground=True,  # one spectral split over the B images (reference); False: per image
+    center_features=False,  # centre the patch features before the split (not in the reference)
+    n_concepts=5,  # L
+    kmeans_seed=0,
+    crf=True,
+    top_k=500,  # k: per-concept top descriptors intersected
+    relevance="mean",  # reference: > mean - offset; "median": paper, > median + offset
+    relevance_offset=0.02,
+    solver="ott",  # or "reference": 1,000 plain row / column normalisations
+    ot_scale=2.5,  # P = exp(2.5 * scores / epsilon)
+    ot_epsilon=1.0,  # 1 / tau, tau = 1
+    ot_iterations=1000,
+    ot_threshold=1e-6,
+    ot_max_iterations=2000,
+    top_descriptors=3,  # per concept
+    u=50,  # language-side descriptors of the predicted class
+    mi_formula="reference",  # "eq1" or "table": see mutual.information
+    class_prompts="descriptors",  # or "templates" (paper Table 8)
+    templates=("a photo of a {c}.",),
+    descriptor_template="{c}, which has {d}.",
+  )
+  values.update(overrides)
+  return ml_collections.ConfigDict(values)
+
+
+def real_config(
+  dataset: str, tfds_name: str, templates, root: str = "", descriptors_path: str = ""
+):
+  """Config for a real dataset with OpenAI's ViT-B/16 (the reference's model)."""
+  config = ml_collections.ConfigDict()
+  config.name = f"mutual_{dataset}"
+  config.model = ml_collections.ConfigDict(
+    dict(source="openai/clip-vit-base-patch16", name="ViT-B/16")
+  )
+  config.data = ml_collections.ConfigDict(
+    dict(
+      source="folder",  # or "tfds"
+      dataset=dataset,
+      root=root,  # image folder <root>/<class>/<images>, or the TFDS data_dir
+      tfds_name=tfds_name,
+      split="validation",
+      descriptors=descriptors_path or f"data/descriptors/{data.DESCRIPTOR_FILES[dataset]}",
+      classnames="",  # CoOp classnames.txt (<folder> <name>); default: the descriptor keys
+      images_per_class=0,  # 0: all
+      classes=(),  # class indices to analyse; empty: all
+    )
+  )
+  config.analysis = analysis_config(class_prompts="templates", templates=tuple(templates))
+  config.batch_size = 256  # text encoding
+  config.figures_per_class = 4
+  config.figure_classes = 3
+  return config
+
+
+def _bank(config, per_class):
+  if config.data.source == "synthetic" and config.data.get("bank", "classes") == "vocabulary":
+    return list(synthetic_tasks.DESCRIPTOR_ATTRIBUTES)
+  return descriptors.unique_descriptors(per_class)
+
+
+def run(config, workdir: str, progress: bool = True) -> dict:
+  """Runs the analysis; returns the aggregates (also written to workdir/results.json)."""
+  if config.data.source != "synthetic":  # a missing descriptor file stops before the model loads
+    data.load_descriptors(config.data.descriptors, config.data.get("dataset"))
+  bundle = stori_jax.load(config.model.source)
+  size = int(bundle.config.vision.image_size)
+  class_names, per_class, classes = data.load(config, size)
+  lists = list(per_class.values())
+  if len(lists) != len(class_names):
+    lists = [per_class.get(n, []) for n in class_names]
+  bank_list = _bank(config, per_class)
+  a = config.analysis
+  bank = pipeline.encode_bank(
+    bundle,
+    class_names,
+    lists,
+    bank_list,
+    mode=a.class_prompts,
+    templates=tuple(a.templates),
+    descriptor_template=a.descriptor_template,
+    batch_size=config.batch_size,
+    progress=progress,
+  )
+  methods = tuple(a.methods)
+  records, figured = [], 0
+  start, n_images = time.perf_counter(), 0
+  figures = os.path.join(workdir, "figures")
+  os.makedirs(figures, exist_ok=True)
+  for cls in tqdm(classes, desc="classes", disable=not progress, dynamic_ncols=True):
+    result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
+    class_records = report.image_records(cls, result, bank.descriptors, class_names, methods)
+    for i, record in enumerate(class_records):
+      report.write_json(
+        os.path.join(workdir, "per_image", f"{cls.label:04d}", f"{i:05d}.json"), record
+      )
+    records += class_records
+    n_images += len(cls.images)
+    if figured < config.figure_classes:
+      figured += 1
+      k = min(config.figures_per_class, len(cls.images))
+      for method in methods:
+        report.plot_concepts(
+          os.path.join(figures, f"concepts_{method}_{cls.label:04d}.png"),
+          cls.images[:k],
+          class_records[:k],
+          method,
+          result["refined"][:k],
+        )
+        report.plot_mutual(
+          os.path.join(figures, f"mutual_{method}_{cls.label:04d}.png"),
+          cls.images[0],
+          class_records[0],
+          method,
+        )
+      summary = report.aggregate(class_records, methods)["dataset"]
+      report.plot_curves(
+        os.path.join(figures, f"curves_{cls.label:04d}.png"),
+        {m: summary[m]["curve"] for m in methods},
+        title=cls.name,
+      )
+  seconds = time.perf_counter() - start
+  results = report.aggregate(records, methods)
+  results["model"] = config.model.get("name", config.model.source)
+  results["config"] = config.to_dict()
+  report.write_json(os.path.join(workdir, "results.json"), results)
+  table = report.markdown_table(results["dataset"], results["model"], methods)
+  with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
+    f.write(table)
+  report.plot_curves(
+    os.path.join(figures, "curves.png"),
+    {m: results["dataset"][m]["curve"] for m in methods},
+    title=f"{config.name}: dataset",
+  )
+  logging.info("%d images in %.1f s (%.2f images/s)", n_images, seconds, n_images / seconds)
+  return results
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  if config is None or not workdir:
+    raise SystemExit(
+      "Usage: python -m mutual.analyze --config configs/mutual_synthetic.py --workdir DIR"
+    )
+  try:
+    results = run(config, workdir)
+  except (DatasetMissingError, ImportError) as error:
+    raise SystemExit(str(error)) from None
+  print(report.markdown_table(results["dataset"], results["model"], tuple(config.analysis.methods)))
+  print(f"Wrote {os.path.join(workdir, 'results.json')}")
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

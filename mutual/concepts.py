@@ -1,0 +1,170 @@
+"""Visual concepts: PCA or K-means over the foreground patch tokens of B images, fitted jointly.
+
+Sammani & Deligiannis (2024), Sec. 3.1: the prominent patches are split into at most L concepts
+(object parts); each patch belongs to one concept. Background patches get concept -1.
+All shapes are static, so the fits run under jit whatever the mask holds: background rows are
+zeroed or weighted out rather than removed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+def _flatten(features, mask, n_concepts: int):
+  features, mask = jnp.asarray(features, jnp.float32), jnp.asarray(mask, bool)
+  if features.ndim != 4 or mask.shape != features.shape[:3]:
+    raise ValueError(
+      f"features must be [B, h, w, D] and mask [B, h, w]; got {features.shape} and {mask.shape}."
+    )
+  if n_concepts < 1:
+    raise ValueError(f"n_concepts must be >= 1, got {n_concepts}.")
+  return features.reshape(-1, features.shape[-1]), mask.reshape(-1)
+
+
+def pca_components(x: jax.Array, weights: jax.Array, n_components: int):
+  """Principal axes of the rows of x [N, D] with weight 1 (weights bool [N]; others ignored).
+
+  Returns (mean [D], components [n_components, D]); each component's largest-magnitude entry is
+  positive, the sign convention of scikit-learn's PCA (svd_flip with u_based_decision=False).
+  """
+  w = weights.astype(x.dtype)[:, None]
+  mean = jnp.sum(x * w, axis=0) / jnp.maximum(jnp.sum(w), 1.0)
+  # Zero rows leave the right singular vectors of the foreground rows unchanged.
+  _, _, vt = jnp.linalg.svd((x - mean) * w, full_matrices=False)
+  vt = vt[:n_components]
+  pivot = jnp.take_along_axis(vt, jnp.argmax(jnp.abs(vt), axis=1)[:, None], axis=1)
+  return mean, vt * jnp.where(pivot < 0, -1.0, 1.0)
+
+
+@functools.partial(jax.jit, static_argnames=("n_concepts",))
+def _pca_assign(x, fg, n_concepts):
+  mean, components = pca_components(x, fg, n_concepts)
+  scores = (x - mean) @ components.T
+  low = jnp.min(jnp.where(fg[:, None], scores, jnp.inf), axis=0)
+  high = jnp.max(jnp.where(fg[:, None], scores, -jnp.inf), axis=0)
+  scaled = (scores - low) / jnp.maximum(high - low, 1e-12)
+  return jnp.where(fg, jnp.argmax(scaled, axis=1), -1).astype(jnp.int32)
+
+
+def pca_concepts(features, mask, n_concepts: int = 5) -> jax.Array:
+  """Concept map from a joint PCA of raw foreground tokens.
+
+  Each foreground token is projected on the first n_concepts principal axes (fitted on the
+  foreground tokens of all B images), each axis is min-max scaled over those tokens, and the
+  token takes the axis with the largest scaled score.
+
+  Args:
+    features: float32 [B, h, w, D] patch features.
+    mask: bool [B, h, w] foreground patches.
+    n_concepts: number of principal axes (concepts).
+
+  Returns:
+    int32 [B, h, w]: concept index in [0, n_concepts), -1 on background.
+  """
+  x, fg = _flatten(features, mask, n_concepts)
+  if n_concepts > min(x.shape):
+    raise ValueError(
+      f"n_concepts={n_concepts} exceeds the rank available from {x.shape[0]} tokens of "
+      f"dimension {x.shape[1]}."
+    )
+  return _pca_assign(x, fg, n_concepts).reshape(jnp.shape(mask))
+
+
+def _squared_distances(x, centers):
+  return jnp.sum(x * x, axis=1)[:, None] - 2.0 * x @ centers.T + jnp.sum(centers * centers, axis=1)
+
+
+def kmeans_plus_plus(key, x, weights, k: int) -> jax.Array:
+  """k-means++ seeding over the rows of x [N, D] with weights bool [N] -> centers [k, D]."""
+  w = weights.astype(x.dtype)
+
+  def sample(key, p):
+    # All-zero probabilities (fewer distinct tokens than k) fall back to uniform over weights.
+    p = jnp.where(jnp.sum(p) > 0, p, w)
+    return jax.random.choice(key, x.shape[0], p=p / jnp.sum(p))
+
+  keys = jax.random.split(key, k)
+  centers = jnp.zeros((k, x.shape[1]), x.dtype).at[0].set(x[sample(keys[0], w)])
+  closest = jnp.sum((x - centers[0]) ** 2, axis=1)
+
+  def body(i, state):
+    centers, closest = state
+    new = x[sample(keys[i], closest * w)]
+    closest = jnp.minimum(closest, jnp.sum((x - new) ** 2, axis=1))
+    return centers.at[i].set(new), closest
+
+  centers, _ = jax.lax.fori_loop(1, k, body, (centers, closest))
+  return centers
+
+
+def lloyd(x, weights, centers, max_iter: int = 300):
+  """Lloyd iterations until the assignments stop changing (or max_iter).
+
+  Returns (centers [k, D], assignments int32 [N], inertia scalar over weighted rows). An empty
+  cluster keeps its previous center.
+  """
+  k = centers.shape[0]
+  w = weights.astype(x.dtype)
+
+  def assign(centers):
+    return jnp.argmin(_squared_distances(x, centers), axis=1).astype(jnp.int32)
+
+  def update(centers, labels):
+    sums = jax.ops.segment_sum(x * w[:, None], labels, num_segments=k)
+    counts = jax.ops.segment_sum(w, labels, num_segments=k)
+    return jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1.0)[:, None], centers)
+
+  def cond(state):
+    _, labels, previous, step = state
+    return (step < max_iter) & jnp.any((labels != previous) & weights)
+
+  def body(state):
+    centers, labels, _, step = state
+    centers = update(centers, labels)
+    return centers, assign(centers), labels, step + 1
+
+  labels = assign(centers)
+  centers, labels, _, _ = jax.lax.while_loop(cond, body, (centers, labels, labels - 1, 0))
+  distances = jnp.take_along_axis(_squared_distances(x, centers), labels[:, None], axis=1)[:, 0]
+  return centers, labels, jnp.sum(jnp.maximum(distances, 0.0) * w)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "n_init", "max_iter"))
+def kmeans(key, x, weights, k: int, n_init: int = 10, max_iter: int = 300):
+  """K-means of the weighted rows of x [N, D]: n_init k-means++ starts, the lowest inertia wins.
+
+  Returns (centers float32 [k, D], assignments int32 [N]).
+  """
+
+  def run(key):
+    return lloyd(x, weights, kmeans_plus_plus(key, x, weights, k), max_iter)
+
+  centers, labels, inertia = jax.vmap(run)(jax.random.split(key, n_init))
+  best = jnp.argmin(inertia)
+  return centers[best], labels[best]
+
+
+def kmeans_concepts(
+  features, mask, n_concepts: int = 5, seed: int = 0, n_init: int = 10, max_iter: int = 300
+) -> jax.Array:
+  """Concept map from a joint K-means of L2-normalised foreground tokens.
+
+  Args:
+    features: float32 [B, h, w, D] patch features.
+    mask: bool [B, h, w] foreground patches.
+    n_concepts: number of clusters.
+    seed: PRNG seed of the k-means++ starts (same seed, same result).
+    n_init: number of starts; the one with the lowest inertia is kept.
+    max_iter: Lloyd iterations at most.
+
+  Returns:
+    int32 [B, h, w]: cluster index in [0, n_concepts), -1 on background.
+  """
+  x, fg = _flatten(features, mask, n_concepts)
+  x = x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+  _, labels = kmeans(jax.random.PRNGKey(seed), x, fg, n_concepts, n_init, max_iter)
+  return jnp.where(fg, labels, -1).reshape(jnp.shape(mask))

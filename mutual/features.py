@@ -1,0 +1,52 @@
+"""Patch features and image embeddings of a CLIP vision tower, on a patch grid."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+FEATURE_KINDS = ("tokens", "keys")
+
+
+def patch_features(bundle, images, kind: str = "tokens") -> jax.Array:
+  """Per-patch features of the last vision stage, laid out on the spatial grid.
+
+  Args:
+    bundle: a stori_jax CLIPBundle (ViT, ModifiedResNet or ConvNeXt image tower).
+    images: float32 [B, S, S, 3], normalised (bundle.preprocess output).
+    kind: "tokens", the final spatial feature map (ViT: the residual stream after the last
+      block, before ln_post; CNNs: the last stage's output before pooling); or "keys", the
+      attention keys of the last block (ViT: ln_1 output times the key projection, heads
+      concatenated; ResNet: the attention pool's keys). The class / mean token is dropped.
+
+  Returns:
+    float32 [B, h, w, D]: ViT h = w = S / patch_size, D the tower width; CNNs the final
+    stage's grid and channels.
+  """
+  if kind not in FEATURE_KINDS:
+    raise ValueError(f"kind must be one of {FEATURE_KINDS}, got {kind!r}.")
+  if kind == "keys" and bundle.config.vision_kind == "convnext":
+    raise ValueError(
+      "ConvNeXt towers have no attention, so there are no keys: use kind='tokens' "
+      "(config.analysis.feature_kind='tokens') for this model."
+    )
+  _, details = bundle.image_details(images)
+  if kind == "tokens":
+    return details["feature_map"].astype(jnp.float32)
+  tokens = details["keys"][:, 1:]
+  batch, count, width = tokens.shape
+  side = math.isqrt(count)
+  if side * side != count:
+    raise ValueError(f"{count} patch keys do not form a square grid.")
+  return tokens.reshape(batch, side, side, width).astype(jnp.float32)
+
+
+def image_embeddings(bundle, images, normalize: bool = True) -> jax.Array:
+  """Images float32 [B, S, S, 3] (normalised) -> embeddings float32 [B, E], L2-normalised
+  unless normalize=False."""
+  embeddings = bundle.encode_image(images)
+  if normalize:
+    embeddings = embeddings / jnp.linalg.norm(embeddings, axis=-1, keepdims=True)
+  return embeddings

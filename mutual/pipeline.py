@@ -1,0 +1,298 @@
+"""The mutual-knowledge analysis of one class's B images, batched end to end.
+
+  1. zero-shot prediction with the class embeddings (`encode_bank`);
+  2. vision side (mutual.features / foreground / crf / concepts / visual_prompts): patch features,
+     prominent patches, CRF refinement, visual concepts (PCA and / or K-means, fitted jointly over
+     the B images), one embedding per concept from its visual prompts;
+  3. language stages (`language_stages`, one jit-compiled function vmapped over the images):
+     descriptor scores, top-k intersection and relevance filter, optimal transport, top descriptors
+     per concept, importance order, the predicted class's top-u descriptors, the MI curve and the
+     OT entropy diagnostic.
+`analyze_class` returns numpy arrays per image; `mutual.report` turns them into JSON and figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mutual import concepts, crf, descriptors, features, foreground, information, transport
+from mutual import visual_prompts
+from stori_jax.evaluation.synthetic_world import encode_texts
+from stori_jax.preprocess import normalize
+
+METHODS = ("pca", "kmeans")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextBank:
+  """The descriptors and classes, encoded once per model.
+
+  Attributes:
+    descriptors: the D unique descriptors (index = descriptor id).
+    descriptor_embeddings: float32 [D, E], unit rows (descriptors encoded with no template).
+    class_names: C names; class_embeddings: float32 [C, E], unit rows.
+  """
+
+  descriptors: tuple[str, ...]
+  descriptor_embeddings: np.ndarray
+  class_names: tuple[str, ...]
+  class_embeddings: np.ndarray
+
+
+def class_prompts(
+  name: str,
+  class_descriptors: Sequence[str],
+  mode: str = "descriptors",
+  templates: Sequence[str] = ("a photo of a {c}.",),
+  descriptor_template: str = "{c}, which has {d}.",
+) -> list[str]:
+  """The prompts averaged into a class's embedding.
+
+  mode "descriptors": Menon & Vondrick's descriptor-based class embedding, one prompt per class
+  descriptor; "templates": the zero-shot template ensemble (paper Table 8).
+  """
+  if mode == "descriptors":
+    if not class_descriptors:
+      raise ValueError(f"class {name!r} has no descriptors for a descriptor-based embedding.")
+    return [descriptor_template.format(c=name, d=d) for d in class_descriptors]
+  if mode == "templates":
+    return [t.format(c=name) for t in templates]
+  raise ValueError(f"class prompt mode must be 'descriptors' or 'templates', got {mode!r}.")
+
+
+def encode_bank(
+  bundle,
+  class_names: Sequence[str],
+  per_class_descriptors: Sequence[Sequence[str]],
+  bank: Sequence[str],
+  *,
+  mode: str = "descriptors",
+  templates: Sequence[str] = ("a photo of a {c}.",),
+  descriptor_template: str = "{c}, which has {d}.",
+  batch_size: int = 256,
+  progress: bool = True,
+) -> TextBank:
+  """Encodes the descriptor bank (no template) and the class embeddings (mean of unit prompt
+  embeddings, re-normalised)."""
+  if len(class_names) != len(per_class_descriptors):
+    raise ValueError("one descriptor list per class is needed")
+  desc = "encode descriptors" if progress else None
+  bank_embeddings = encode_texts(bundle, list(bank), batch_size=batch_size, desc=desc)
+  prompts = [
+    class_prompts(n, d, mode, templates, descriptor_template)
+    for n, d in zip(class_names, per_class_descriptors)
+  ]
+  flat = [p for group in prompts for p in group]
+  encoded = encode_texts(
+    bundle, flat, batch_size=batch_size, desc="encode classes" if progress else None
+  )
+  bounds = np.cumsum([0] + [len(g) for g in prompts])
+  classes = np.stack([encoded[a:b].mean(axis=0) for a, b in zip(bounds[:-1], bounds[1:])])
+  classes /= np.linalg.norm(classes, axis=-1, keepdims=True)
+  return TextBank(tuple(bank), bank_embeddings, tuple(class_names), classes.astype(np.float32))
+
+
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    "top_k",
+    "rule",
+    "solver",
+    "top",
+    "u",
+    "formula",
+    "iterations",
+    "max_iterations",
+  ),
+)
+def language_stages(
+  concept_embeddings: jax.Array,
+  concept_valid: jax.Array,
+  image_embeddings: jax.Array,
+  descriptor_embeddings: jax.Array,
+  class_embeddings: jax.Array,
+  predicted: jax.Array,
+  *,
+  top_k: int = 500,
+  rule: str = "mean",
+  offset: float = 0.02,
+  solver: str = "ott",
+  scale: float = 2.5,
+  epsilon: float = 1.0,
+  iterations: int = 1000,
+  threshold: float = 1e-6,
+  max_iterations: int = 2000,
+  top: int = 3,
+  u: int = 50,
+  formula: str = "reference",
+) -> dict[str, jax.Array]:
+  """Descriptor scoring to MI curves for B images (shapes: B images, L concepts, D descriptors).
+
+  Args:
+    concept_embeddings: float32 [B, L, E]; concept_valid: bool [B, L].
+    image_embeddings: float32 [B, E] unit whole-image embeddings.
+    descriptor_embeddings: float32 [D, E]; class_embeddings: float32 [C, E]; predicted: int [B].
+    The rest: see mutual.descriptors, mutual.transport and mutual.information.
+
+  Returns:
+    dict of arrays: candidates bool [B, D]; concept_ids int32 [B, L, top] / concept_ids_valid;
+    visual_ids int32 [B, L*top] (importance order) / visual_valid / visual_scores; language_ids
+    int32 [B, u']; curve float32 [B, L*top + 1]; n_visual int32 [B]; entropy and
+    entropy_without_ot float32 [B] (App. A.2), concept_ids_without_ot.
+  """
+  concept_scores = descriptors.cosine_scores(concept_embeddings, descriptor_embeddings)
+  image_scores = descriptors.cosine_scores(image_embeddings, descriptor_embeddings)
+  candidates = descriptors.select_candidates(
+    concept_scores, concept_valid, image_scores, k=top_k, rule=rule, offset=offset
+  )
+  ot = dict(
+    solver=solver,
+    top=top,
+    scale=scale,
+    epsilon=epsilon,
+    iterations=iterations,
+    threshold=threshold,
+    max_iterations=max_iterations,
+  )
+  ids, ids_valid = transport.concept_descriptors(concept_scores, concept_valid, candidates, **ot)
+  raw_ids, raw_valid = transport.concept_descriptors(
+    concept_scores, concept_valid, candidates, use_ot=False, **ot
+  )
+  visual_ids, visual_valid, visual_scores = jax.vmap(information.importance_order)(
+    ids, ids_valid, image_scores
+  )
+  language_ids, language_scores = descriptors.language_concepts(
+    class_embeddings, descriptor_embeddings, predicted, u
+  )
+  curve = information.mi_curves(visual_ids, visual_valid, language_ids, formula=formula)
+  return dict(
+    candidates=candidates,
+    concept_ids=ids,
+    concept_ids_valid=ids_valid,
+    concept_ids_without_ot=raw_ids,
+    visual_ids=visual_ids,
+    visual_valid=visual_valid,
+    visual_scores=visual_scores,
+    language_ids=language_ids,
+    language_scores=language_scores,
+    curve=curve,
+    n_visual=jnp.sum(visual_valid, axis=1).astype(jnp.int32),
+    entropy=jax.vmap(transport.choice_entropy)(ids, ids_valid),
+    entropy_without_ot=jax.vmap(transport.choice_entropy)(raw_ids, raw_valid),
+  )
+
+
+def stage_options(analysis) -> dict[str, Any]:
+  """config.analysis -> the keyword arguments of `language_stages`."""
+  return dict(
+    top_k=int(analysis.top_k),
+    rule=analysis.relevance,
+    offset=float(analysis.relevance_offset),
+    solver=analysis.solver,
+    scale=float(analysis.ot_scale),
+    epsilon=float(analysis.ot_epsilon),
+    iterations=int(analysis.ot_iterations),
+    threshold=float(analysis.ot_threshold),
+    max_iterations=int(analysis.ot_max_iterations),
+    top=int(analysis.top_descriptors),
+    u=int(analysis.u),
+    formula=analysis.mi_formula,
+  )
+
+
+def concept_maps(features_, mask, method: str, n_concepts: int, seed: int = 0) -> jax.Array:
+  """int32 [B, h, w] visual concepts of the foreground patches (-1: background)."""
+  if method == "pca":
+    return concepts.pca_concepts(features_, mask, n_concepts=n_concepts)
+  if method == "kmeans":
+    return concepts.kmeans_concepts(features_, mask, n_concepts=n_concepts, seed=seed)
+  raise ValueError(f"concept method must be one of {METHODS}, got {method!r}.")
+
+
+def pixel_concepts(maps: jax.Array, pixel_mask: jax.Array) -> jax.Array:
+  """Patch concept maps [B, h, w] -> pixel maps int32 [B, H, W] (nearest), -1 outside the
+  refined foreground (the reference blanks concept pixels the CRF calls background)."""
+  batch, height, width = pixel_mask.shape
+  rows = (jnp.arange(height) * maps.shape[1]) // height
+  cols = (jnp.arange(width) * maps.shape[2]) // width
+  upsampled = maps[:, rows][:, :, cols]
+  return jnp.where(pixel_mask, upsampled, -1)
+
+
+def analyze_class(
+  bundle, images: np.ndarray, bank: TextBank, analysis, methods: Sequence[str] = METHODS
+) -> dict[str, Any]:
+  """The full analysis of one class's images.
+
+  Args:
+    bundle: a CLIPBundle with a ViT image tower.
+    images: uint8 [B, S, S, 3] at the model's input size.
+    bank: the encoded descriptors and classes.
+    analysis: config.analysis (see configs/mutual_synthetic.py).
+    methods: concept methods to run ("pca", "kmeans").
+
+  Returns:
+    dict of numpy arrays: predicted int [B], class_scores [B, C], foreground bool [B, h, w],
+    refined bool [B, S, S]; and per method a dict with concept_maps int [B, h, w], pixel_maps
+    int [B, S, S] (the regions prompted: concepts inside the refined foreground), concept_valid
+    bool [B, L] and the outputs of `language_stages`.
+  """
+  images = np.asarray(images)
+  if images.dtype != np.uint8 or images.ndim != 4:
+    raise ValueError(f"images must be uint8 [B, S, S, 3], got {images.dtype} {images.shape}")
+  x = normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)
+  image_embeddings = features.image_embeddings(bundle, x)
+  class_scores = image_embeddings @ jnp.asarray(bank.class_embeddings).T
+  predicted = jnp.argmax(class_scores, axis=-1)
+  patch = features.patch_features(bundle, x, kind=analysis.feature_kind)
+  fg = foreground.prominent_patches(
+    patch, joint=bool(analysis.joint_foreground), center=bool(analysis.center_features)
+  )
+  size = images.shape[1]
+  coarse = foreground.upsample_mask(fg, size)
+  refined = crf.refine(images, coarse) if analysis.crf else coarse
+  # Where the CRF removes a whole foreground, keep the unrefined one (the reference would fail
+  # to fit an ellipse there).
+  refined = jnp.where(jnp.any(refined, axis=(1, 2), keepdims=True), refined, coarse)
+  out: dict[str, Any] = dict(
+    predicted=np.asarray(predicted),
+    class_scores=np.asarray(class_scores),
+    foreground=np.asarray(fg),
+    refined=np.asarray(refined),
+  )
+  options = stage_options(analysis)
+  n = int(analysis.n_concepts)
+  for method in methods:
+    maps = concept_maps(patch, fg, method, n, int(analysis.kmeans_seed))
+    pixel_maps = pixel_concepts(maps, refined)
+    embeddings, valid = visual_prompts.concept_embeddings(bundle, images, pixel_maps, n_concepts=n)
+    stages = language_stages(
+      embeddings,
+      valid,
+      image_embeddings,
+      jnp.asarray(bank.descriptor_embeddings),
+      jnp.asarray(bank.class_embeddings),
+      predicted,
+      **options,
+    )
+    out[method] = dict(
+      concept_maps=np.asarray(maps),
+      pixel_maps=np.asarray(pixel_maps),
+      concept_valid=np.asarray(valid),
+      **{k: np.asarray(v) for k, v in stages.items()},
+    )
+  return out
+
+
+def summarise(result: Mapping[str, Any], method: str) -> dict[str, np.ndarray]:
+  """Per-image MI (curve point 0), AUC (mean of its N + 1 points) and curve lengths."""
+  r = result[method]
+  lengths = r["n_visual"] + 1
+  auc = np.array([information.curve_auc(c, n) for c, n in zip(r["curve"], lengths)])
+  return dict(mi=r["curve"][:, 0], auc=auc, lengths=lengths)

@@ -1,0 +1,257 @@
+"""The mutual-knowledge pipeline end to end: the embedded world (ground truth), reports, the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stori_jax
+from mutual import analyze, data, descriptors, information, pipeline, report, transport
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(path="configs/mutual_synthetic.py"):
+  namespace = {}
+  with open(os.path.join(ROOT, path)) as f:
+    exec(compile(f.read(), path, "exec"), namespace)
+  return namespace["get_config"]()
+
+
+def test_language_stages_compose_the_stage_functions():
+  """The jitted batch equals the stages called one by one (and their invariants hold)."""
+  rng = np.random.default_rng(0)
+  b, l, d, e, c = 3, 5, 50, 16, 4
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+  desc = unit(rng.normal(size=(d, e))).astype(np.float32)
+  image = unit(rng.normal(size=(b, e)) + desc[:3].sum(0)).astype(np.float32)
+  concepts = (0.7 * image[:, None] + 0.3 * unit(rng.normal(size=(b, l, e)))).astype(np.float32)
+  valid = np.ones((b, l), bool)
+  valid[2, 4] = False
+  classes = unit(rng.normal(size=(c, e))).astype(np.float32)
+  predicted = jnp.array([1, 3, 1])
+  out = pipeline.language_stages(
+    concepts, valid, image, desc, classes, predicted, top_k=20, u=10, solver="reference"
+  )
+  scores = np.einsum("ble,de->bld", concepts, desc)
+  cand = descriptors.select_candidates(scores, valid, image @ desc.T, k=20)
+  np.testing.assert_array_equal(out["candidates"], cand)
+  ids, ok = transport.concept_descriptors(scores, valid, cand, solver="reference")
+  np.testing.assert_array_equal(out["concept_ids"], ids)
+  for i in range(b):
+    chosen = set(np.asarray(ids[i])[np.asarray(ok[i])].tolist())
+    n = int(out["n_visual"][i])
+    visual = np.asarray(out["visual_ids"][i][:n])
+    assert set(visual.tolist()) == chosen and len(visual) == len(chosen)
+    assert np.all(np.asarray(cand[i])[visual])
+    relevance = (image[i] @ desc.T)[visual]
+    assert np.all(np.diff(relevance) <= 1e-6)  # importance order
+    want_lang = np.argsort(-(desc @ classes[int(predicted[i])]))[:10]
+    np.testing.assert_array_equal(out["language_ids"][i], want_lang)
+    k = len(set(visual.tolist()) & set(want_lang.tolist()))
+    expect = np.log(n * 10 * k) if k else 0.0
+    assert float(out["curve"][i, 0]) == pytest.approx(expect, abs=1e-5)
+
+
+def test_aggregate_zero_pads_curves_and_formats_table_3():
+  def record(name, correct, curve):
+    m = dict(
+      mi=curve[0],
+      curve=curve,
+      auc=float(np.mean(curve)),
+      visual_descriptors=["x"] * (len(curve) - 1),
+      mutual_descriptors=[],
+      entropy=1.0,
+      entropy_without_ot=0.5,
+    )
+    return dict(class_name=name, correct=correct, methods=dict(pca=m, kmeans=m))
+
+  records = [
+    record("a", True, [3.0, 2.0, 0.0]),
+    record("a", False, [4.0, 1.0, 1.0, 0.0]),
+    record("b", True, [2.0, 0.0]),
+  ]
+  out = report.aggregate(records, ("pca", "kmeans"))
+  a = out["classes"]["a"]["pca"]
+  np.testing.assert_allclose(a["curve"], [3.5, 1.5, 0.5, 0.0])
+  assert a["auc"] == pytest.approx(5.5 / 4)
+  assert a["mean_image_auc"] == pytest.approx((5 / 3 + 1.5) / 2)
+  ds = out["dataset"]
+  np.testing.assert_allclose(ds["pca"]["curve"], [3.0, 1.0, 1 / 3, 0.0], atol=1e-6)
+  assert ds["top1"] == pytest.approx(200 / 3, abs=1e-4) and ds["pca"]["mi"] == pytest.approx(3.0)
+  table = report.markdown_table(ds, "tiny", ("pca", "kmeans"))
+  assert "| Model | Top-1 (%) | MI PCA | MI K-means | AUC PCA | AUC K-means |" in table
+  assert "| tiny | 66.67 | 3.000 | 3.000 | 1.083 | 1.083 |" in table
+
+
+@pytest.mark.slow
+def test_embedded_world_concepts_land_on_objects_and_name_their_attributes():
+  """Ground truth of the generator: concept regions lie on the objects far more than the
+  objects' share of the image, and the chosen descriptors name the object's attributes
+  (colour, pattern, shape, size) more often than the bank's share of such descriptors."""
+  config = _config()
+  bundle = stori_jax.load("tiny-synthetic")
+  per_class = data.synthetic_descriptors()
+  names = list(per_class)
+  bank_list = analyze._bank(config, per_class)
+  bank = pipeline.encode_bank(bundle, names, list(per_class.values()), bank_list, progress=False)
+  overlap, hits, correct = [], [], []
+  for cls in data.synthetic_classes(8, seed=1, classes=(0, 3, 6, 9)):
+    result = pipeline.analyze_class(bundle, cls.images, bank, config.analysis)
+    correct += list(result["predicted"] == cls.label)
+    for method in ("pca", "kmeans"):
+      r = result[method]
+      overlap.append(data.object_overlap(cls.truth, r["pixel_maps"]))
+      hits.append(
+        data.descriptor_hits(cls.truth, bank.descriptors, r["visual_ids"], r["visual_valid"])
+      )
+      lengths = r["n_visual"] + 1
+      assert np.all(lengths <= config.analysis.n_concepts * config.analysis.top_descriptors + 1)
+      for curve, n in zip(r["curve"], lengths):
+        assert np.all(np.diff(curve[:n]) <= 1e-6)  # removing descriptors never adds matches
+        assert curve[n - 1] == 0.0  # all removed: no match left
+  on_object, chance = np.mean(overlap, axis=0)
+  hit, hit_chance = np.mean(hits, axis=0)
+  assert on_object > 3 * chance, (on_object, chance)
+  assert hit > 1.5 * hit_chance, (hit, hit_chance)
+  assert np.mean(correct) > 0.5
+
+
+@pytest.mark.slow
+def test_cli_outputs_are_complete_and_deterministic(tmp_path):
+  args = [
+    "--config.data.classes=(2,)",
+    "--config.data.images_per_class=4",
+    "--config.figures_per_class=2",
+  ]
+  command = [
+    sys.executable,
+    "-m",
+    "mutual.analyze",
+    "--config",
+    os.path.join(ROOT, "configs/mutual_synthetic.py"),
+  ]
+  outputs = []
+  for run in ("a", "b"):
+    workdir = tmp_path / run
+    done = subprocess.run(
+      command + [f"--workdir={workdir}"] + args,
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| Model | Top-1 (%)" in done.stdout
+    outputs.append(workdir)
+  a, b = outputs
+  for name in (
+    "results.json",
+    "table.md",
+    "per_image/0002/00000.json",
+    "per_image/0002/00003.json",
+  ):
+    assert (a / name).read_bytes() == (b / name).read_bytes(), name
+  for name in (
+    "concepts_pca_0002.png",
+    "concepts_kmeans_0002.png",
+    "mutual_pca_0002.png",
+    "curves_0002.png",
+    "curves.png",
+  ):
+    assert (a / "figures" / name).stat().st_size > 1000
+  record = json.loads((a / "per_image/0002/00000.json").read_text())
+  pca = record["methods"]["pca"]
+  assert pca["concepts"] and all(c["descriptors"] for c in pca["concepts"])
+  assert set(pca["mutual_descriptors"]) <= set(pca["visual_descriptors"])
+  assert set(pca["mutual_descriptors"]) <= set(pca["language_descriptors"])
+  assert len(pca["curve"]) == len(pca["visual_descriptors"]) + 1
+  assert pca["auc"] == pytest.approx(np.mean(pca["curve"]), abs=1e-5)
+  results = json.loads((a / "results.json").read_text())
+  assert results["dataset"]["images"] == 4 and set(results["classes"]) == {record["class_name"]}
+  curve = results["dataset"]["pca"]["curve"]
+  assert results["dataset"]["pca"]["auc"] == pytest.approx(information.curve_auc(curve), abs=1e-5)
+
+
+def test_cli_missing_descriptors_names_the_url(tmp_path):
+  missing = tmp_path / "descriptors_imagenet.json"
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "mutual.analyze",
+      "--config",
+      os.path.join(ROOT, "configs/mutual_imagenet.py"),
+      f"--workdir={tmp_path / 'out'}",
+      f"--config.data.descriptors={missing}",
+      f"--config.data.root={tmp_path}",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode != 0
+  assert data.descriptors_url("imagenet") in done.stderr and str(missing) in done.stderr
+  assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("name", ["mutual_imagenet", "mutual_places365", "mutual_food101"])
+def test_real_dataset_configs(name):
+  config = _config(f"configs/{name}.py")
+  assert config.data.dataset in data.DESCRIPTOR_FILES
+  assert config.analysis.top_k == 500 and config.analysis.u == 50
+  assert config.analysis.n_concepts == 5 and config.analysis.top_descriptors == 3
+  assert all("{c}" in t for t in config.analysis.templates)
+
+
+def _image_folder(root, classes=("b_class", "a_class"), per_class=3):
+  from PIL import Image
+
+  batch = data.synthetic_classes(per_class * len(classes), seed=5, classes=(0,))
+  images = next(batch).images
+  for c, name in enumerate(classes):
+    os.makedirs(root / name)
+    for i in range(per_class):
+      Image.fromarray(images[c * per_class + i]).save(root / name / f"{i}.png")
+  return images
+
+
+def test_folder_source_names_classes_from_the_descriptor_file(tmp_path):
+  _image_folder(tmp_path / "images")
+  per_class = {"first class": ["round", "red"], "second class": ["striped"]}
+  names, it = data.folder_classes(str(tmp_path / "images"), per_class, 32, images_per_class=2)
+  assert names == ["first class", "second class"]  # sorted folders a_class, b_class
+  got = list(it)
+  assert [c.label for c in got] == [0, 1] and got[1].name == "second class"
+  assert got[0].images.shape == (2, 32, 32, 3) and got[0].images.dtype == np.uint8
+  assert got[0].ids == ("a_class/0.png", "a_class/1.png")
+  with pytest.raises(ValueError, match="classnames"):
+    data.folder_classes(str(tmp_path / "images"), {"only one": ["x"]}, 32)
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    data.folder_classes(str(tmp_path / "missing"), per_class, 32)
+
+
+@pytest.mark.slow
+def test_real_data_path_runs_on_an_image_folder(tmp_path):
+  """configs/mutual_imagenet.py's path (folder + descriptor JSON + template class embeddings),
+  with the tiny model standing in for ViT-B/16."""
+  _image_folder(tmp_path / "images", classes=("n01", "n02"), per_class=3)
+  path = tmp_path / "descriptors.json"
+  names = list(data.synthetic_descriptors())[:2]
+  path.write_text(json.dumps({n: data.synthetic_descriptors()[n] for n in names}))
+  config = _config("configs/mutual_imagenet.py")
+  config.model.source = config.model.name = "tiny-synthetic"
+  config.data.root = str(tmp_path / "images")
+  config.data.descriptors = str(path)
+  config.analysis.top_k, config.analysis.u = 8, 5
+  config.figure_classes = 1
+  results = analyze.run(config, str(tmp_path / "out"), progress=False)
+  assert results["dataset"]["images"] == 6 and set(results["classes"]) == set(names)
+  record = json.loads((tmp_path / "out/per_image/0001/00002.json").read_text())
+  assert record["id"] == "n02/2.png" and record["class_name"] == names[1]
+  assert len(record["methods"]["kmeans"]["language_descriptors"]) == 5
