@@ -42,24 +42,33 @@ def model_config(config: ml_collections.ConfigDict) -> CLIPConfig:
 def batch_for_step(config, step: int) -> tuple[np.ndarray, np.ndarray]:
   """(images float32 [B, S, S, 3] normalised, ids int32 [B, text_length]) of one step.
 
-  A fraction of each batch (config.data.hard_negative_fraction) holds single
-  objects whose colour and pattern come from only two values each: colour, the
-  easiest cue, then no longer separates most pairs, so the contrastive loss has
-  to use shape, pattern, size and position.
+  Two groups of single objects make hard negatives, so the contrastive loss cannot lean
+  on colour, the easiest cue, alone:
+  - config.data.hard_negative_fraction of the batch: colour and pattern from only two
+    values each, so most pairs differ in shape, pattern, size or position;
+  - config.data.pattern_negative_fraction: one colour and one shape for the whole group,
+    so pairs differ only in pattern, size, position and background (pattern is the
+    family a tiny ViT learns last).
   """
   clip_config = model_config(config)
   size = clip_config.vision.image_size
   hard = int(round(config.batch_size * config.data.hard_negative_fraction))
+  same_kind = int(round(config.batch_size * config.data.get("pattern_negative_fraction", 0.0)))
+  if hard + same_kind > config.batch_size:
+    raise ValueError(
+      "data.hard_negative_fraction + data.pattern_negative_fraction must be at most 1; "
+      "lower one of them."
+    )
   batch = synthetic.generate(
-    config.batch_size - hard,
+    config.batch_size - hard - same_kind,
     seed=(config.seed, step),
     image_size=size,
     max_objects=config.data.max_objects,
     two_object_fraction=config.data.two_object_fraction,
   )
   images, captions = [batch.images], list(batch.captions)
+  rng = np.random.default_rng((config.seed, step, 1))
   if hard:
-    rng = np.random.default_rng((config.seed, step, 1))
     colours = rng.choice(synthetic.COLOURS, 2, replace=False)
     patterns = rng.choice(synthetic.PATTERNS, 2, replace=False)
     similar = synthetic.generate_with(
@@ -68,6 +77,16 @@ def batch_for_step(config, step: int) -> tuple[np.ndarray, np.ndarray]:
       image_size=size,
       colour=list(rng.choice(colours, hard)),
       pattern=list(rng.choice(patterns, hard)),
+    )
+    images.append(similar.images)
+    captions += list(similar.captions)
+  if same_kind:
+    similar = synthetic.generate_with(
+      same_kind,
+      seed=(config.seed, step, 3),
+      image_size=size,
+      colour=str(rng.choice(synthetic.COLOURS)),
+      shape=str(rng.choice(synthetic.SHAPES)),
     )
     images.append(similar.images)
     captions += list(similar.captions)
