@@ -252,23 +252,25 @@ def train(config, workdir: str) -> CLIPBundle:
   return bundle
 
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Pretraining config file.", lock_config=True
-)
-flags.DEFINE_string(
-  "workdir",
-  None,
-  "Checkpoints, metrics and the exported model go here; an existing workdir resumes.",
-)
+def _define_flags():
+  # Defined only when run as a program, so that importing this module (tests, other CLIs)
+  # never clashes with another module's --config.
+  config_flags.DEFINE_config_file("config", None, "Pretraining config file.", lock_config=True)
+  flags.DEFINE_string(
+    "workdir",
+    None,
+    "Checkpoints, metrics and the exported model go here; an existing workdir resumes.",
+  )
 
 
 def main(argv):
   del argv
-  config = _CONFIG.value
+  config = flags.FLAGS.config
   workdir = flags.FLAGS.workdir or os.path.join("workdirs", "pretrain")
   train(config, workdir)
 
 
 if __name__ == "__main__":
+  _define_flags()
   flags.mark_flag_as_required("config")
   app.run(main)

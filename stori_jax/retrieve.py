@@ -24,8 +24,6 @@ from ml_collections import config_flags
 
 from stori_jax.retrieval import datasets, index, plots, protocol, tables
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Retrieval config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics, tables and figures go.")
 
 
 def _blocks(value, layers: int) -> list[int]:
@@ -168,16 +166,24 @@ def _write_figures(bundle, emb, task, config, setting, sweeps, workdir: str) -> 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  if _CONFIG.value is None:
+  config = flags.FLAGS.config
+  if config is None:
     raise SystemExit("--config is required, e.g. --config configs/retrieval_synthetic.py")
-  workdir = _WORKDIR.value or os.path.join("workdirs", "retrieval", _CONFIG.value.data.source)
+  workdir = flags.FLAGS.workdir or os.path.join("workdirs", "retrieval", config.data.source)
   try:
-    results = run(_CONFIG.value, workdir)
+    results = run(config, workdir)
   except (ValueError, FileNotFoundError) as e:
     raise SystemExit(f"retrieve: {e}") from e
-  print(tables.report(results, _CONFIG.value.get("table_digits", 3)))
+  print(tables.report(results, config.get("table_digits", 3)))
   print(f"Wrote retrieval_metrics.json, retrieval_tables.md and figures to {workdir}")
 
 
+def _define_flags():
+  # Defined only when run as a program: importing this module must not claim --config.
+  config_flags.DEFINE_config_file("config", None, "Retrieval config file.")
+  flags.DEFINE_string("workdir", None, "Where metrics, tables and figures go.")
+
+
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
