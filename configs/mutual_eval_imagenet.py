@@ -1,0 +1,43 @@
+r"""Table 1 and the paper's protocols on ImageNet val with OpenAI ViT-B/16 (the paper's setting).
+
+python -m mutual.evaluate --config configs/mutual_eval_imagenet.py --workdir DIR \
+  --config.data.root=/data/imagenet/val \
+  --config.data.descriptors=data/descriptors/descriptors_imagenet.json \
+  --config.baselines.data.root=/data/imagenet/train
+
+The analysis is configs/mutual_imagenet.py's. The baselines train on ImageNet's train split
+(folder <root>/<wnid>/<images>, or --config.baselines.data.source=tfds with split "train") at
+App. D's settings: Adam, batch 64, learning rate 1e-4 decayed by a cosine to 1e-5, q = 512.
+The paper trains on the full train set; here the patch features are cached in memory (ViT-B/16
+tokens in float16: 301 KB per image), so the default takes 20 images per class (20,000 images,
+6 GB); raise `images_per_class` where memory allows (0: all).
+"""
+
+from mutual import protocols
+from mutual.analyze import real_config
+from mutual.evaluate import baselines_config, evaluation_config
+
+# Paper Table 8 (as configs/mutual_imagenet.py).
+TEMPLATES = (
+  "itap of a {c}.",
+  "a bad photo of the {c}.",
+  "a origami {c}.",
+  "a photo of the large {c}.",
+  "a {c} in a video game.",
+  "art of the {c}.",
+  "a photo of the small {c}.",
+  "a photo of a {c}.",
+)
+
+
+def get_config():
+  config = real_config("imagenet", "imagenet2012", TEMPLATES)
+  config.name = "mutual_eval_imagenet"
+  config.evaluation = evaluation_config(batch_size=128)
+  config.baselines = baselines_config(
+    data_overrides=dict(root="", split="train", images_per_class=20),
+    cache_dtype="float16",
+    train=dict(epochs=10),
+  )
+  config.protocols = protocols.protocols_config()
+  return config

@@ -1,0 +1,56 @@
+r"""Table 3 and Figure 3 (right) of the mutual-knowledge paper: its 13 models on ImageNet val.
+
+  python -m mutual.sweep --config configs/mutual_sweep.py --workdir DIR \
+    --config.data.root=/data/imagenet/val \
+    --config.data.descriptors=data/descriptors/descriptors_imagenet.json
+  python -m mutual.sweep --config configs/mutual_sweep.py:random --workdir DIR   # offline check
+
+Data and analysis settings are configs/mutual_imagenet.py's (TFDS: --config.data.source=tfds
+--config.data.root=TFDS_DATA_DIR; a subset: --config.data.classes / images_per_class).
+Sweep fields:
+  models              registry names (default the study's 13: `python -m stori_jax.models
+                      --paper mutual-knowledge` lists them and whether their weights are here);
+                      a subset: --config.models="('openai-rn50','openai-vit-b-16')"
+  skip_missing        False: a model without weights stops the run, before any image is read,
+                      with the registry's message (repository, file, where to put it); True:
+                      leave it out with a warning (listed under "skipped" in results.json)
+  models_dir          hand-placed weights (<models_dir>/<name>/); default $STORI_JAX_MODELS
+  max_loaded_models   models held at once (0: all, ~11 GB of fp32 weights for the 13); fewer
+                      reloads models between the two per-model phases of each class chunk
+  classes_per_chunk   classes whose patch features are held at once
+  accuracy            the Top-1 of the AUC-accuracy fit: "measured", or the registry's "paper"
+                      (Table 3) / "open_clip" values, e.g. for a run on part of the val set
+  per_image           also write per_image/<model>/<class>/<image>.json
+  random_weights      random-weight instances of the models' architectures (no download);
+  random_models       their image_size (rounded per tower to a multiple of its patch / stride,
+                      at least a 2 x 2 grid; 0: each model's own size), shrink (divide widths by
+                      it and keep <= 2 blocks per stage; 1: the real architectures) and seed.
+
+`:random` is the offline path: random-weight instances of all 13 architectures at about 64 px on
+the embedded synthetic world with its descriptor bank (configs/mutual_synthetic.py's data and
+analysis), 4 images per class. It exercises every stage of the sweep for every tower; its numbers
+carry no meaning.
+"""
+
+import importlib.util
+import os
+
+from mutual.sweep import sweep_config
+
+
+def _sibling(name):
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"_{name}_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def get_config(argument="imagenet"):
+  if argument == "imagenet":
+    return sweep_config(_sibling("mutual_imagenet"))
+  if argument == "random":
+    config = sweep_config(_sibling("mutual_synthetic"), random_weights=True)
+    config.data.images_per_class = 4
+    return config
+  raise ValueError(f"configs/mutual_sweep.py takes 'imagenet' or 'random', got {argument!r}.")

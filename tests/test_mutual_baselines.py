@@ -1,0 +1,207 @@
+"""Table 1's baselines (mutual.baselines): MM-CBM, MM-ProtoSim, Feature Maps on cached features."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from mutual import baselines
+
+
+def _toy(n_per_class=24, classes=3, grid=4, channels=8, seed=0):
+  """Tokens [N, grid, grid, C]: class c lights channel c on a 2 x 2 block of patches at a
+  class-specific place; the other patches are noise."""
+  rng = np.random.default_rng(seed)
+  labels = np.repeat(np.arange(classes), n_per_class).astype(np.int32)
+  tokens = 0.1 * rng.normal(size=(len(labels), grid, grid, channels)).astype(np.float32)
+  for i, c in enumerate(labels):
+    tokens[i, c : c + 2, c : c + 2, c] += 3.0
+  return baselines.CachedFeatures(tokens, labels)
+
+
+def _descriptors(d=6, e=5, seed=1):
+  x = np.random.default_rng(seed).normal(size=(d, e)).astype(np.float32)
+  return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+TRAIN = dict(epochs=40, batch_size=16, learning_rate=3e-2, final_learning_rate=3e-3, seed=0)
+
+
+@pytest.fixture(scope="module")
+def trained():
+  """Both bottlenecks trained once on the toy features: {attention: (model, result)}."""
+  cached, desc = _toy(), _descriptors()
+  return {
+    a: baselines.train_bottleneck(cached, desc, 3, attention=a, width=16, progress=False, **TRAIN)
+    for a in ("softmax", "gumbel")
+  }
+
+
+@pytest.mark.parametrize("attention", ["softmax", "gumbel"])
+def test_bottleneck_learns(trained, attention):
+  cached, desc = _toy(), _descriptors()
+  model, result = trained[attention]
+  assert result.losses[-5:].mean() < 0.5 * result.losses[:5].mean()
+  out = baselines.explain_bottleneck(model, result.params, cached.tokens, desc, cached.labels, 2)
+  assert (out["logits"].argmax(1) == cached.labels).mean() > 0.9
+  assert out["ids"].shape == (72, 2) and out["regions"].shape == (72, 2, 4, 4)
+
+
+def test_training_is_deterministic_given_the_seed(trained):
+  """Same seed, same parameters (Gumbel noise included); another seed, others."""
+  cached, desc = _toy(), _descriptors()
+  short = {**TRAIN, "epochs": 3}
+  runs = [
+    baselines.train_bottleneck(
+      cached, desc, 3, attention="gumbel", width=16, progress=False, **{**short, "seed": s}
+    )[1]
+    for s in (0, 0, 1)
+  ]
+  for a, b in zip(
+    jax.tree_util.tree_leaves(runs[0].params), jax.tree_util.tree_leaves(runs[1].params)
+  ):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(runs[0].losses, runs[1].losses)
+  assert not np.allclose(
+    runs[0].params["classifier"]["kernel"], runs[2].params["classifier"]["kernel"]
+  )
+
+
+def test_cbm_explanation_is_the_largest_contributions_to_the_explained_class(trained):
+  cached = _toy()
+  desc = _descriptors()
+  model, result = trained["softmax"]
+  tokens = cached.tokens[:5]
+  predicted = np.array([0, 1, 2, 0, 1])
+  out = baselines.explain_bottleneck(model, result.params, tokens, desc, predicted, 3, 0.5)
+  _, u, attention = model.apply({"params": result.params}, baselines._flat(tokens), desc)
+  w = np.asarray(result.params["classifier"]["kernel"])  # [D, C]
+  for i, p in enumerate(predicted):
+    contribution = np.asarray(u[i]) * w[:, p]
+    np.testing.assert_array_equal(out["ids"][i], np.argsort(-contribution)[:3])
+    a = np.asarray(attention[i, out["ids"][i, 0]]).reshape(4, 4)
+    lo, hi = a.min(), a.max()
+    np.testing.assert_array_equal(out["regions"][i, 0], a >= lo + 0.5 * (hi - lo))
+  assert out["valid"].all()  # softmax attention always has a maximum
+
+
+def test_protosim_assigns_every_token_to_exactly_one_descriptor(trained):
+  cached = _toy()
+  desc = _descriptors()
+  model, result = trained["gumbel"]
+  _, _, attention = model.apply({"params": result.params}, baselines._flat(cached.tokens), desc)
+  np.testing.assert_allclose(np.asarray(attention).sum(axis=1), 1.0, atol=1e-6)
+  assert set(np.unique(np.round(np.asarray(attention), 6))) <= {0.0, 1.0}
+  out = baselines.explain_bottleneck(
+    model, result.params, cached.tokens, desc, cached.labels, 6, 0.5
+  )
+  regions = out["regions"] & out["valid"][..., None, None]
+  assert regions.sum(axis=1).max() <= 1  # hard assignment: the regions are disjoint
+  # Descriptors with no token are never kept before those with tokens.
+  nonempty = out["regions"].any(axis=(2, 3))
+  np.testing.assert_array_equal(nonempty, out["valid"])
+  assert all(np.all(np.diff(v.astype(int)) <= 0) for v in out["valid"])
+
+
+def test_gumbel_training_noise_is_used_and_seeded():
+  model = baselines.MultimodalBottleneck(3, 8, "gumbel")
+  tokens, desc = jnp.asarray(_toy().tokens[:4]).reshape(4, 16, 8), jnp.asarray(_descriptors())
+  params = model.init({"params": jax.random.PRNGKey(0), "gumbel": jax.random.PRNGKey(1)}, tokens,
+                      desc, train=True)["params"]  # fmt: skip
+
+  def attention(key, noise=1.0):
+    return model.apply({"params": params}, tokens, desc, train=True, noise_scale=noise,
+                       rngs={"gumbel": key})[2]  # fmt: skip
+
+  a, b = attention(jax.random.PRNGKey(2)), attention(jax.random.PRNGKey(3))
+  assert not np.array_equal(a, b)
+  np.testing.assert_array_equal(a, attention(jax.random.PRNGKey(2)))
+  clean = model.apply({"params": params}, tokens, desc)[2]
+  np.testing.assert_allclose(attention(jax.random.PRNGKey(2), 0.0), clean, atol=1e-6)
+
+
+def test_feature_map_concepts_match_a_numpy_reference():
+  rng = np.random.default_rng(3)
+  tokens = rng.normal(size=(2, 5, 5, 12)).astype(np.float32)
+  channels, regions, valid = baselines.feature_map_concepts(tokens, 3, 0.9, skip_object=True)
+  for i in range(2):
+    norms = np.sqrt((tokens[i] ** 2).sum(axis=(0, 1)))
+    want = np.argsort(-norms)[1:4]  # the largest-norm channel (the object) skipped
+    np.testing.assert_array_equal(channels[i], want)
+    for j, c in enumerate(want):
+      m = tokens[i, :, :, c]
+      np.testing.assert_array_equal(regions[i, j], (m - m.min()) / (m.max() - m.min()) >= 0.9)
+  assert valid.all()
+  kept, _, _ = baselines.feature_map_concepts(tokens, 3, 0.9, skip_object=False)
+  np.testing.assert_array_equal(kept[:, 1:], channels[:, :2])
+
+
+def test_dropblock_drops_square_blocks_at_about_the_rate():
+  keep = np.asarray(baselines.dropblock(jax.random.PRNGKey(0), (400, 14, 14), 0.3, 3))
+  assert set(np.unique(keep)) <= {0.0, 1.0}
+  assert 0.55 < keep.mean() < 0.85
+  # Every dropped patch lies in a fully dropped 3 x 3 block.
+  for img in keep[:20]:
+    for r, c in zip(*np.nonzero(img == 0)):
+      assert any(
+        (img[max(a, 0) : a + 3, max(b, 0) : b + 3] == 0).all() and a >= 0 and b >= 0
+        and a + 3 <= 14 and b + 3 <= 14
+        for a in range(r - 2, r + 1)
+        for b in range(c - 2, c + 1)
+      )  # fmt: skip
+  np.testing.assert_array_equal(
+    keep, baselines.dropblock(jax.random.PRNGKey(0), (400, 14, 14), 0.3, 3)
+  )
+  everything = np.asarray(baselines.dropblock(jax.random.PRNGKey(0), (4, 3, 3), 1.0, 3))
+  assert everything.sum(axis=(1, 2)).min() > 0  # never an empty image
+
+
+def test_labeler_names_a_region_by_its_class_descriptors():
+  """Class c's descriptors are {2c, 2c + 1}: a region on class c's lit block gets one of them."""
+  cached = _toy(n_per_class=32)
+  targets = np.zeros((3, 6), np.float32)
+  for c in range(3):
+    targets[c, 2 * c : 2 * c + 2] = 1
+  model, result = baselines.train_labeler(
+    cached, targets, drop_rate=0.3, block_size=2, progress=False, **{**TRAIN, "epochs": 30}
+  )
+  assert result.losses[-5:].mean() < result.losses[:5].mean()
+  out = baselines.explain_feature_maps(model, result.params, cached.tokens, 2, 0.9, True)
+  assert out["ids"].shape == (96, 2) and out["label_scores"].shape == (96, 2, 6)
+  # The largest-norm channel is the class's lit channel; with skip_object=False its region is
+  # the lit block, and its label one of the class's descriptors.
+  own = baselines.explain_feature_maps(model, result.params, cached.tokens, 1, 0.9, False)
+  assert (own["channels"][:, 0] == cached.labels).all()
+  hit = targets[cached.labels, own["ids"][:, 0]]
+  assert hit.mean() > 0.9
+
+
+def test_descriptor_targets_and_fit_errors():
+  t = baselines.descriptor_targets(["a", "b"], {"a": ["x", "y"], "b": ["y", "zz"]}, ["x", "y", "z"])
+  np.testing.assert_array_equal(t, [[1, 1, 0], [0, 1, 0]])
+  with pytest.raises(ValueError, match="no training examples"):
+    baselines.fit(lambda p, b, k, s: 0.0, {}, {"x": np.zeros((0, 2))}, epochs=1)
+
+
+def test_train_all_and_explain_on_toy_features():
+  cached = _toy()
+  desc = _descriptors()
+  targets = np.eye(3, 6, dtype=np.float32)
+  config = ml_collections.ConfigDict(
+    dict(
+      n_concepts=2,
+      width=8,
+      gumbel_temperature=1.0,
+      region_threshold=0.5,
+      feature_maps=dict(threshold=0.9, skip_object=True, drop_rate=0.3, block_size=2),
+      train=dict(TRAIN, epochs=1),
+    )
+  )
+  trained = baselines.train_all(cached, desc, targets, config, progress=False)
+  out = trained.explain(cached.tokens[:4], desc, np.zeros(4, int), config)
+  assert set(out) == set(baselines.NAMES)
+  for e in out.values():
+    assert e["ids"].shape == (4, 2) and e["regions"].shape == (4, 2, 4, 4)
+  summary = trained.training_summary()
+  assert all(s["steps"] == 72 // 16 for s in summary.values())

@@ -1,0 +1,212 @@
+"""`python -m mutual.evaluate`: Table 1 (App. D, E) and the protocols, on the embedded world and
+on an image folder standing in for ImageNet."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mutual import data, evaluate, xai
+from stori_jax.fewshot.datasets import DatasetMissingError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS = (
+  "MM-CBM",
+  "MM-ProtoSim",
+  "Feature Maps",
+  "Ours (PCA)",
+  "Ours (K-means)",
+  "Random order (PCA)",
+  "Random order (K-means)",
+)
+
+
+def _config(path="configs/mutual_eval_synthetic.py"):
+  namespace = {}
+  with open(os.path.join(ROOT, path)) as f:
+    exec(compile(f.read(), path, "exec"), namespace)
+  return namespace["get_config"]()
+
+
+def _without_times(x):
+  if isinstance(x, dict):
+    return {k: _without_times(v) for k, v in x.items() if k != "seconds"}
+  if isinstance(x, list):
+    return [_without_times(v) for v in x]
+  return x
+
+
+def test_configs_follow_app_d_and_agree_on_the_number_of_concepts():
+  imagenet = _config("configs/mutual_eval_imagenet.py")
+  b = imagenet.baselines
+  assert (b.width, b.train.batch_size) == (512, 64)  # q = 512, batch 64
+  assert (b.train.learning_rate, b.train.final_learning_rate) == (1e-4, 1e-5)
+  assert b.feature_maps.threshold == 0.9 and b.data.split == "train"
+  assert imagenet.analysis.top_k == 500 and imagenet.data.dataset == "imagenet"
+  for config in (imagenet, _config()):
+    assert config.baselines.n_concepts == config.analysis.n_concepts == 5
+    assert config.evaluation.score_scale == 2.5
+    assert set(config.evaluation.protocols) <= {"table2", "ot_entropy", "blur", "bank_quality"}
+  synthetic = _config()
+  assert synthetic.baselines.data.seed != synthetic.data.seed  # training images held apart
+
+
+def test_missing_training_images_say_where_to_put_them(tmp_path):
+  config = _config("configs/mutual_eval_imagenet.py")
+  config.baselines.data.root = str(tmp_path / "train")
+  with pytest.raises(DatasetMissingError, match="does not exist"):
+    evaluate._load_classes(config, config.baselines.data, 32)
+
+
+def test_explanations_turn_regions_into_pixel_masks():
+  config = _config()
+  cls = data.ClassImages(0, "x", np.zeros((2, 16, 16, 3), np.uint8), ("a", "b"))
+  pixel = -np.ones((2, 16, 16), int)
+  pixel[0, :4] = 0
+  pixel[0, 4:8] = 3
+  pixel[1, :, :5] = 1
+  ids_valid = np.ones((2, 5, 3), bool)
+  ids_valid[0, 3] = False
+  r = dict(
+    pixel_maps=pixel,
+    concept_valid=np.ones((2, 5), bool),
+    concept_ids=np.arange(30).reshape(2, 5, 3),
+    concept_ids_valid=ids_valid,
+  )
+  result = dict(pca=r, kmeans=r)
+  regions = np.zeros((2, 5, 4, 4), bool)
+  regions[0, 0, 0, 0] = True
+  baseline = {
+    "MM-CBM": dict(regions=regions, valid=np.ones((2, 5), bool), ids=np.ones((2, 5), int))
+  }
+  rows = evaluate.explanations(cls, result, config, baseline)
+  masks, valid, ids, ids_valid = rows["Ours (PCA)"]
+  assert masks.shape == (2, 5, 16, 16) and masks[0, 3, 5].all() and not masks[0, 1].any()
+  # Concepts without a pixel are not valid (nothing to blur).
+  assert valid[0].tolist() == [True, False, False, True, False]
+  assert ids[0].tolist() == [0, 3, 6, 9, 12]  # each concept's first descriptor
+  assert ids_valid[0].tolist() == [True, True, True, False, True]
+  masks, valid, _, _ = rows["MM-CBM"]
+  assert masks[0, 0, :4, :4].all() and masks[0, 0].sum() == 16  # 4 x 4 grid -> 16 x 16
+  assert valid[0].tolist() == [True, False, False, False, False]
+
+
+def test_beats_random_reads_each_metric_in_its_direction():
+  ours = dict(deletion=1.0, insertion=3.0, acc_drop=0.5, acc_increase=0.2)
+  rand = dict(deletion=2.0, insertion=2.0, acc_drop=0.5, acc_increase=0.3)
+  out = evaluate.beats_random({"Ours (PCA)": ours, "Random order (PCA)": rand, "MM-CBM": rand})
+  assert out == {
+    "Ours (PCA)": dict(deletion=True, insertion=True, acc_drop=False, acc_increase=False)
+  }
+
+
+def test_unknown_protocol_is_named():
+  config = _config()
+  config.evaluation.protocols = ("table2", "table9")
+  with pytest.raises(ValueError, match="table9"):
+    evaluate.run_protocols(None, config, None, [], [], 64, None)
+
+
+@pytest.mark.slow
+def test_cli_outputs_are_complete_and_deterministic(tmp_path):
+  """A small synthetic run through the CLI twice: every output, and the same numbers."""
+  args = [
+    "--config.data.classes=(0, 7)",
+    "--config.data.images_per_class=4",
+    "--config.baselines.data.images_per_class=8",
+    "--config.baselines.train.epochs=2",
+    "--config.evaluation.random_draws=2",
+  ]
+  command = [sys.executable, "-m", "mutual.evaluate", "--config"]
+  command.append(os.path.join(ROOT, "configs/mutual_eval_synthetic.py"))
+  results = []
+  for run in ("a", "b"):
+    workdir = tmp_path / run
+    done = subprocess.run(
+      command + [f"--workdir={workdir}"] + args,
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+      "| Explanation | Requires Training | Delet.↓ | Insert.↑ | AccDrop↓ | AccInc↑ |" in done.stdout
+    )
+    for name in ("table1.md", "table1.json", "curves.png", "protocols.md", "protocols.json"):
+      assert (workdir / name).stat().st_size > 200, name
+    results.append(json.loads((workdir / "table1.json").read_text()))
+  a, b = results
+  assert _without_times(a) == _without_times(b)
+  assert json.loads((tmp_path / "a/protocols.json").read_text()) == json.loads(
+    (tmp_path / "b/protocols.json").read_text()
+  )
+  assert a["images"] == 8 and set(a["explanations"]) == set(ROWS)  # JSON keys are sorted
+  for name, s in a["explanations"].items():
+    assert len(s["curves"]["deletion"]) == 6  # L + 1 steps
+    assert s["acc_drop"] == pytest.approx(xai.curve_auc(s["curves"]["acc_drop"]), abs=1e-5)
+    assert 0 <= s["acc_increase"] <= 5 and 0 <= s["acc_drop"] <= 5, name  # L = 5, accuracy <= 1
+  assert a["requires_training"]["MM-CBM"] and not a["requires_training"]["Ours (PCA)"]
+  assert set(a["protocols"]) == {"table2", "ot_entropy", "blur", "bank_quality"}
+  table = (tmp_path / "a/table1.md").read_text()
+  where = [table.index(f"| {row} |") for row in ROWS]
+  assert where == sorted(where)  # baselines, the method, the random orders
+
+
+@pytest.mark.slow
+def test_embedded_world_explanations_beat_a_random_concept_order(tmp_path):
+  """The default config (all 12 classes, 192 images): the method's importance order beats a
+  random order of the same concepts on Deletion and Insertion, for both concept methods."""
+  config = _config()
+  config.evaluation.protocols = ()
+  results = evaluate.run(config, str(tmp_path), progress=False)
+  e = results["explanations"]
+  for method in ("PCA", "K-means"):
+    ours, rand = e[f"Ours ({method})"], e[f"Random order ({method})"]
+    assert ours["deletion"] < rand["deletion"], method
+    assert ours["insertion"] > rand["insertion"], method
+    assert results["beats_random"][f"Ours ({method})"]["deletion"]
+  # The untrained method is at least as good as every trained baseline on Deletion.
+  best = min(e[n]["deletion"] for n in ("MM-CBM", "MM-ProtoSim", "Feature Maps"))
+  assert min(e["Ours (PCA)"]["deletion"], e["Ours (K-means)"]["deletion"]) < best
+  assert results["images"] == 192 and results["baselines"]["training_images"] == 12 * 128
+
+
+def _image_folder(root, keys, per_class, seed):
+  from PIL import Image
+
+  images = next(data.synthetic_classes(per_class * len(keys), seed=seed, classes=(0,))).images
+  for c, key in enumerate(keys):
+    os.makedirs(root / key)
+    for i in range(per_class):
+      Image.fromarray(images[c * per_class + i]).save(root / key / f"{i}.png")
+
+
+@pytest.mark.slow
+def test_real_data_path_runs_on_image_folders(tmp_path):
+  """configs/mutual_eval_imagenet.py's path: val and train folders, a descriptor JSON, template
+  class embeddings, the baselines trained on the train folder; the tiny model stands in for
+  ViT-B/16."""
+  keys = ("n01", "n02")
+  _image_folder(tmp_path / "val", keys, 3, seed=5)
+  _image_folder(tmp_path / "train", keys, 4, seed=6)
+  names = list(data.synthetic_descriptors())[:2]
+  path = tmp_path / "descriptors.json"
+  path.write_text(json.dumps({n: data.synthetic_descriptors()[n] for n in names}))
+  config = _config("configs/mutual_eval_imagenet.py")
+  config.model.source = config.model.name = "tiny-synthetic"
+  config.data.root = str(tmp_path / "val")
+  config.data.descriptors = str(path)
+  config.baselines.data.root = str(tmp_path / "train")
+  config.baselines.width = 16
+  config.baselines.train.epochs = 1
+  config.analysis.top_k, config.analysis.u = 8, 5
+  config.evaluation.protocols = ("ot_entropy",)
+  results = evaluate.run(config, str(tmp_path / "out"), progress=False)
+  assert results["images"] == 6 and results["baselines"]["training_images"] == 8
+  assert list(results["explanations"]) == list(ROWS)
+  assert "ot_entropy" in results["protocols"]
+  assert (tmp_path / "out/table1.md").read_text().count("| Yes |") == 3

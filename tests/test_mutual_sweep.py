@@ -1,0 +1,412 @@
+"""The sweep over models (mutual.sweep): batched-across-models stages equal the per-model ones, and
+the offline sweep on random-weight instances of the study's architectures writes Table 3 and the
+Figure 3 fits."""
+
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import huggingface_hub.constants
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mutual import crf, data, foreground, pipeline, report, sweep
+from stori_jax.checkpoints import CheckpointError, hub
+from stori_jax.models import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Fast test: one model per tower kind, shrunk 16x in width: embedding dims 32 / 64 / 40 and
+#: feature dims 48 / 128 / 64 on one 2 x 2 grid, so both paddings are exercised.
+FAST_MODELS = ("openai-vit-b-32", "openai-rn50", "laion-aesthetic-convnext-base-w")
+
+
+def _config(argument="random"):
+  import importlib.util
+
+  path = os.path.join(ROOT, "configs/mutual_sweep.py")
+  spec = importlib.util.spec_from_file_location("mutual_sweep_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(argument)
+
+
+def _unit(x):
+  return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) Batched across models == per model.
+
+
+def test_zero_padding_leaves_cosine_scores_unchanged():
+  rng = np.random.default_rng(0)
+  a, b = _unit(rng.normal(size=(4, 12))), _unit(rng.normal(size=(6, 12)))
+  padded = sweep.pad_stack([a], 20)[0]
+  padded_b = sweep.pad_stack([b], 20)[0]
+  assert padded.shape == (4, 20)
+  np.testing.assert_array_equal(padded[:, :12], a)
+  assert not np.asarray(padded[:, 12:]).any()
+  # Equal up to summation order (numpy sums 12 and 20 entries in different blocks).
+  np.testing.assert_allclose(np.linalg.norm(padded, axis=-1), np.linalg.norm(a, axis=-1), atol=1e-7)
+  np.testing.assert_allclose(padded @ padded_b.T, a @ b.T, atol=1e-6)
+
+
+def test_language_stages_batched_across_models_equal_per_model():
+  """Two models with embedding dims 16 and 40 (zero-padded to 40), stacked: every output of
+  language_stages equals the model's own call (ott's Sinkhorn; the reference loop in the sweep
+  test below)."""
+  rng = np.random.default_rng(1)
+  b, l, d, c = 3, 5, 60, 4
+  inputs = []
+  for e in (16, 40):
+    desc = _unit(rng.normal(size=(d, e)))
+    image = _unit(rng.normal(size=(b, e)) + desc[:4].sum(0))
+    concepts = (0.7 * image[:, None] + 0.3 * _unit(rng.normal(size=(b, l, e)))).astype(np.float32)
+    valid = rng.random((b, l)) > 0.2
+    valid[:, 0] = True
+    classes = _unit(rng.normal(size=(c, e)))
+    predicted = rng.integers(0, c, size=b)
+    inputs.append((concepts, valid, image, desc, classes, predicted))
+  options = dict(top_k=25, u=10, solver="ott")
+  batched = sweep.batched_language_stages(*zip(*inputs), **options)
+  for m, args in enumerate(inputs):
+    single = pipeline.language_stages(*map(jnp.asarray, args), **options)
+    assert set(single) == set(batched)
+    for key, value in single.items():
+      got, want = np.asarray(batched[key][m]), np.asarray(value)
+      if np.issubdtype(want.dtype, np.floating):
+        np.testing.assert_allclose(got, want, atol=1e-5, err_msg=key)
+      else:
+        np.testing.assert_array_equal(got, want, err_msg=key)
+    assert np.asarray(single["n_visual"]).sum() > 0 and np.asarray(single["curve"]).max() > 0
+
+
+def _patch_features(rng, batch, grid, dim):
+  """Features with a foreground blob (one shared direction) on a noisy background."""
+  fg_dir, bg_dir = rng.normal(size=dim), rng.normal(size=dim)
+  x = np.tile(bg_dir, (batch, grid, grid, 1)) + 0.4 * rng.normal(size=(batch, grid, grid, dim))
+  x[:, 1 : grid // 2 + 1, 1 : grid // 2 + 1] += 2.5 * fg_dir
+  return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_foreground_batched_across_models_equals_per_model(joint):
+  """Models sharing a grid split in one eigendecomposition with D zero-padded; a model with
+  another grid goes alone. Fiedler vectors and masks equal the per-model ones."""
+  rng = np.random.default_rng(2)
+  feats = [
+    _patch_features(rng, 3, 6, 24),
+    _patch_features(rng, 3, 6, 64),
+    _patch_features(rng, 3, 4, 16),
+    _patch_features(rng, 3, 6, 40),
+  ]
+  masks = sweep.batched_foreground(feats, joint=joint)
+  for f, mask in zip(feats, masks):
+    want = foreground.prominent_patches(f, joint=joint)
+    np.testing.assert_array_equal(np.asarray(mask), np.asarray(want))
+    assert 0 < np.asarray(want).sum() < want.size
+  # The eigenvector itself, padded against unpadded.
+  padded = sweep.pad_stack([feats[0]], 64)[0]
+  np.testing.assert_allclose(
+    foreground.fiedler_vector(padded), foreground.fiedler_vector(feats[0]), atol=1e-5
+  )
+
+
+def test_crf_batched_across_models_equals_per_model():
+  """Models with images of one size share a CRF call, another size goes alone; an all-background
+  refinement falls back to the coarse mask, as in the pipeline."""
+  small = next(data.synthetic_classes(4, seed=3, image_size=32, classes=(1,))).images
+  large = next(data.synthetic_classes(2, seed=3, image_size=40, classes=(1,))).images
+  rng = np.random.default_rng(3)
+  per_model = [small[:2], small[2:], large]
+  coarse = [
+    rng.random((2, 32, 32)) > 0.5,
+    np.zeros((2, 32, 32), bool),
+    rng.random((2, 40, 40)) > 0.7,
+  ]
+  refined = sweep.batched_refine(per_model, coarse)
+  for im, mask, got in zip(per_model, coarse, refined):
+    want = crf.refine(im, mask)
+    want = np.where(np.asarray(want).any(axis=(1, 2), keepdims=True), want, mask)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert got.shape == mask.shape
+
+
+# ---------------------------------------------------------------------------------------------
+# Models, the pool and the fits.
+
+
+def test_random_instances_keep_the_architectures_at_small_sizes():
+  sizes = {}
+  for name in registry.mutual_knowledge_models():
+    entry = registry.get(name)
+    size = sweep.small_image_size(entry.config, 64)
+    grid = size // entry.config.vision.patch_size
+    assert grid >= 2 and size % entry.config.vision.patch_size == 0
+    sizes[name] = size
+    shrunk = sweep.shrink_config(entry.config, 16)
+    assert sweep.family(shrunk) == sweep.family(entry.config)
+    assert shrunk.vision_kind == entry.config.vision_kind
+    assert shrunk.embed_dim == entry.config.embed_dim // 16
+  assert sizes["openai-vit-b-16"] == 64 and sizes["openai-vit-l-14"] == 70
+  assert (
+    sizes["openai-rn50x16"] == 64
+    and sweep.shrink_config(registry.get("openai-rn50").config, 1)
+    == registry.get("openai-rn50").config
+  )
+  a = sweep.random_params(sweep.shrink_config(registry.get("openai-rn50").config, 16), seed=(0, 1))
+  b = sweep.random_params(sweep.shrink_config(registry.get("openai-rn50").config, 16), seed=(0, 1))
+  leaves = zip(*(sorted(_leaves(p)) for p in (a, b)))
+  for (ka, va), (kb, vb) in leaves:
+    assert ka == kb
+    np.testing.assert_array_equal(va, vb)
+  assert float(a["logit_scale"]) == pytest.approx(math.log(1 / 0.07))
+
+
+def _leaves(params):
+  import jax
+
+  return [
+    (jax.tree_util.keystr(k), np.asarray(v)) for k, v in jax.tree_util.tree_leaves_with_path(params)
+  ]
+
+
+def test_pool_holds_at_most_max_loaded_and_alternates_direction():
+  loads = []
+
+  def model(i):
+    return sweep.SweepModel(registry.get("openai-rn50"), lambda: loads.append(i) or f"bundle{i}")
+
+  pool = sweep.ModelPool([model(i) for i in range(4)], max_loaded=2)
+  for i in pool.order():
+    assert pool.get(i) == f"bundle{i}"
+  assert pool.order() == [3, 2, 1, 0]
+  for i in [3, 2, 1, 0]:
+    pool.get(i)
+  # Backwards after a forward pass: 3 and 2 were still held.
+  assert loads == [0, 1, 2, 3, 1, 0] and pool.loads == 6
+  unlimited = sweep.ModelPool([model(i) for i in range(3)])
+  for _ in range(2):
+    for i in unlimited.order():
+      unlimited.get(i)
+  assert unlimited.loads == 3
+
+
+def test_fits_are_least_squares_and_pearson():
+  rng = np.random.default_rng(4)
+  rows = []
+  for i, fam in enumerate(["ViT"] * 4 + ["ResNet"] * 3 + ["ConvNeXt"] * 2):
+    auc = 3 + rng.random()
+    rows.append(
+      dict(
+        name=f"m{i}",
+        label=f"M{i}",
+        family=fam,
+        top1=10 * auc + rng.normal(),
+        reported_top1=dict(paper=None if i == 0 else 60.0 + i, open_clip=None),
+        pca=dict(auc=auc),
+      )
+    )
+  fits = sweep.auc_accuracy_fits(rows, ("pca",))
+  x = np.array([r["pca"]["auc"] for r in rows])
+  y = np.array([r["top1"] for r in rows])
+  slope, intercept = np.polyfit(x, y, 1)
+  assert fits["pca"]["all"]["slope"] == pytest.approx(slope)
+  assert fits["pca"]["all"]["intercept"] == pytest.approx(intercept)
+  assert fits["pca"]["all"]["pearson_r"] == pytest.approx(np.corrcoef(x, y)[0, 1])
+  vit = [r for r in rows if r["family"] == "ViT"]
+  assert fits["pca"]["ViT"]["slope"] == pytest.approx(
+    np.polyfit([r["pca"]["auc"] for r in vit], [r["top1"] for r in vit], 1)[0]
+  )
+  assert fits["pca"]["ConvNeXt"]["slope"] is None and fits["pca"]["ConvNeXt"]["n"] == 2
+  paper = sweep.auc_accuracy_fits(rows, ("pca",), accuracy="paper")
+  assert paper["pca"]["all"]["n"] == 8 and "m0" not in paper["pca"]["all"]["models"]
+  flat = [dict(r, top1=50.0) for r in rows]
+  assert sweep.auc_accuracy_fits(flat, ("pca",))["pca"]["all"]["pearson_r"] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) The offline sweep end to end.
+
+
+#: random_bundle memoised: the sweeps and the per-model reference use the same (deterministic)
+#: bundles, so their compiled encoders are shared.
+_BUNDLES = functools.lru_cache(maxsize=None)(sweep.random_bundle)
+
+
+@pytest.fixture
+def shared_bundles(monkeypatch):
+  monkeypatch.setattr(sweep, "random_bundle", _BUNDLES)
+  return _BUNDLES
+
+
+def _reference(config, name, bundle, methods):
+  """The per-model path: mutual.analyze's pipeline on each class, aggregated by mutual.report."""
+  size = bundle.config.vision.image_size
+  names, per_class, classes = data.load(config, size)
+  bank = sweep._encode_bank(bundle, config, names, per_class)
+  records = []
+  for cls in classes:
+    result = pipeline.analyze_class(bundle, cls.images, bank, config.analysis, methods)
+    records += report.image_records(cls, result, bank.descriptors, names, methods)
+  return records
+
+
+def _check_outputs(workdir, results, names, methods):
+  table = (workdir / "table.md").read_text()
+  assert table.startswith("| Family | Model | Data | Top-1 (%) | MI PCA | MI K-means |")
+  for name in names:
+    entry = registry.get(name)
+    assert f"| {entry.label} | {entry.data} |" in table, name
+    row = results["models"][name]
+    assert row["images"] == results["images_per_model"] > 0
+    assert row["reported_top1"]["paper"] == entry.imagenet_paper
+    for method in methods:
+      assert math.isfinite(row[method]["mi"]) and math.isfinite(row[method]["auc"])
+      assert row[method]["auc"] <= row[method]["mi"] + 1e-6  # the curve starts at the MI
+  assert len(table.strip().splitlines()) >= len(names) + 2
+  assert (workdir / "fig3_auc_vs_accuracy.png").stat().st_size > 5000
+  for method in methods:
+    assert (workdir / f"fig3_curves_{method}.png").stat().st_size > 1000
+    fit = results["fits"][method]["all"]
+    assert fit["n"] == len(names) and fit["models"]
+    x = [results["models"][n][method]["auc"] for n in names]
+    y = [results["models"][n]["top1"] for n in names]
+    if np.ptp(x) > 0 and np.ptp(y) > 0:
+      assert fit["slope"] == pytest.approx(np.polyfit(x, y, 1)[0], rel=1e-6)
+      assert fit["pearson_r"] == pytest.approx(np.corrcoef(x, y)[0, 1], rel=1e-6)
+  written = json.loads((workdir / "results.json").read_text())
+  assert written["fits"] == json.loads(json.dumps(results["fits"]))
+  assert written["order"][0] in names and "seconds" not in written
+
+
+def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles):
+  """Shrunk random instances of one model per tower kind: the batched sweep's per-image records
+  (concepts, descriptors, MI curves) and its Top-1, MI and AUC equal mutual.analyze's pipeline
+  run model by model; the outputs are complete; a second run writes the same results.json."""
+  config = _config("random")
+  config.models = FAST_MODELS
+  config.random_models.shrink = 16
+  config.data.classes = (0, 5)
+  config.data.images_per_class = 2
+  config.classes_per_chunk = 1  # two chunks
+  config.max_loaded_models = 2  # models reload between phases
+  config.per_image = True
+  config.analysis.solver = "reference"  # the other solver is in the language-stage test
+  methods = tuple(config.analysis.methods)
+  results = sweep.run(config, str(tmp_path), progress=False)
+  assert results["model_loads"] > len(FAST_MODELS)
+  _check_outputs(tmp_path, results, FAST_MODELS, methods)
+  sweep.run(config, str(tmp_path / "again"), progress=False)
+  for name in ("results.json", "table.md"):
+    assert (tmp_path / "again" / name).read_bytes() == (tmp_path / name).read_bytes()
+  r = config.random_models
+  for name in FAST_MODELS:
+    bundle = shared_bundles(name, r.image_size, r.shrink, r.seed, jnp.float32)
+    records = _reference(config, name, bundle, methods)
+    for k, record in enumerate(records):
+      path = tmp_path / "per_image" / name / f"{record['label']:04d}" / f"{k % 2:05d}.json"
+      assert json.loads(path.read_text()) == json.loads(json.dumps(record)), (name, k)
+    want = report.aggregate(records, methods)["dataset"]
+    got = results["models"][name]
+    assert got["top1"] == want["top1"] and got["images"] == 4
+    for method in methods:
+      assert got[method]["mi"] == want[method]["mi"]
+      assert got[method]["auc"] == want[method]["auc"]
+      assert got[method]["curve"] == want[method]["curve"]
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+  monkeypatch.delenv(hub.MODELS_DIR_ENV, raising=False)
+  return tmp_path / "models"
+
+
+def test_missing_weights_stop_with_the_registry_message_or_are_skipped(tmp_path, offline):
+  config = _config("imagenet")
+  assert config.models == tuple(registry.mutual_knowledge_models()) and len(config.models) == 13
+  config.data = _config("random").data  # no descriptor file needed
+  config.analysis = _config("random").analysis
+  config.models = ("openai-rn50", "datacomp-vit-b-16")
+  config.models_dir = str(offline)
+  start = time.perf_counter()
+  with pytest.raises(CheckpointError) as error:
+    sweep.run(config, str(tmp_path / "out"), progress=False)
+  message = str(error.value)
+  assert "timm/resnet50_clip.openai" in message
+  assert str(offline / "openai-rn50" / "open_clip_pytorch_model.bin") in message
+  config.skip_missing = True
+  with pytest.raises(CheckpointError, match="No model of config.models"):
+    sweep.run(config, str(tmp_path / "out"), progress=False)
+  assert time.perf_counter() - start < 30  # stops before any image work
+  config.models = ("openai-rn50", "not-a-model")
+  with pytest.raises(ValueError, match="not a registered model"):
+    sweep.run(config, str(tmp_path / "out"), progress=False)
+
+
+def test_cli_stops_with_the_message_and_no_traceback(tmp_path):
+  """The CLI (flags defined under __main__ only): a model without weights stops with the
+  registry's message, an unknown name with the registered list."""
+  env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hf"))
+  env.pop(hub.MODELS_DIR_ENV, None)
+  command = [
+    sys.executable,
+    "-m",
+    "mutual.sweep",
+    "--config",
+    os.path.join(ROOT, "configs/mutual_sweep.py:random"),
+    f"--workdir={tmp_path / 'out'}",
+    "--config.random_weights=False",
+    f"--config.models_dir={tmp_path / 'models'}",
+  ]
+  for models, expected in (
+    ("('openai-rn50',)", str(tmp_path / "models/openai-rn50/open_clip_pytorch_model.bin")),
+    ("('openai-rn50','RN-51')", "'RN-51' is not a registered model"),
+  ):
+    done = subprocess.run(
+      command + [f"--config.models={models}"],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    assert done.returncode != 0 and expected in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+def test_real_config_reads_imagenet_paths():
+  config = _config("imagenet")
+  assert config.data.source == "folder" and config.data.dataset == "imagenet"
+  assert config.analysis.top_k == 500 and config.analysis.u == 50
+  assert config.analysis.class_prompts == "templates" and len(config.analysis.templates) == 8
+  assert not config.random_weights and config.accuracy == "measured"
+  with pytest.raises(ValueError, match="'imagenet' or 'random'"):
+    _config("places")
+
+
+@pytest.mark.slow
+def test_offline_sweep_on_every_study_architecture(tmp_path):
+  """Random-weight instances of all 13 study models at their real widths and depths, about
+  64 px, through run(): a Table 3 row, finite MI / AUC and fits for every one."""
+  config = _config("random")
+  config.data.classes = (7,)
+  config.data.images_per_class = 2
+  config.max_loaded_models = 2  # bounds memory (ViT-L/14: 1.7 GB of weights)
+  start = time.perf_counter()
+  results = sweep.run(config, str(tmp_path), progress=False)
+  seconds = time.perf_counter() - start
+  names = registry.mutual_knowledge_models()
+  assert len(names) == 13 and set(results["models"]) == set(names)
+  _check_outputs(tmp_path, results, names, tuple(config.analysis.methods))
+  families = {results["models"][n]["family"] for n in names}
+  assert families == {"ViT", "ResNet", "ConvNeXt"}
+  assert {results["models"][n]["embed_dim"] for n in names} == {512, 640, 768, 1024}
+  print(f"every-architecture sweep: {seconds:.0f} s")
