@@ -30,8 +30,8 @@ def get_config():
     dict(
       max_objects=2,
       two_object_fraction=0.35,
-      hard_negative_fraction=0.375,
-      pattern_negative_fraction=0.25,
+      hard_negative_fraction=0.25,
+      pattern_negative_fraction=0.375,
     )
   )
   # Captions are at most ~34 tokens: training cuts token rows to this length

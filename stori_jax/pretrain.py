@@ -46,14 +46,17 @@ def batch_for_step(config, step: int) -> tuple[np.ndarray, np.ndarray]:
   on colour, the easiest cue, alone:
   - config.data.hard_negative_fraction of the batch: colour and pattern from only two
     values each, so most pairs differ in shape, pattern, size or position;
-  - config.data.pattern_negative_fraction: one colour and one shape for the whole group,
-    so pairs differ only in pattern, size, position and background (pattern is the
-    family a tiny ViT learns last).
+  - config.data.pattern_negative_fraction: groups of four objects, one per pattern, that
+    share colour, shape, size, position and background: within a group only the pattern
+    tells the captions apart (pattern is the family a tiny ViT learns last, and any other
+    shared cue would let the loss ignore it).
   """
   clip_config = model_config(config)
   size = clip_config.vision.image_size
   hard = int(round(config.batch_size * config.data.hard_negative_fraction))
-  same_kind = int(round(config.batch_size * config.data.get("pattern_negative_fraction", 0.0)))
+  groups = int(round(config.batch_size * config.data.get("pattern_negative_fraction", 0.0)))
+  groups //= len(synthetic.PATTERNS)
+  same_kind = groups * len(synthetic.PATTERNS)
   if hard + same_kind > config.batch_size:
     raise ValueError(
       "data.hard_negative_fraction + data.pattern_negative_fraction must be at most 1; "
@@ -81,12 +84,22 @@ def batch_for_step(config, step: int) -> tuple[np.ndarray, np.ndarray]:
     images.append(similar.images)
     captions += list(similar.captions)
   if same_kind:
+    shared = {
+      family: [str(v) for v in np.repeat(rng.choice(values, groups), len(synthetic.PATTERNS))]
+      for family, values in (
+        ("colour", synthetic.COLOURS),
+        ("shape", synthetic.SHAPES),
+        ("size", synthetic.SIZES),
+        ("position", synthetic.POSITIONS),
+        ("background", synthetic.BACKGROUNDS),
+      )
+    }
     similar = synthetic.generate_with(
       same_kind,
       seed=(config.seed, step, 3),
       image_size=size,
-      colour=str(rng.choice(synthetic.COLOURS)),
-      shape=str(rng.choice(synthetic.SHAPES)),
+      pattern=list(synthetic.PATTERNS) * groups,
+      **shared,
     )
     images.append(similar.images)
     captions += list(similar.captions)
