@@ -27,12 +27,7 @@ def get_config():
     )
   )
   config.data = ml_collections.ConfigDict(
-    dict(
-      max_objects=2,
-      two_object_fraction=0.35,
-      hard_negative_fraction=0.25,
-      pattern_negative_fraction=0.375,
-    )
+    dict(max_objects=2, two_object_fraction=0.35, hard_negative_fraction=0.5)
   )
   # Captions are at most ~34 tokens: training cuts token rows to this length
   # (exact: the mask is causal); the context stays 64 for longer prompts.

@@ -39,6 +39,30 @@ def model_config(config: ml_collections.ConfigDict) -> CLIPConfig:
   return CLIPConfig.from_dict(config.model.to_dict())
 
 
+def pattern_groups(
+  groups: int, rng: np.random.Generator, seed, image_size: int
+) -> synthetic.SyntheticBatch:
+  """`groups` x 4 single objects: each group of four shows every pattern once on objects that
+  share colour, shape, size, position and background (drawn from `rng`)."""
+  shared = {
+    family: [str(v) for v in np.repeat(rng.choice(values, groups), len(synthetic.PATTERNS))]
+    for family, values in (
+      ("colour", synthetic.COLOURS),
+      ("shape", synthetic.SHAPES),
+      ("size", synthetic.SIZES),
+      ("position", synthetic.POSITIONS),
+      ("background", synthetic.BACKGROUNDS),
+    )
+  }
+  return synthetic.generate_with(
+    groups * len(synthetic.PATTERNS),
+    seed=seed,
+    image_size=image_size,
+    pattern=list(synthetic.PATTERNS) * groups,
+    **shared,
+  )
+
+
 def batch_for_step(config, step: int) -> tuple[np.ndarray, np.ndarray]:
   """(images float32 [B, S, S, 3] normalised, ids int32 [B, text_length]) of one step.
 
@@ -84,23 +108,7 @@ def batch_for_step(config, step: int) -> tuple[np.ndarray, np.ndarray]:
     images.append(similar.images)
     captions += list(similar.captions)
   if same_kind:
-    shared = {
-      family: [str(v) for v in np.repeat(rng.choice(values, groups), len(synthetic.PATTERNS))]
-      for family, values in (
-        ("colour", synthetic.COLOURS),
-        ("shape", synthetic.SHAPES),
-        ("size", synthetic.SIZES),
-        ("position", synthetic.POSITIONS),
-        ("background", synthetic.BACKGROUNDS),
-      )
-    }
-    similar = synthetic.generate_with(
-      same_kind,
-      seed=(config.seed, step, 3),
-      image_size=size,
-      pattern=list(synthetic.PATTERNS) * groups,
-      **shared,
-    )
+    similar = pattern_groups(groups, rng, seed=(config.seed, step, 3), image_size=size)
     images.append(similar.images)
     captions += list(similar.captions)
   ids = default_tokenizer()(captions, context_length=config.text_length, truncate=False)

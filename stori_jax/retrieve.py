@@ -25,7 +25,6 @@ from ml_collections import config_flags
 from stori_jax.retrieval import datasets, index, plots, protocol, tables
 
 
-
 def _blocks(value, layers: int) -> list[int]:
   """A config's block list: "all" (1..layers), "none", or block numbers ("1,4,7", "(1,4)")."""
   if isinstance(value, str):

@@ -115,3 +115,21 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
   assert a.keys() == b.keys()
   for key in a:
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_pattern_groups_differ_only_in_pattern():
+  batch = pretrain.pattern_groups(3, np.random.default_rng(0), seed=(0, 1, 3), image_size=32)
+  assert len(batch) == 12
+  for family in ("shape", "colour", "size", "position", "background"):
+    labels = getattr(batch, family).reshape(3, 4)
+    assert np.all(labels == labels[:, :1]), family  # shared within each group of four
+  for group in batch.pattern.reshape(3, 4):
+    assert sorted(group) == list(range(4))  # every pattern once
+  # the batch mix: groups of four take the configured share, the rest stays as it was
+  config = small_config()
+  config.data.pattern_negative_fraction = 0.5
+  images, ids = pretrain.batch_for_step(config, 2)
+  assert images.shape[0] == ids.shape[0] == config.batch_size
+  config.data.hard_negative_fraction = 0.75
+  with pytest.raises(ValueError, match="at most 1"):
+    pretrain.batch_for_step(config, 2)
