@@ -95,7 +95,9 @@ def real_config(
   return config
 
 
-def _bank(config, per_class):
+def bank_descriptors(config, per_class) -> list[str]:
+  """The descriptor bank D of a config: the synthetic vocabulary, or the unique descriptors of
+  the classes (`per_class`: {class name: descriptors})."""
   if config.data.source == "synthetic" and config.data.get("bank", "classes") == "vocabulary":
     return list(synthetic_tasks.DESCRIPTOR_ATTRIBUTES)
   return descriptors.unique_descriptors(per_class)
@@ -111,7 +113,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   lists = list(per_class.values())
   if len(lists) != len(class_names):
     lists = [per_class.get(n, []) for n in class_names]
-  bank_list = _bank(config, per_class)
+  bank_list = bank_descriptors(config, per_class)
   a = config.analysis
   bank = pipeline.encode_bank(
     bundle,

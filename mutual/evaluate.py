@@ -335,7 +335,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     bundle,
     class_names,
     lists,
-    analyze._bank(config, per_class),
+    analyze.bank_descriptors(config, per_class),
     mode=a.class_prompts,
     templates=tuple(a.templates),
     descriptor_template=a.descriptor_template,

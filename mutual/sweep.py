@@ -714,7 +714,7 @@ def _encode_bank(bundle, config, class_names, per_class):
     bundle,
     class_names,
     lists,
-    analyze._bank(config, per_class),  # pylint: disable=protected-access
+    analyze.bank_descriptors(config, per_class),
     mode=a.class_prompts,
     templates=tuple(a.templates),
     descriptor_template=a.descriptor_template,

@@ -97,7 +97,7 @@ def test_embedded_world_concepts_land_on_objects_and_name_their_attributes():
   bundle = stori_jax.load("tiny-synthetic")
   per_class = data.synthetic_descriptors()
   names = list(per_class)
-  bank_list = analyze._bank(config, per_class)
+  bank_list = analyze.bank_descriptors(config, per_class)
   bank = pipeline.encode_bank(bundle, names, list(per_class.values()), bank_list, progress=False)
   overlap, hits, correct = [], [], []
   for cls in data.synthetic_classes(8, seed=1, classes=(0, 3, 6, 9)):

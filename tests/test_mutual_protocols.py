@@ -296,7 +296,7 @@ def _world(bundle, config):
   per_class = data.synthetic_descriptors()
   names, lists = list(per_class), list(per_class.values())
   bank = pipeline.encode_bank(
-    bundle, names, lists, analyze._bank(config, per_class), progress=False
+    bundle, names, lists, analyze.bank_descriptors(config, per_class), progress=False
   )
   return names, lists, bank
 
