@@ -7,7 +7,10 @@ Builds the PyTorch reference (open_clip or transformers) with the same weights,
 runs both on the same random inputs and prints, for every block of both
 towers, the max absolute and relative error of the hidden states, then the
 errors of the features and logits. Relative errors are max |jax - torch| /
-max |torch| of the tensor. Needs the `[torch]` extra.
+max |torch| of the tensor, except for the logits, whose scale is the logit
+scale exp(t) (the largest logit a unit cosine gives): random weights make
+nearly orthogonal features, and max |logits| near 0 would inflate the ratio.
+Needs the `[torch]` extra.
 """
 
 from __future__ import annotations
@@ -59,17 +62,22 @@ def jax_outputs(bundle: CLIPBundle, images: np.ndarray, ids: np.ndarray) -> dict
   }
 
 
-def _errors(ours: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+def _errors(ours: np.ndarray, reference: np.ndarray, scale: float | None = None) -> dict:
   ours, reference = np.asarray(ours, np.float64), np.asarray(reference, np.float64)
   if ours.shape != reference.shape:
     raise ValueError(f"shape mismatch: jax {ours.shape} vs torch {reference.shape}")
   max_abs = float(np.max(np.abs(ours - reference)))
-  scale = float(np.max(np.abs(reference)))
+  scale = float(np.max(np.abs(reference))) if scale is None else float(scale)
   return {"max_abs": max_abs, "max_rel": max_abs / scale if scale else max_abs, "scale": scale}
 
 
-def compare(ours: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:
-  """Per-block and final errors; `worst_final_rel` is the headline number."""
+def compare(
+  ours: Mapping[str, Any], reference: Mapping[str, Any], logit_scale: float | None = None
+) -> dict[str, Any]:
+  """Per-block and final errors; `worst_final_rel` is the headline number.
+
+  logit_scale: exp(t), the scale of the logits' relative error (None: max |torch logits|).
+  """
   report = {}
   for tower in ("text", "vision"):
     hidden_ours, hidden_ref = ours[f"{tower}_hidden"], reference[f"{tower}_hidden"]
@@ -78,8 +86,9 @@ def compare(ours: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, 
     report[f"{tower}_blocks"] = [
       dict(block=i, **_errors(a, b)) for i, (a, b) in enumerate(zip(hidden_ours, hidden_ref))
     ]
-  for name in ("text_features", "image_features", "logits"):
+  for name in ("text_features", "image_features"):
     report[name] = _errors(ours[name], reference[name])
+  report["logits"] = _errors(ours["logits"], reference["logits"], logit_scale)
   report["worst_final_rel"] = max(
     report[n]["max_rel"] for n in ("text_features", "image_features", "logits")
   )
@@ -136,7 +145,11 @@ def reference_for_source(source: str, arch: str | None = None):
 
 def run_parity(model, bundle: CLIPBundle, batch: int = 4, seed: int = 0) -> dict[str, Any]:
   images, ids = random_inputs(bundle.config, batch, seed)
-  report = compare(jax_outputs(bundle, images, ids), torch_reference.run(model, images, ids))
+  report = compare(
+    jax_outputs(bundle, images, ids),
+    torch_reference.run(model, images, ids),
+    logit_scale=float(bundle.logit_scale),
+  )
   report["config"] = bundle.config.to_dict()
   report["source"] = bundle.source
   return report
