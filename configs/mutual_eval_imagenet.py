@@ -14,24 +14,12 @@ tokens in float16: 301 KB per image), so the default takes 20 images per class (
 """
 
 from mutual import protocols
-from mutual.analyze import real_config
 from mutual.evaluate import baselines_config, evaluation_config
-
-# Paper Table 8 (as configs/mutual_imagenet.py).
-TEMPLATES = (
-  "itap of a {c}.",
-  "a bad photo of the {c}.",
-  "a origami {c}.",
-  "a photo of the large {c}.",
-  "a {c} in a video game.",
-  "art of the {c}.",
-  "a photo of the small {c}.",
-  "a photo of a {c}.",
-)
+from stori_jax.config_files import sibling_config
 
 
 def get_config():
-  config = real_config("imagenet", "imagenet2012", TEMPLATES)
+  config = sibling_config(__file__, "mutual_imagenet")
   config.name = "mutual_eval_imagenet"
   config.evaluation = evaluation_config(batch_size=128)
   config.baselines = baselines_config(

@@ -32,25 +32,15 @@ analysis), 4 images per class. It exercises every stage of the sweep for every t
 carry no meaning.
 """
 
-import importlib.util
-import os
-
 from mutual.sweep import sweep_config
-
-
-def _sibling(name):
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-  spec = importlib.util.spec_from_file_location(f"_{name}_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from stori_jax.config_files import sibling_config
 
 
 def get_config(argument="imagenet"):
   if argument == "imagenet":
-    return sweep_config(_sibling("mutual_imagenet"))
+    return sweep_config(sibling_config(__file__, "mutual_imagenet"))
   if argument == "random":
-    config = sweep_config(_sibling("mutual_synthetic"), random_weights=True)
+    config = sweep_config(sibling_config(__file__, "mutual_synthetic"), random_weights=True)
     config.data.images_per_class = 4
     return config
   raise ValueError(f"configs/mutual_sweep.py takes 'imagenet' or 'random', got {argument!r}.")

@@ -9,58 +9,14 @@ and lowers the two-colour / two-pattern group to 1/4. Measured on 1,000 held-out
 (2026-11-23, 3,500 steps): pattern 0.652 (shipped: 0.446), colour 1.000, shape 0.926, size
 0.966; text->image R@1 0.593. Not shipped yet: pattern is still below the 0.80 target and the
 emphasis effect on the pattern word is +0.000 at w = 1.5.
-
-Real CLIP architecture (causal text tower with the real BPE tokenizer, ViT)
-at toy width, trained on freshly generated synthetic-world images each step.
 """
 
-import ml_collections
+from stori_jax.config_files import sibling_config
 
 
 def get_config():
-  config = ml_collections.ConfigDict()
-  config.seed = 0
-  config.model = ml_collections.ConfigDict(
-    dict(
-      embed_dim=64,
-      # Six text blocks, so SToRI's default reweighting (blocks 4-6) starts mid-way.
-      text=dict(
-        vocab_size=49408, context_length=64, width=64, layers=6, heads=4, activation="quick_gelu"
-      ),
-      # 64x64 images in 8x8 patches: an 8x8 grid for the mutual-knowledge analysis.
-      vision=dict(
-        image_size=64, patch_size=8, width=96, layers=4, heads=4, activation="quick_gelu"
-      ),
-      name="tiny-synthetic-quads",
-    )
-  )
-  config.data = ml_collections.ConfigDict(
-    dict(
-      max_objects=2,
-      two_object_fraction=0.35,
-      hard_negative_fraction=0.25,
-      pattern_negative_fraction=0.375,
-    )
-  )
-  # Captions are at most ~34 tokens: training cuts token rows to this length
-  # (exact: the mask is causal); the context stays 64 for longer prompts.
-  config.text_length = 40
-  # Sized to finish in under an hour on 2 CPU cores (~0.7 s/step there).
-  config.batch_size = 128
-  config.total_steps = 3500
-  config.warmup_steps = 150
-  config.learning_rate = 1.5e-3
-  config.end_learning_rate_fraction = 0.02
-  config.weight_decay = 0.1
-  config.adam_b2 = 0.98
-  config.max_logit_scale = 100.0
-  config.log_every = 50
-  config.checkpoint_every = 250
-  config.keep_checkpoints = 2
-  config.eval_every = 500
-  config.eval_images = 512
-  # Where the final model is written in this project's format (relative to
-  # the workdir unless absolute); params stored as float16 keeps it small.
-  config.export_dir = "export"
-  config.export_dtype = "float16"
+  config = sibling_config(__file__, "tiny_clip_pretrain")
+  config.model.name = "tiny-synthetic-quads"
+  config.data.hard_negative_fraction = 0.25
+  config.data.pattern_negative_fraction = 0.375
   return config

@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pytest
 
-import stori_jax
 from stori_jax.checkpoints import native
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
 
@@ -156,8 +155,6 @@ def test_one_and_eight_devices_agree(tmp_path, random_model):
   "0.45) the demo gains only ~0.3 points over zero-shot and the word-rank AUC is ~0.55",
 )
 def test_demo_beats_zero_shot_and_weights_find_the_discriminative_words(tmp_path):
-  if "tiny-synthetic" not in stori_jax.named_checkpoints():
-    pytest.skip("the tiny-synthetic checkpoint is not in stori_jax/assets yet")
   from stori_jax.data import synthetic_tasks
 
   result = subprocess.run(

@@ -11,6 +11,7 @@ import pytest
 
 from mutual import data, evaluate, xai
 from stori_jax.fewshot.datasets import DatasetMissingError
+from stori_jax.config_files import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = (
@@ -25,10 +26,7 @@ ROWS = (
 
 
 def _config(path="configs/mutual_eval_synthetic.py"):
-  namespace = {}
-  with open(os.path.join(ROOT, path)) as f:
-    exec(compile(f.read(), path, "exec"), namespace)
-  return namespace["get_config"]()
+  return load_config(os.path.join(ROOT, path))
 
 
 def _without_times(x):

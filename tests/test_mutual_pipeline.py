@@ -11,15 +11,13 @@ import pytest
 
 import stori_jax
 from mutual import analyze, data, descriptors, information, pipeline, report, transport
+from stori_jax.config_files import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(path="configs/mutual_synthetic.py"):
-  namespace = {}
-  with open(os.path.join(ROOT, path)) as f:
-    exec(compile(f.read(), path, "exec"), namespace)
-  return namespace["get_config"]()
+  return load_config(os.path.join(ROOT, path))
 
 
 def test_language_stages_compose_the_stage_functions():

@@ -17,6 +17,7 @@ import pytest
 
 from mutual import crf, data, foreground, pipeline, report, sweep
 from stori_jax.checkpoints import CheckpointError, hub
+from stori_jax.config_files import load_config
 from stori_jax.models import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,13 +27,7 @@ FAST_MODELS = ("openai-vit-b-32", "openai-rn50", "laion-aesthetic-convnext-base-
 
 
 def _config(argument="random"):
-  import importlib.util
-
-  path = os.path.join(ROOT, "configs/mutual_sweep.py")
-  spec = importlib.util.spec_from_file_location("mutual_sweep_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(argument)
+  return load_config(os.path.join(ROOT, "configs/mutual_sweep.py"), argument)
 
 
 def _unit(x):

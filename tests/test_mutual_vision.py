@@ -21,9 +21,7 @@ EIGHT = np.ones((3, 3), int)
 
 @pytest.fixture(scope="module")
 def bundle():
-  if "tiny-synthetic" not in stori_jax.named_checkpoints():
-    pytest.skip("the tiny-synthetic checkpoint is not in stori_jax/assets")
-  return stori_jax.load("tiny-synthetic")
+  return stori_jax.load("tiny-synthetic")  # shipped in stori_jax/assets
 
 
 @pytest.fixture(scope="module")

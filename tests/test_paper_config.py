@@ -1,20 +1,17 @@
 """The paper's few-shot hyperparameters (App. A.1) as the configs encode them."""
 
-import importlib.util
 import os
 
 import pytest
 
+from stori_jax.config_files import load_config
 from stori_jax.fewshot.paper_config import fewshot_config, learning_rate
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 def _config_file(name, argument=None):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(CONFIGS, f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(argument) if argument is not None else module.get_config()
+  return load_config(os.path.join(CONFIGS, f"{name}.py"), argument)
 
 
 @pytest.mark.parametrize(

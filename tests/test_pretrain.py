@@ -11,6 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from stori_jax import pretrain
+from stori_jax.config_files import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILE = os.path.join(REPO, "configs", "tiny_clip_pretrain.py")
@@ -28,12 +29,7 @@ SMALL = [
 
 
 def small_config():
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location("tiny_clip_pretrain", CONFIG_FILE)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = load_config(CONFIG_FILE)
   for flag in SMALL:
     key, value = flag[len("--config.") :].split("=")
     node = config

@@ -366,12 +366,7 @@ def test_encoders_batch_exactly(tiny_bundle):
 
 
 def _tiny_synthetic():
-  if "tiny-synthetic" not in stori_jax.named_checkpoints():
-    pytest.skip(
-      "the tiny-synthetic checkpoint is not shipped (not in stori_jax.named_checkpoints()); "
-      "make it with python -m stori_jax.pretrain and copy its export to stori_jax/assets"
-    )
-  return stori_jax.load("tiny-synthetic")
+  return stori_jax.load("tiny-synthetic")  # shipped in stori_jax/assets
 
 
 @pytest.mark.slow
