@@ -43,7 +43,8 @@ def pattern_groups(
   groups: int, rng: np.random.Generator, seed, image_size: int
 ) -> synthetic.SyntheticBatch:
   """`groups` x 4 single objects: each group of four shows every pattern once on objects that
-  share colour, shape, size, position and background (drawn from `rng`)."""
+  share colour, shape, size, position and background (drawn from `rng`). Every caption names
+  the pattern ("plain" included): a caption without it would fit all four images."""
   shared = {
     family: [str(v) for v in np.repeat(rng.choice(values, groups), len(synthetic.PATTERNS))]
     for family, values in (
@@ -59,6 +60,7 @@ def pattern_groups(
     seed=seed,
     image_size=image_size,
     pattern=list(synthetic.PATTERNS) * groups,
+    always_mention=("pattern",),
     **shared,
   )
 

@@ -121,6 +121,7 @@ def test_pattern_groups_differ_only_in_pattern():
     assert np.all(labels == labels[:, :1]), family  # shared within each group of four
   for group in batch.pattern.reshape(3, 4):
     assert sorted(group) == list(range(4))  # every pattern once
+  assert batch.mentioned[:, 0, 2].all()  # every caption names the pattern
   # the batch mix: groups of four take the configured share, the rest stays as it was
   config = small_config()
   config.data.pattern_negative_fraction = 0.5

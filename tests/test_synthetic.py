@@ -222,6 +222,21 @@ def test_generate_with_fixes_the_chosen_attributes():
   assert len(np.unique(b.shape)) > 1
 
 
+def test_generate_with_always_mention_states_the_family_in_every_caption():
+  b = S.generate_with(64, 5, pattern="plain", always_mention=("pattern", "size"))
+  assert b.mentioned[:, 0, S.FAMILIES.index("pattern")].all()
+  assert b.mentioned[:, 0, S.FAMILIES.index("size")].all()
+  assert all("plain" in c for c in b.captions)
+  assert all(("small" in c) != ("large" in c) for c in b.captions)
+  # without it, "plain" is said only about half of the time
+  default = S.generate_with(64, 5, pattern="plain")
+  assert 0 < sum("plain" in c for c in default.captions) < 64
+  # same seed: only the wording changes, not the images
+  assert default.images.tobytes() == b.images.tobytes()
+  with pytest.raises(ValueError, match="choose from"):
+    S.generate_with(4, 0, always_mention=("colour",))
+
+
 # --------------------------------------------------------------------------------------------
 # Few-shot task.
 

@@ -273,6 +273,7 @@ def generate_with(
   background: str | Sequence[str] | None = None,
   image_size: int = 64,
   jitter: bool = True,
+  always_mention: Sequence[str] = (),
 ) -> SyntheticBatch:
   """Single-object images with chosen attributes; the others are drawn at random.
 
@@ -280,6 +281,8 @@ def generate_with(
   None entries are random).
   For example `generate_with(16, 0, colour="red", pattern="striped")` gives 16 red striped
   objects of random shape, size, position and background.
+  `always_mention` names families ("size", "pattern", "position") every caption states;
+  the others are mentioned at random as in `generate` (shape and colour always are).
 
   Returns:
     SyntheticBatch with max_objects = 1.
@@ -288,7 +291,14 @@ def generate_with(
   chosen = dict(shape=shape, colour=colour, pattern=pattern, size=size, position=position)
   ids = {f: _ids_for(f, chosen[f], n, rng)[:, None] for f in FAMILIES}
   background_ids = _ids_for("background", background, n, rng)
-  return _build_batch(ids, background_ids, rng, image_size=image_size, jitter=jitter)
+  return _build_batch(
+    ids,
+    background_ids,
+    rng,
+    image_size=image_size,
+    jitter=jitter,
+    always_mention=_mention_families(always_mention),
+  )
 
 
 def render(
@@ -713,11 +723,27 @@ def _listed(words: Sequence[str]) -> str:
   return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
+def _mention_families(families: Sequence[str]) -> frozenset[str]:
+  if isinstance(families, str):
+    families = (families,)
+  optional = ("size", "pattern", "position")
+  unknown = sorted(set(families) - set(optional))
+  if unknown:
+    raise ValueError(
+      f"always_mention: unknown or always-mentioned families {unknown}; choose from {optional} "
+      "(shape and colour are in every caption)"
+    )
+  return frozenset(families)
+
+
 def _caption(
-  objects: Sequence[Mapping[str, str]], background: str, u: np.ndarray
+  objects: Sequence[Mapping[str, str]],
+  background: str,
+  u: np.ndarray,
+  always_mention: frozenset[str] = frozenset(),
 ) -> tuple[str, list[dict[str, bool]], bool]:
   """One caption from uniforms u [_RANDOMS_PER_CAPTION]; returns (text, per-object mentions
-  by family, background mentioned)."""
+  by family, background mentioned). Families in `always_mention` are always stated."""
 
   def pick(options, j):
     return options[int(u[j] * len(options))]
@@ -729,9 +755,10 @@ def _caption(
       {
         "shape": True,
         "colour": True,
-        "size": bool(u[3 * k] < _MENTION_PROBABILITY["size"]),
-        "pattern": bool(u[3 * k + 1] < p_pattern),
-        "position": bool(u[3 * k + 2] < _MENTION_PROBABILITY["position"]),
+        "size": "size" in always_mention or bool(u[3 * k] < _MENTION_PROBABILITY["size"]),
+        "pattern": "pattern" in always_mention or bool(u[3 * k + 1] < p_pattern),
+        "position": "position" in always_mention
+        or bool(u[3 * k + 2] < _MENTION_PROBABILITY["position"]),
       }
     )
   says_background = bool(u[6] < _MENTION_PROBABILITY["background"])
@@ -782,7 +809,10 @@ def _caption(
 
 
 def _captions(
-  ids: Mapping[str, np.ndarray], background: np.ndarray, rng: np.random.Generator
+  ids: Mapping[str, np.ndarray],
+  background: np.ndarray,
+  rng: np.random.Generator,
+  always_mention: frozenset[str] = frozenset(),
 ) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
   n, num_slots = ids["shape"].shape
   randoms = rng.random((n, _RANDOMS_PER_CAPTION))
@@ -793,7 +823,9 @@ def _captions(
   for i in range(n):
     slots = [k for k in range(num_slots) if ids["shape"][i, k] >= 0]
     objects = [{f: names[f][ids[f][i, k]] for f in FAMILIES} for k in slots]
-    text, says, background_mentioned[i] = _caption(objects, BACKGROUNDS[background[i]], randoms[i])
+    text, says, background_mentioned[i] = _caption(
+      objects, BACKGROUNDS[background[i]], randoms[i], always_mention
+    )
     captions.append(text)
     for k, s in zip(slots, says):
       mentioned[i, k] = [s[f] for f in FAMILIES]
@@ -812,13 +844,14 @@ def _build_batch(
   *,
   image_size: int,
   jitter: bool,
+  always_mention: frozenset[str] = frozenset(),
 ) -> SyntheticBatch:
   if image_size < 16:
     raise ValueError(f"image_size must be >= 16, got {image_size}")
   n = len(background)
   ids = {f: np.asarray(ids[f], np.int64) for f in FAMILIES}
   background = np.asarray(background, np.int64)
-  captions, mentioned, background_mentioned = _captions(ids, background, rng)
+  captions, mentioned, background_mentioned = _captions(ids, background, rng, always_mention)
   images = np.empty((n, image_size, image_size, 3), np.uint8)
   masks = np.empty((n, image_size, image_size), np.int8)
   for start in range(0, n, _CHUNK):
