@@ -20,20 +20,12 @@ import os
 import time
 
 import ml_collections
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import app, logging
 from tqdm import tqdm
 
 import stori_jax
-from mutual import data, descriptors, pipeline, report
+from mutual import cli, data, descriptors, pipeline, report
 from stori_jax.data import synthetic_tasks
-from stori_jax.fewshot.datasets import DatasetMissingError
-
-
-def _define_flags():
-  # Defined only when run as a program: the config files import this module for its defaults.
-  config_flags.DEFINE_config_file("config", None, "Analysis config file.", lock_config=True)
-  flags.DEFINE_string("workdir", None, "Output directory.")
 
 
 def analysis_config(**overrides) -> ml_collections.ConfigDict:
@@ -181,21 +173,13 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
-  if config is None or not workdir:
-    raise SystemExit(
-      "Usage: python -m mutual.analyze --config configs/mutual_synthetic.py --workdir DIR"
-    )
-  try:
-    results = run(config, workdir)
-  except (DatasetMissingError, ImportError) as error:
-    raise SystemExit(str(error)) from None
+  config, workdir, results = cli.run_from_flags(
+    argv, run, "python -m mutual.analyze --config configs/mutual_synthetic.py --workdir DIR"
+  )
   print(report.markdown_table(results["dataset"], results["model"], tuple(config.analysis.methods)))
   print(f"Wrote {os.path.join(workdir, 'results.json')}")
 
 
 if __name__ == "__main__":
-  _define_flags()
+  cli.define_flags("Analysis")
   app.run(main)

@@ -26,22 +26,26 @@ from typing import Any, Mapping
 import jax
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import app, logging
 from tqdm import tqdm
 
 import stori_jax
-from mutual import analyze, baselines, data, features, foreground, pipeline, protocols, report, xai
+from mutual import (
+  analyze,
+  cli,
+  baselines,
+  data,
+  features,
+  foreground,
+  pipeline,
+  protocols,
+  report,
+  xai,
+)
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.preprocess import normalize
 
 METHOD_TITLES = {"pca": "PCA", "kmeans": "K-means"}
-
-
-def _define_flags():
-  # Defined only when run as a program: the config files import this module for its defaults.
-  config_flags.DEFINE_config_file("config", None, "Evaluation config file.", lock_config=True)
-  flags.DEFINE_string("workdir", None, "Output directory.")
 
 
 def evaluation_config(**overrides) -> ml_collections.ConfigDict:
@@ -415,17 +419,9 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
-  if config is None or not workdir:
-    raise SystemExit(
-      "Usage: python -m mutual.evaluate --config configs/mutual_eval_synthetic.py --workdir DIR"
-    )
-  try:
-    results = run(config, workdir)
-  except (DatasetMissingError, ImportError) as error:
-    raise SystemExit(str(error)) from None
+  _, workdir, results = cli.run_from_flags(
+    argv, run, "python -m mutual.evaluate --config configs/mutual_eval_synthetic.py --workdir DIR"
+  )
   with open(os.path.join(workdir, "table1.md"), encoding="utf-8") as f:
     print(f.read())
   if "protocols" in results:
@@ -435,5 +431,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _define_flags()
+  cli.define_flags("Evaluation")
   app.run(main)

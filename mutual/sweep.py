@@ -54,16 +54,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import app, logging
 from tqdm import tqdm
 
 import stori_jax
-from mutual import analyze, crf, data, features, foreground, pipeline, report, visual_prompts
+from mutual import analyze, cli, crf, data, features, foreground, pipeline, report, visual_prompts
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints import hub
 from stori_jax.checkpoints.errors import CheckpointError
-from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.models import CLIPConfig, param_shapes, registry
 from stori_jax.preprocess import PreprocessConfig, normalize
 
@@ -75,12 +73,6 @@ ACCURACIES = ("measured", "paper", "open_clip")
 MIN_FIT_MODELS = 3
 #: `language_stages` arguments that are compile-time constants; the others are traced.
 _STATIC_OPTIONS = ("top_k", "rule", "solver", "top", "u", "formula", "iterations", "max_iterations")
-
-
-def _define_flags():
-  # Defined only when run as a program: the config files import this module.
-  config_flags.DEFINE_config_file("config", None, "Sweep config file.", lock_config=True)
-  flags.DEFINE_string("workdir", None, "Output directory.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,15 +100,25 @@ def sweep_config(base: ml_collections.ConfigDict, random_weights: bool = False):
   return config
 
 
+class ConfigError(ValueError):
+  """A bad model name, option or data selection in the sweep config (the message says what to
+  fix); the command line prints it without a traceback."""
+
+
 def _check_config(config) -> None:
   if not config.models:
-    raise ValueError("config.models is empty: name registered models (python -m stori_jax.models).")
+    raise ConfigError(
+      "config.models is empty: name registered models (python -m stori_jax.models)."
+    )
   for name in config.models:
-    registry.get(name)  # an unknown name raises with the list of registered ones
+    try:
+      registry.get(name)
+    except ValueError as error:  # an unknown name: the message lists the registered ones
+      raise ConfigError(str(error)) from None
   if config.accuracy not in ACCURACIES:
-    raise ValueError(f"config.accuracy must be one of {ACCURACIES}, got {config.accuracy!r}.")
+    raise ConfigError(f"config.accuracy must be one of {ACCURACIES}, got {config.accuracy!r}.")
   if config.classes_per_chunk < 1:
-    raise ValueError(f"config.classes_per_chunk must be >= 1, got {config.classes_per_chunk}.")
+    raise ConfigError(f"config.classes_per_chunk must be >= 1, got {config.classes_per_chunk}.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -696,7 +698,7 @@ def _class_chunks(streams: Mapping[int, Any], sizes: Sequence[int], chunk: int):
   batch: list[tuple] = []
   for items in zip(*(streams[size] for size in sizes)):
     if len({(c.label, c.images.shape[0]) for c in items}) != 1:
-      raise ValueError("The image streams of the models' input sizes disagree; check config.data.")
+      raise ConfigError("The image streams of the models' input sizes disagree; check config.data.")
     batch.append(items)
     if len(batch) == chunk:
       yield batch
@@ -784,7 +786,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     n_images += sum(len(items[0].images) for items in chunk)
   seconds = time.perf_counter() - start
   if not n_images:
-    raise ValueError("No images were analysed: check config.data (classes, images_per_class).")
+    raise ConfigError("No images were analysed: check config.data (classes, images_per_class).")
 
   rows = []
   for j, i in enumerate(kept):
@@ -848,22 +850,12 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
-  if config is None or not workdir:
-    raise SystemExit(
-      "Usage: python -m mutual.sweep --config configs/mutual_sweep.py[:random] --workdir DIR"
-    )
-  try:
-    _check_config(config)  # bad model names and options: a message, no traceback
-    results = run(config, workdir)
-  except (DatasetMissingError, CheckpointError, ImportError) as error:
-    raise SystemExit(str(error)) from None
-  except ValueError as error:
-    if "not a registered model" not in str(error) and "config." not in str(error):
-      raise
-    raise SystemExit(str(error)) from None
+  config, workdir, results = cli.run_from_flags(
+    argv,
+    run,
+    "python -m mutual.sweep --config configs/mutual_sweep.py[:random] --workdir DIR",
+    expected_errors=(CheckpointError, ConfigError),
+  )
   rows = [results["models"][n] for n in results["order"]]
   print(markdown_table(rows, tuple(config.analysis.methods)))
   for method, groups in results["fits"].items():
@@ -877,5 +869,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _define_flags()
+  cli.define_flags("Sweep")
   app.run(main)
