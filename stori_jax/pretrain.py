@@ -6,7 +6,7 @@ r"""Contrastive CLIP pretraining on the synthetic world (the embedded default mo
 Every step draws a fresh batch from the generator, seeded by (seed, step), so
 a run killed at any point and restarted with the same workdir resumes from its
 last checkpoint to exactly the same result. Writes metrics.jsonl, orbax
-checkpoints and, at the end, the model in this project's format.
+checkpoints and, at the end, training_curve.png and the model in this project's format.
 """
 
 from __future__ import annotations
@@ -206,6 +206,42 @@ def quick_eval(bundle: CLIPBundle, config) -> dict[str, float]:
   return {f"zero_shot_{family}": value for family, value in result["accuracy"].items()}
 
 
+def read_metrics(path: str) -> list[dict[str, float]]:
+  """The records of metrics.jsonl by step; a resumed run's repeated steps keep the last, and a
+  line cut short by a killed run is skipped."""
+  by_step = {}
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      by_step[record["step"]] = record
+  return [by_step[step] for step in sorted(by_step)]
+
+
+def plot_curve(records: list[dict[str, float]], path: str) -> None:
+  """training_curve.png: contrastive loss, and the zero-shot accuracy of each family probed."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.5))
+  ax_loss.plot([r["step"] for r in records], [r["loss"] for r in records])
+  ax_loss.set(xlabel="step", ylabel="contrastive loss", yscale="log", title="loss")
+  families = sorted({k for r in records for k in r if k.startswith("zero_shot_")})
+  for key in families:
+    probed = [r for r in records if key in r]
+    ax_acc.plot([r["step"] for r in probed], [r[key] for r in probed], "o-", label=key[10:])
+  ax_acc.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="zero-shot, held-out images")
+  if families:
+    ax_acc.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def train(config, workdir: str) -> CLIPBundle:
   """Runs (or resumes) pretraining; returns the trained model as a bundle."""
   os.makedirs(workdir, exist_ok=True)
@@ -247,6 +283,10 @@ def train(config, workdir: str) -> CLIPBundle:
   checkpointer.wait()
   checkpointer.close()
   metrics_file.close()
+  plot_curve(
+    read_metrics(os.path.join(workdir, "metrics.jsonl")),
+    os.path.join(workdir, "training_curve.png"),
+  )
   bundle = CLIPBundle(
     clip_config,
     jax.device_get(state["params"]),

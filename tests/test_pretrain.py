@@ -1,5 +1,6 @@
 """Tiny-CLIP pretraining: the loss goes down, and a killed run resumes to the same weights."""
 
+import json
 import os
 import signal
 import subprocess
@@ -111,6 +112,10 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
   assert a.keys() == b.keys()
   for key in a:
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+  # the logged curve is the same too, and plotted
+  curves = [pretrain.read_metrics(str(d / "metrics.jsonl")) for d in (straight, resumed)]
+  assert curves[0] == curves[1] and len(curves[0]) > 1
+  assert (resumed / "training_curve.png").stat().st_size > 0
 
 
 def test_pattern_groups_differ_only_in_pattern():
@@ -130,3 +135,16 @@ def test_pattern_groups_differ_only_in_pattern():
   config.data.hard_negative_fraction = 0.75
   with pytest.raises(ValueError, match="at most 1"):
     pretrain.batch_for_step(config, 2)
+
+
+def test_shipped_checkpoint_was_made_by_the_pretraining_config():
+  """The shipped tiny CLIP echoes the config that made it; configs/tiny_clip_pretrain.py must
+  still say the same (so `python -m stori_jax.pretrain` reproduces it)."""
+  from stori_jax.loading import ASSETS_DIR
+
+  with open(os.path.join(ASSETS_DIR, "tiny-synthetic", "stori_config.json"), encoding="utf-8") as f:
+    shipped = json.load(f)
+  config = json.loads(load_config(CONFIG_FILE).to_json_best_effort())
+  assert shipped["metadata"]["pretrain_config"] == config
+  assert shipped["metadata"]["steps"] == config["total_steps"]
+  assert shipped["config"]["name"] == config["model"]["name"] == "tiny-synthetic"
