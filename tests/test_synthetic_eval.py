@@ -382,11 +382,6 @@ def test_tiny_synthetic_colour_shape_and_emphasis_signs():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-  strict=True,
-  reason="known shortfall (issue 4): the shipped tiny CLIP reaches 0.45 zero-shot pattern "
-  "accuracy after 3,500 pretraining steps; the target 0.80 needs a longer run",
-)
 def test_tiny_synthetic_pattern_accuracy():
   bundle = _tiny_synthetic()
   zero = sw.zero_shot_attributes(bundle, n_images=1000, families=("pattern",))
