@@ -32,8 +32,8 @@ from tqdm import tqdm
 import stori_jax
 from mutual import (
   analyze,
-  cli,
   baselines,
+  cli,
   data,
   features,
   foreground,
@@ -43,6 +43,7 @@ from mutual import (
   xai,
 )
 from stori_jax.fewshot.datasets import DatasetMissingError
+from stori_jax.plotting import pyplot
 from stori_jax.preprocess import normalize
 
 METHOD_TITLES = {"pca": "PCA", "kmeans": "K-means"}
@@ -229,7 +230,7 @@ def class_curves(
 
 def plot_curves(path: str, summaries: Mapping[str, Mapping], title: str = "") -> None:
   """The four mean curves, one line per explanation."""
-  plt = report._pyplot()
+  plt = pyplot()
   fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
   panels = (
     ("deletion", "Deletion: class score", "concepts blurred"),

@@ -17,6 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from stori_jax.plotting import pyplot
+
 from mutual import information
 
 #: Concept colours (RGB 0-1) for overlays, one per concept id.
@@ -149,15 +151,6 @@ def write_json(path: str, payload: Any) -> None:
 # Figures.
 
 
-def _pyplot():
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  return plt
-
-
 def overlay(image: np.ndarray, pixel_map: np.ndarray, alpha: float = 0.5) -> np.ndarray:
   """uint8 [H, W, 3] image with concept ids int [H, W] (-1: none) blended in: float [H, W, 3]."""
   out = image.astype(np.float32) / 255.0
@@ -176,7 +169,7 @@ def _pixel_map(concept_map: np.ndarray, size: int) -> np.ndarray:
 
 def plot_concepts(path: str, images: np.ndarray, records, method: str, refined=None) -> None:
   """Fig. 4: each image with its visual concepts overlaid and their descriptors listed."""
-  plt = _pyplot()
+  plt = pyplot()
   n = len(records)
   fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 4.2), squeeze=False)
   for ax, image, record, k in zip(axes[0], images, records, range(n)):
@@ -200,7 +193,7 @@ def plot_concepts(path: str, images: np.ndarray, records, method: str, refined=N
 
 def plot_curves(path: str, curves: Mapping[str, Sequence[float]], title: str = "") -> None:
   """Fig. 3 / 5: MI curves (MI after removing the t most important visual descriptors)."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(5, 3.5))
   for label, curve in curves.items():
     curve = np.asarray(curve)
@@ -218,7 +211,7 @@ def plot_curves(path: str, curves: Mapping[str, Sequence[float]], title: str = "
 
 def plot_mutual(path: str, image: np.ndarray, record, method: str) -> None:
   """Fig. 6: the image, its vision-side, language-side and mutual descriptors."""
-  plt = _pyplot()
+  plt = pyplot()
   m = record["methods"][method]
   mutual = set(m["mutual_descriptors"])
   vision = [d for d in m["visual_descriptors"] if d not in mutual]

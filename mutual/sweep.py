@@ -63,6 +63,7 @@ from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints import hub
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.models import CLIPConfig, param_shapes, registry
+from stori_jax.plotting import pyplot
 from stori_jax.preprocess import PreprocessConfig, normalize
 
 #: Table 3's model families, by tower kind, in the table's order.
@@ -632,7 +633,7 @@ def plot_auc_vs_accuracy(
 ) -> None:
   """Figure 3 (right): one panel per method, Top-1 against AUC, models coloured by family, the
   least-squares line over all models (solid) and per family (dashed), Pearson r in the legend."""
-  plt = report._pyplot()  # pylint: disable=protected-access
+  plt = pyplot()
   colours = {"ViT": "tab:blue", "ResNet": "tab:green", "ConvNeXt": "tab:orange"}
   names = {"pca": "PCA", "kmeans": "K-means"}
   fig, axes = plt.subplots(1, len(methods), figsize=(5.2 * len(methods), 4.2), squeeze=False)

@@ -26,11 +26,13 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
+from stori_jax import metrics_log
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpointing import TrainCheckpointer
 from stori_jax.checkpoints import native
 from stori_jax.data import synthetic
 from stori_jax.models import CLIP, CLIPConfig, init_params
+from stori_jax.plotting import pyplot
 from stori_jax.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
 from stori_jax.tokenizer import default_tokenizer
 
@@ -206,27 +208,9 @@ def quick_eval(bundle: CLIPBundle, config) -> dict[str, float]:
   return {f"zero_shot_{family}": value for family, value in result["accuracy"].items()}
 
 
-def read_metrics(path: str) -> list[dict[str, float]]:
-  """The records of metrics.jsonl by step; a resumed run's repeated steps keep the last, and a
-  line cut short by a killed run is skipped."""
-  by_step = {}
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      by_step[record["step"]] = record
-  return [by_step[step] for step in sorted(by_step)]
-
-
 def plot_curve(records: list[dict[str, float]], path: str) -> None:
   """training_curve.png: contrastive loss, and the zero-shot accuracy of each family probed."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
+  plt = pyplot()
   fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.5))
   ax_loss.plot([r["step"] for r in records], [r["loss"] for r in records])
   ax_loss.set(xlabel="step", ylabel="contrastive loss", yscale="log", title="loss")
@@ -257,7 +241,8 @@ def train(config, workdir: str) -> CLIPBundle:
   first_step = int(state["step"])
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
     f.write(config.to_json_best_effort(indent=2))
-  metrics_file = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")  # pylint: disable=consider-using-with
+  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  metrics_log.read_records(metrics_path, up_to_step=first_step)  # drop what the resume redoes
   bar = tqdm(
     total=config.total_steps, initial=first_step, desc="pretrain", unit="step", dynamic_ncols=True
   )
@@ -275,18 +260,13 @@ def train(config, workdir: str) -> CLIPBundle:
           quick_eval(CLIPBundle(clip_config, state["params"], preprocess_config=preprocess), config)
         )
         bar.write(json.dumps(record))
-      metrics_file.write(json.dumps(record) + "\n")
-      metrics_file.flush()
+      metrics_log.append_record(metrics_path, record)
     if done % config.checkpoint_every == 0 or done == config.total_steps:
       checkpointer.save(done, state)
   bar.close()
   checkpointer.wait()
   checkpointer.close()
-  metrics_file.close()
-  plot_curve(
-    read_metrics(os.path.join(workdir, "metrics.jsonl")),
-    os.path.join(workdir, "training_curve.png"),
-  )
+  plot_curve(metrics_log.read_records(metrics_path), os.path.join(workdir, "training_curve.png"))
   bundle = CLIPBundle(
     clip_config,
     jax.device_get(state["params"]),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from stori_jax import pretrain
+from stori_jax import metrics_log, pretrain
 from stori_jax.config_files import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,7 +113,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
   for key in a:
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
   # the logged curve is the same too, and plotted
-  curves = [pretrain.read_metrics(str(d / "metrics.jsonl")) for d in (straight, resumed)]
+  curves = [metrics_log.read_records(str(d / "metrics.jsonl")) for d in (straight, resumed)]
   assert curves[0] == curves[1] and len(curves[0]) > 1
   assert (resumed / "training_curve.png").stat().st_size > 0
 

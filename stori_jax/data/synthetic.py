@@ -701,6 +701,8 @@ _MENTION_PROBABILITY = {
   "background": 0.4,
 }
 _RANDOMS_PER_CAPTION = 16
+#: Families a caption may leave out (in the order of their uniforms u[3k], u[3k+1], u[3k+2]).
+_OPTIONAL_FAMILIES = ("size", "pattern", "position")
 
 
 def _article(phrase: str) -> str:
@@ -726,11 +728,11 @@ def _listed(words: Sequence[str]) -> str:
 def _mention_families(families: Sequence[str]) -> frozenset[str]:
   if isinstance(families, str):
     families = (families,)
-  optional = ("size", "pattern", "position")
-  unknown = sorted(set(families) - set(optional))
+  unknown = sorted(set(families) - set(_OPTIONAL_FAMILIES))
   if unknown:
     raise ValueError(
-      f"always_mention: unknown or always-mentioned families {unknown}; choose from {optional} "
+      f"always_mention: unknown or always-mentioned families {unknown}; choose from "
+      f"{_OPTIONAL_FAMILIES} "
       "(shape and colour are in every caption)"
     )
   return frozenset(families)
@@ -755,10 +757,15 @@ def _caption(
       {
         "shape": True,
         "colour": True,
-        "size": "size" in always_mention or bool(u[3 * k] < _MENTION_PROBABILITY["size"]),
-        "pattern": "pattern" in always_mention or bool(u[3 * k + 1] < p_pattern),
-        "position": "position" in always_mention
-        or bool(u[3 * k + 2] < _MENTION_PROBABILITY["position"]),
+        **{
+          family: family in always_mention or bool(u[3 * k + j] < probability)
+          for j, (family, probability) in enumerate(
+            zip(
+              _OPTIONAL_FAMILIES,
+              (_MENTION_PROBABILITY["size"], p_pattern, _MENTION_PROBABILITY["position"]),
+            )
+          )
+        },
       }
     )
   says_background = bool(u[6] < _MENTION_PROBABILITY["background"])

@@ -10,7 +10,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from stori_jax import metrics_log
 from stori_jax.fewshot.prompt_bank import PromptBank
+from stori_jax.plotting import pyplot
 from stori_jax.tokenizer import Tokenizer, word_weights
 
 HISTORY_FILE = "history.jsonl"
@@ -18,20 +20,11 @@ HISTORY_FILE = "history.jsonl"
 
 def read_history(workdir: str, up_to_step: int) -> list[dict[str, Any]]:
   """Logged records of steps <= up_to_step (a resumed run drops what it will redo)."""
-  path = os.path.join(workdir, HISTORY_FILE)
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as f:
-    records = [json.loads(line) for line in f if line.strip()]
-  records = [r for r in records if r["step"] <= up_to_step]
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(json.dumps(r) + "\n" for r in records)
-  return records
+  return metrics_log.read_records(os.path.join(workdir, HISTORY_FILE), up_to_step)
 
 
 def append_history(workdir: str, record: dict[str, Any]) -> None:
-  with open(os.path.join(workdir, HISTORY_FILE), "a", encoding="utf-8") as f:
-    f.write(json.dumps(record) + "\n")
+  metrics_log.append_record(os.path.join(workdir, HISTORY_FILE), record)
 
 
 def prompt_word_weights(
@@ -137,11 +130,7 @@ def write_interpretability(
 
 
 def _interpretability_png(path, bank, words, low, high, per_class):
-  import matplotlib  # pylint: disable=import-outside-toplevel
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
+  plt = pyplot()
   rows = []
   for c, name in enumerate(bank.class_names):
     rows.append((name, None))
@@ -176,13 +165,9 @@ def _interpretability_png(path, bank, words, low, high, per_class):
 
 def plot_history(workdir: str, history: Sequence[dict[str, Any]], zero_shot_accuracy: float):
   """training_curve.png: loss and accuracies over steps."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
   if not history:
     return None
+  plt = pyplot()
   steps = [r["step"] for r in history]
   fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.5))
   ax_loss.plot(steps, [r["loss"] for r in history])

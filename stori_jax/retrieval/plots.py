@@ -5,13 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from stori_jax.plotting import pyplot
+from stori_jax.retrieval.metrics import category_curves, ranking
 
-from stori_jax.retrieval.metrics import category_curves, ranking  # noqa: E402
+plt = pyplot()
 
 
 def _colours(n: int):

@@ -1,0 +1,35 @@
+"""Per-step metrics as JSON lines (one record with a "step" key per line), kept consistent
+across a killed and resumed run."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def read_records(path: str, up_to_step: int | None = None) -> list[dict[str, Any]]:
+  """The records in `path` (none if it does not exist).
+
+  With `up_to_step` (the step a run resumes from) the file is rewritten without the records
+  after it, which the resumed run will log again. A line cut short by a killed run is dropped.
+  """
+  if not os.path.exists(path):
+    return []
+  records = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  if up_to_step is not None:
+    records = [r for r in records if r["step"] <= up_to_step]
+    with open(path, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(r) + "\n" for r in records)
+  return records
+
+
+def append_record(path: str, record: dict[str, Any]) -> None:
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(json.dumps(record) + "\n")
