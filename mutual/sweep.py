@@ -62,6 +62,7 @@ from mutual import analyze, cli, crf, data, features, foreground, pipeline, repo
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints import hub
 from stori_jax.checkpoints.errors import CheckpointError
+from stori_jax.config_files import ConfigError
 from stori_jax.models import CLIPConfig, param_shapes, registry
 from stori_jax.plotting import pyplot
 from stori_jax.preprocess import PreprocessConfig, normalize
@@ -99,11 +100,6 @@ def sweep_config(base: ml_collections.ConfigDict, random_weights: bool = False):
   config.analysis = base.analysis
   config.batch_size = base.batch_size
   return config
-
-
-class ConfigError(ValueError):
-  """A bad model name, option or data selection in the sweep config (the message says what to
-  fix); the command line prints it without a traceback."""
 
 
 def _check_config(config) -> None:

@@ -9,6 +9,11 @@ import os
 import ml_collections
 
 
+class ConfigError(ValueError):
+  """A bad value in a config (the message names the field and what to write instead); command
+  lines print it without a traceback."""
+
+
 def load_config(path: str | os.PathLike, argument: str | None = None) -> ml_collections.ConfigDict:
   """`get_config()` of the config file at `path` (`get_config(argument)` when given), as
   `--config path[:argument]` would build it."""

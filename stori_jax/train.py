@@ -53,6 +53,7 @@ def main(argv):
   if FLAGS.distributed or FLAGS.coordinator:
     initialize_distributed()
   from stori_jax.checkpoints import CheckpointError  # pylint: disable=import-outside-toplevel
+  from stori_jax.config_files import ConfigError  # pylint: disable=import-outside-toplevel
   from stori_jax.fewshot import trainer  # pylint: disable=import-outside-toplevel
   from stori_jax.fewshot.datasets import DatasetMissingError  # pylint: disable=import-outside-toplevel
 
@@ -60,8 +61,8 @@ def main(argv):
   workdir = FLAGS.workdir or os.path.join("workdirs", config.name)
   try:
     metrics = trainer.run(config, workdir)
-  except (DatasetMissingError, CheckpointError) as e:
-    # Missing data or weights: the message says what to fetch and where; no traceback.
+  except (DatasetMissingError, CheckpointError, ConfigError) as e:
+    # Missing data or weights, a bad config value: the message says what to do; no traceback.
     raise SystemExit(f"error: {e}") from None
   if jax.process_index() != 0:
     return
@@ -73,6 +74,14 @@ def main(argv):
   )
   print(f"  zero-shot accuracy: {100 * zero_shot:6.2f}%")
   print(f"  {metrics['method']:<9} accuracy: {100 * trained:6.2f}%")
+  if "word_rank_auc" in metrics:
+    auc = metrics["word_rank_auc"]
+    print(
+      f"  word-rank AUC, discriminating words vs nuisance words: {auc['nuisance']:.3f}"
+      f" (vs all other words: {auc['other']:.3f}; chance 0.5)"
+    )
+    medians = ", ".join(f"{k} {v:.2f}" for k, v in metrics["median_word_weight"].items())
+    print(f"  median word weight by kind: {medians}")
   for name, words in metrics.get("top_words", {}).items():
     shown = ", ".join(f"{w} {v:.2f}" for w, v in words)
     print(f"  {name:<22} top words: {shown}")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from stori_jax.config_files import ConfigError
 from stori_jax.data import synthetic_tasks
 from stori_jax.fewshot import augment, datasets, prompts
 from stori_jax.fewshot.datasets import DatasetMissingError, LabeledImage
@@ -480,6 +481,16 @@ def test_synthetic_prompts_cover_the_classes():
   table = prompts.synthetic_prompts()
   assert list(table) == list(datasets.load_synthetic(1, 1, 1).class_names)
   assert all(len(sentences) >= 5 for sentences in table.values())
+  chosen = ("orange dotted triangle", "red striped star")
+  assert list(prompts.synthetic_prompts(chosen)) == list(chosen)
+
+
+def test_synthetic_task_from_class_names_and_a_clear_error_for_a_bad_one():
+  chosen = ("orange dotted triangle", "red striped star", "blue shape")
+  data = datasets.load_synthetic(2, 1, 1, class_names=chosen)
+  assert data.class_names == chosen and data.num_classes == 3
+  with pytest.raises(ConfigError, match="config.data.class_names: .*unknown word 'hexagon'"):
+    datasets.load_synthetic(2, 1, 1, class_names=("red hexagon", "red star"))
 
 
 COOP_CALTECH101 = """accordion airplane anchor ant barrel bass beaver binocular bonsai brain

@@ -318,6 +318,77 @@ def test_discriminative_words_are_the_differing_attribute_words():
     assert own <= set().union(*(_words(p) for p in prompts[a]))
 
 
+def test_class_names_round_trip_and_bad_names_say_what_to_write():
+  for spec in (
+    *T.FEWSHOT_CLASSES,
+    T.ClassSpec(colour="red"),
+    T.ClassSpec(pattern="dotted", shape="star"),
+  ):
+    assert T.class_from_name(spec.name) == spec
+  assert T.class_from_name("red shape") == T.ClassSpec(colour="red")
+  with pytest.raises(ValueError, match="unknown word 'blob'.*one shape"):
+    T.class_from_name("red striped blob")
+  with pytest.raises(ValueError, match="two values of one attribute"):
+    T.class_from_name("red blue star")
+  with pytest.raises(ValueError, match="write it as 'red striped star'"):
+    T.class_from_name("striped red star")
+  with pytest.raises(ValueError, match="at least two distinct"):
+    T.resolve_classes(["red star", "red star"])
+  assert T.resolve_classes(None) == T.FEWSHOT_CLASSES
+  chosen = T.fewshot_dataset(1, 0, 1, classes=T.resolve_classes(["red star", "blue dotted shape"]))
+  assert chosen.class_names == ("red star", "blue dotted shape")
+  assert chosen.train.shape[0, 0] == S.SHAPES.index("star")
+  assert chosen.test.pattern[1, 0] == S.PATTERNS.index("dotted")
+
+
+def test_prompts_state_a_class_specific_size_and_background_the_images_do_not_keep():
+  stated = {spec: T.stated_nuisance(spec) for spec in T.FEWSHOT_CLASSES}
+  assert len({tuple(v.values()) for v in stated.values()}) > 1  # differs between classes
+  for spec, values in stated.items():
+    mentioned = set().union(*(_words(p) for p in T.class_prompts(spec)))
+    assert {values["size"], values["background"]} <= mentioned
+    assert {values["size"], values["background"]} <= T.nuisance_words(spec)
+  # The images draw size and background at random, whatever the prompts say.
+  data = T.fewshot_dataset(40, 0, 1, classes=T.FEWSHOT_CLASSES[:1])
+  assert len(set(data.train.size[:, 0].tolist())) == len(S.SIZES)
+  assert len(set(data.train.background.tolist())) == len(S.BACKGROUNDS)
+
+
+def test_nuisance_and_discriminating_words():
+  red_star = T.ClassSpec(colour="red", shape="star")
+  assert {"small", "large", "left", "gray"} <= T.nuisance_words(red_star)
+  assert {"striped", "dots", "plain"} <= T.nuisance_words(red_star)  # pattern left open
+  assert not T.nuisance_words(red_star) & {"red", "star"}
+  classes = ["red striped star", "red dotted star", "blue striped star"]
+  assert T.discriminating_words("red striped star", classes) == {"red", "striped", "stripes"}
+  # Striped tells it from the red dotted star; star is shared by all three.
+  assert T.discriminating_words("blue striped star", classes) == {"blue", "striped", "stripes"}
+  assert T.discriminating_words("red dotted star", classes[:2]) == {"dotted", "dots"}
+
+
+def test_word_rank_auc_and_medians_on_known_weights():
+  classes = ["red striped star", "red dotted star"]
+  words = [("a", 1.0), ("small", 0.5), ("red", 2.0), ("striped", 3.0), ("star", 1.0), (",", 9.0)]
+  prompt_classes = ["red striped star"]
+  # Discriminating: "striped" only (red and star are shared). Nuisance: "small".
+  assert T.word_rank_auc([words], prompt_classes, classes) == 1.0
+  # Against other words: striped (3.0) beats a, red, star, small; "," is not a word.
+  assert T.word_rank_auc([words], prompt_classes, classes, against="other") == 1.0
+  flipped = [(w, 1.0 / v) for w, v in words]
+  assert T.word_rank_auc([flipped], prompt_classes, classes) == 0.0
+  tied = [(w, 1.0) for w, _ in words]
+  assert T.word_rank_auc([tied], prompt_classes, classes, against="other") == 0.5
+  with pytest.raises(ValueError, match="no prompt has both"):
+    T.word_rank_auc([[("a", 1.0), ("striped", 2.0)]], prompt_classes, classes)
+  with pytest.raises(ValueError, match="against"):
+    T.word_rank_auc([words], prompt_classes, classes, against="fillers")
+  medians = T.word_weight_medians([words, flipped], prompt_classes * 2)
+  assert list(medians) == ["colour", "pattern", "shape", "nuisance", "other"]
+  assert medians["pattern"] == pytest.approx((3.0 + 1 / 3.0) / 2)
+  assert medians["nuisance"] == pytest.approx((0.5 + 2.0) / 2)
+  assert medians["other"] == 1.0
+
+
 def test_descriptor_bank_is_well_formed():
   bank = T.descriptor_bank()
   assert list(bank) == [c.name for c in T.FEWSHOT_CLASSES]

@@ -1,10 +1,11 @@
 """Tasks on the synthetic attribute world with known answers.
 
-- A fine-grained few-shot classification task (the stand-in for CoOp's datasets): classes are
-  colour/pattern/shape combinations that differ by one to three attributes, like bird species
-  that differ by a wing bar. Each class has CuPL-like descriptive prompts that also hold words
-  irrelevant to the distinction, so SToRI's learned token weights can be checked against the
-  known discriminative words (`discriminative_words`).
+- Fine-grained few-shot classification tasks (the stand-in for CoOp's datasets): classes are
+  colour/pattern/shape combinations (`class_from_name`) that differ by one to three attributes,
+  like bird species that differ by a wing bar. Each class has CuPL-like descriptive prompts that
+  also hold words irrelevant to the distinction, some of them misleading (`stated_nuisance`), so
+  SToRI's learned token weights can be checked against the known discriminating words
+  (`discriminating_words`, `nuisance_words`, `word_rank_auc`).
 - A descriptor bank (the stand-in for Menon & Vondrick's per-class descriptors) with the
   attribute each descriptor names, for the mutual-knowledge analysis.
 
@@ -22,6 +23,7 @@ import numpy as np
 from stori_jax.data import synthetic
 from stori_jax.data.synthetic import (
   ATTRIBUTE_WORDS,
+  BACKGROUNDS,
   COLOURS,
   PATTERN_WITH_PHRASES,
   PATTERNS,
@@ -61,8 +63,9 @@ class ClassSpec:
     return {f: getattr(self, f) for f in CLASS_FAMILIES if getattr(self, f) is not None}
 
 
-#: 12 classes: 3 colours x 2 patterns x 2 shapes. Red vs orange and striped vs dotted are the
-#: fine-grained axes; circle vs star is the easy one.
+#: The default task and the mutual-knowledge analysis's classes: 3 colours x 2 patterns x
+#: 2 shapes. Red vs orange and striped vs dotted are the fine-grained axes; circle vs star is the
+#: easy one. (The few-shot demo, configs/demo.py, picks 12 classes the tiny CLIP confuses more.)
 FEWSHOT_CLASSES: tuple[ClassSpec, ...] = tuple(
   ClassSpec(colour=c, pattern=p, shape=s)
   for s in ("circle", "star")
@@ -72,30 +75,45 @@ FEWSHOT_CLASSES: tuple[ClassSpec, ...] = tuple(
 
 
 # ---------------------------------------------------------------------------------------------
-# CuPL-like prompts. Fillers ("lovely", "sticker", ...) carry no class information, and two
-# templates name nuisance attributes ("large", "small", "gray"), which are random per image.
+# CuPL-like prompts. Fillers ("lovely", "sticker", ...) carry no class information. Two templates
+# state a size and a background colour, as LLM-written descriptions state a typical look ("a
+# small bird"): the stated values are fixed per class (`stated_nuisance`) but random in the
+# images, so these words mislead a zero-shot classifier and training should weight them down.
 # Placeholders: {a_name} "a red striped circle", {c} colour, {p} pattern adjective,
-# {with_p} "with stripes", {s} shape.
+# {with_p} "with stripes", {s} shape, {size} and {background} the stated nuisance values.
 
 _PROMPT_TEMPLATES = (
   "a photo of {a_name}, a simple geometric figure drawn on a flat background.",
   "{a_name} is a lovely shape, neatly drawn with clean edges.",
   "a clear picture of {a_name}, like a sticker in a children's book.",
   "you can recognize {a_name} by its color, its pattern and its outline.",
-  "{a_name}, shown large on a gray background.",
+  "{a_name}, shown {size} on a {background} background.",
   "a {s} painted in bright {c} {with_p}, a common sight in puzzles.",
   "this {s} is {c} and {p}, with sharp and tidy edges.",
-  "a small {p} {c} {s} in the corner of a drawing.",
+  "a {size} {p} {c} {s} in the corner of a drawing.",
 )
+
+#: Attribute families random in every class's images (size, position, background).
+NUISANCE_FAMILIES = tuple(f for f in synthetic.VOCABULARIES if f not in CLASS_FAMILIES)
 
 
 def _article(phrase: str) -> str:
   return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
+def stated_nuisance(spec: ClassSpec) -> dict[str, str]:
+  """The size and background a class's prompts state: {"size": ..., "background": ...}.
+
+  A fixed function of the class's attribute values (the sum of their vocabulary indices), so
+  classes that differ in one attribute usually state different values; the images ignore it.
+  """
+  index = sum(synthetic.VOCABULARIES[f].index(v) for f, v in spec.attributes().items())
+  return {"size": SIZES[index % len(SIZES)], "background": BACKGROUNDS[index % len(BACKGROUNDS)]}
+
+
 def class_prompts(spec: ClassSpec) -> tuple[str, ...]:
   """CuPL-like descriptive prompts for one class (8 for a full class, >= 5 for any)."""
-  fields = {"a_name": _article(spec.name)}
+  fields = {"a_name": _article(spec.name), **stated_nuisance(spec)}
   if spec.colour:
     fields["c"] = spec.colour
   if spec.pattern:
@@ -124,7 +142,7 @@ def discriminative_words(class_a: ClassSpec | str, class_b: ClassSpec | str) -> 
 
   For "red striped circle" vs "red dotted circle": {"striped", "stripes", "dotted", "dots"}.
   An attribute one class fixes and the other leaves open counts as a difference. Classes are
-  ClassSpecs or names of FEWSHOT_CLASSES.
+  ClassSpecs or class names (`class_from_name`).
   """
   words_a, words_b = class_words(class_a), class_words(class_b)
   differing = set()
@@ -134,15 +152,133 @@ def discriminative_words(class_a: ClassSpec | str, class_b: ClassSpec | str) -> 
   return frozenset(differing)
 
 
+def class_from_name(name: str) -> ClassSpec:
+  """The class a name denotes: "red striped star" -> ClassSpec("red", "striped", "star").
+
+  The inverse of `ClassSpec.name`: attribute words in colour, pattern, shape order, and a
+  trailing "shape" when the shape is left open ("red striped shape").
+  """
+  words = name.split()
+  if len(words) > 1 and words[-1] == "shape":
+    words = words[:-1]
+  values = {}
+  for word in words:
+    family = next((f for f in CLASS_FAMILIES if word in synthetic.VOCABULARIES[f]), None)
+    if family is None or family in values:
+      problem = "names two values of one attribute" if family else f"has an unknown word {word!r}"
+      raise ValueError(
+        f"synthetic class {name!r} {problem}; a class name lists at most one colour "
+        f"{COLOURS}, one pattern {PATTERNS} and one shape {SHAPES}, in that order"
+      )
+    values[family] = word
+  if not values:
+    raise ValueError(f"synthetic class {name!r} names no colour, pattern or shape")
+  spec = ClassSpec(**values)
+  if spec.name != name:
+    raise ValueError(
+      f"synthetic class {name!r}: write it as {spec.name!r} (colour, pattern, shape)"
+    )
+  return spec
+
+
+def resolve_classes(class_names: Sequence[str] | None) -> tuple[ClassSpec, ...]:
+  """The ClassSpecs of `class_names` (distinct, at least two); None: FEWSHOT_CLASSES."""
+  if class_names is None:
+    return FEWSHOT_CLASSES
+  classes = tuple(class_from_name(name) for name in class_names)
+  if len(classes) < 2 or len(set(classes)) != len(classes):
+    raise ValueError(f"a task needs at least two distinct classes, got {list(class_names)}")
+  return classes
+
+
 def _as_spec(spec: ClassSpec | str) -> ClassSpec:
-  if isinstance(spec, ClassSpec):
-    return spec
-  for candidate in FEWSHOT_CLASSES:
-    if candidate.name == spec:
-      return candidate
-  raise KeyError(
-    f"unknown class {spec!r}; pass a ClassSpec or one of {[c.name for c in FEWSHOT_CLASSES]}"
-  )
+  return spec if isinstance(spec, ClassSpec) else class_from_name(spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ground truth for trained word weights.
+
+
+def discriminating_words(
+  spec: ClassSpec | str, classes: Sequence[ClassSpec | str]
+) -> frozenset[str]:
+  """The class's own attribute words that tell it apart from at least one other of `classes`."""
+  spec = _as_spec(spec)
+  own = frozenset().union(*class_words(spec).values())
+  others = (_as_spec(c) for c in classes)
+  return own & frozenset().union(*(discriminative_words(spec, c) for c in others if c != spec))
+
+
+def nuisance_words(spec: ClassSpec | str) -> frozenset[str]:
+  """Words naming an attribute that is random in the class's images: every size, position and
+  background word, and the words of any class family the class leaves open."""
+  spec = _as_spec(spec)
+  families = NUISANCE_FAMILIES + tuple(f for f in CLASS_FAMILIES if getattr(spec, f) is None)
+  return frozenset(w for (f, _), words in ATTRIBUTE_WORDS.items() if f in families for w in words)
+
+
+def word_rank_auc(
+  prompt_words: Sequence[Sequence[tuple[str, float]]],
+  prompt_classes: Sequence[str],
+  classes: Sequence[ClassSpec | str],
+  *,
+  against: str = "nuisance",
+) -> float:
+  """How well trained word weights single out the words that discriminate each class.
+
+  P(weight of a discriminating word > weight of an `against` word of the same prompt), ties
+  counting 1/2, pooled over every such pair of every prompt:
+    against="nuisance": words naming an attribute random in the class's images (the size and
+      background the prompts state, see `stated_nuisance`);
+    against="other": every other alphabetic word, fillers included. In a causal text tower a
+      word after the class name carries the name's content, so its weight is not only about the
+      word itself (the paper's App. C notes high weights on '.' for the same reason).
+
+  Args:
+    prompt_words: per prompt, its (word, weight) pairs (`fewshot.report.prompt_word_weights`).
+    prompt_classes: per prompt, its class name.
+    classes: every class of the task (defines which attribute words discriminate).
+  """
+  if against not in ("nuisance", "other"):
+    raise ValueError(f"against must be 'nuisance' or 'other', not {against!r}")
+  wins, pairs = 0.0, 0
+  for words, name in zip(prompt_words, prompt_classes, strict=True):
+    relevant = discriminating_words(name, classes)
+    if against == "nuisance":
+      excluded = nuisance_words(name)
+      background = [w for word, w in words if word in excluded]
+    else:
+      background = [w for word, w in words if word.isalpha() and word not in relevant]
+    foreground = np.array([w for word, w in words if word in relevant])
+    for weight in background:
+      wins += np.sum(foreground > weight) + 0.5 * np.sum(foreground == weight)
+      pairs += len(foreground)
+  if not pairs:
+    raise ValueError("no prompt has both a discriminating word and a word to compare it with")
+  return float(wins / pairs)
+
+
+def word_weight_medians(
+  prompt_words: Sequence[Sequence[tuple[str, float]]], prompt_classes: Sequence[str]
+) -> dict[str, float]:
+  """Median trained weight of each kind of word over all prompts.
+
+  Keys: the class families ("colour", "pattern", "shape": words naming the prompt's class's own
+  value), "nuisance" (`nuisance_words`) and "other" (every other alphabetic word). A kind no
+  prompt has is left out.
+  """
+  pooled: dict[str, list[float]] = {}
+  for words, name in zip(prompt_words, prompt_classes, strict=True):
+    own = class_words(name)
+    nuisance = nuisance_words(name)
+    for word, weight in words:
+      kind = next((f for f, family_words in own.items() if word in family_words), None)
+      if kind is None:
+        kind = "nuisance" if word in nuisance else "other" if word.isalpha() else None
+      if kind is not None:
+        pooled.setdefault(kind, []).append(weight)
+  order = (*CLASS_FAMILIES, "nuisance", "other")
+  return {kind: float(np.median(pooled[kind])) for kind in order if kind in pooled}
 
 
 # ---------------------------------------------------------------------------------------------

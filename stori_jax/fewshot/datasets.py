@@ -32,6 +32,7 @@ from typing import Any, Mapping, NamedTuple, Sequence, Union
 import numpy as np
 from PIL import Image
 
+from stori_jax.config_files import ConfigError
 from stori_jax.data import synthetic_tasks
 from stori_jax.preprocess import to_pil
 
@@ -616,16 +617,28 @@ def _iter_tfds(tfds, builder, split: str, relabel: np.ndarray):
 
 
 def load_synthetic(
-  shots: int, seed: int, n_test_per_class: int = 50, *, test_seed: int = 0, image_size: int = 64
+  shots: int,
+  seed: int,
+  n_test_per_class: int = 50,
+  *,
+  class_names: Sequence[str] | None = None,
+  test_seed: int = 0,
+  image_size: int = 64,
 ) -> FewShotSplit:
-  """`synthetic_tasks.fewshot_dataset` as a FewShotSplit: 12 classes, uint8 [H, W, 3] sources.
+  """`synthetic_tasks.fewshot_dataset` as a FewShotSplit, uint8 [H, W, 3] sources.
 
-  The train set is already K-shot (the world draws `shots` fresh images per class from `seed`),
-  so it needs no `sample_k_shot`; the test set depends on `test_seed` only. The classes'
-  CuPL-like prompts are `prompts.synthetic_prompts()`.
+  class_names: the task's classes, e.g. ("red striped star", "red dotted star"), any
+  colour/pattern/shape combination (`synthetic_tasks.class_from_name`); None: the world's 12
+  `FEWSHOT_CLASSES`. The train set is already K-shot (the world draws `shots` fresh images per
+  class from `seed`), so it needs no `sample_k_shot`; the test set depends on `test_seed` only.
+  The classes' CuPL-like prompts are `prompts.synthetic_prompts(class_names)`.
   """
+  try:
+    classes = synthetic_tasks.resolve_classes(class_names)
+  except ValueError as e:
+    raise ConfigError(f"config.data.class_names: {e}") from None
   data = synthetic_tasks.fewshot_dataset(
-    shots, seed, n_test_per_class, test_seed=test_seed, image_size=image_size
+    shots, seed, n_test_per_class, classes=classes, test_seed=test_seed, image_size=image_size
   )
 
   def items(images, labels):

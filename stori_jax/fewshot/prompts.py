@@ -100,10 +100,14 @@ def base_prompts(dataset: str, class_names: Sequence[str]) -> tuple[tuple[str, .
   return tuple(tuple(t.format(class_text(name)) for t in templates) for name in class_names)
 
 
-def synthetic_prompts() -> dict[str, tuple[str, ...]]:
-  """The synthetic world's CuPL-like prompts, {class name: sentences}, like a CuPL file."""
+def synthetic_prompts(class_names: Sequence[str] | None = None) -> dict[str, tuple[str, ...]]:
+  """The synthetic world's CuPL-like prompts, {class name: sentences}, like a CuPL file.
+
+  class_names: the task's classes (`synthetic_tasks.class_from_name`); None: FEWSHOT_CLASSES.
+  """
   return {
-    spec.name: synthetic_tasks.class_prompts(spec) for spec in synthetic_tasks.FEWSHOT_CLASSES
+    spec.name: synthetic_tasks.class_prompts(spec)
+    for spec in synthetic_tasks.resolve_classes(class_names)
   }
 
 

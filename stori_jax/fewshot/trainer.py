@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpointing import TrainCheckpointer
+from stori_jax.data import synthetic_tasks
 from stori_jax.fewshot import augment, datasets, prompts
 from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
 from stori_jax.fewshot.text_classifier import (
@@ -49,7 +50,11 @@ def load_split(config: ml_collections.ConfigDict) -> datasets.FewShotSplit:
   data = config.data
   if data.name == "synthetic":
     return datasets.load_synthetic(
-      config.shots, config.seed, data.n_test_per_class, image_size=data.image_size
+      config.shots,
+      config.seed,
+      data.n_test_per_class,
+      class_names=data.get("class_names") or None,
+      image_size=data.image_size,
     )
   if data.source == "tfds":
     return datasets.load_tfds(
@@ -131,7 +136,7 @@ def prompt_texts(
   """(trainable CuPL prompts {class: [str]}, fixed Base prompts {class: [str]})."""
   names = split.class_names
   if split.dataset == "synthetic":
-    cupl = prompts.synthetic_prompts()
+    cupl = prompts.synthetic_prompts(names)
     cupl = [list(cupl[name]) for name in names]
   else:
     cupl = [
@@ -378,6 +383,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     weights = gather_token_weights(bank, [to_host(w) for w in state["params"]])
     words = report.prompt_word_weights(bundle.tokenizer, bank, weights)
     metrics["top_words"] = report.class_top_words(bank, words)
+    if split.dataset == "synthetic":
+      # The world knows which words tell its classes apart: score the trained weights.
+      prompt_classes = [bank.class_names[c] for c in bank.text_class]
+      metrics["word_rank_auc"] = {
+        against: synthetic_tasks.word_rank_auc(
+          words, prompt_classes, split.class_names, against=against
+        )
+        for against in ("nuisance", "other")
+      }
+      metrics["median_word_weight"] = synthetic_tasks.word_weight_medians(words, prompt_classes)
     if is_main:
       report.write_weights(workdir, bundle.tokenizer, bank, weights, words)
       report.write_interpretability(workdir, bank, words)
