@@ -48,14 +48,15 @@ def _command(workdir, model, *extra):
   ]
 
 
-def test_train_writes_its_reports(tmp_path, random_model):
-  result = subprocess.run(
-    _command(tmp_path, random_model, "--config.epochs=3"),
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=600,
+def _run(command, timeout=600, **kwargs) -> subprocess.CompletedProcess:
+  """Runs a command from the repository root, capturing its text output."""
+  return subprocess.run(
+    command, cwd=REPO, capture_output=True, text=True, timeout=timeout, **kwargs
   )
+
+
+def test_train_writes_its_reports(tmp_path, random_model):
+  result = _run(_command(tmp_path, random_model, "--config.epochs=3"))
   assert result.returncode == 0, result.stderr[-3000:]
   assert "zero-shot accuracy" in result.stdout and "top words" in result.stdout
   assert "word-rank AUC" in result.stdout
@@ -81,12 +82,8 @@ def test_train_writes_its_reports(tmp_path, random_model):
 
 
 def test_a_bad_synthetic_class_name_stops_with_a_message(tmp_path, random_model):
-  result = subprocess.run(
-    _command(tmp_path, random_model, "--config.data.class_names=('red hexagon', 'red star')"),
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=600,
+  result = _run(
+    _command(tmp_path, random_model, "--config.data.class_names=('red hexagon', 'red star')")
   )
   assert result.returncode != 0
   assert "error: config.data.class_names: synthetic class 'red hexagon'" in result.stderr
@@ -94,13 +91,7 @@ def test_a_bad_synthetic_class_name_stops_with_a_message(tmp_path, random_model)
 
 
 def test_taskres_baseline_runs(tmp_path, random_model):
-  result = subprocess.run(
-    _command(tmp_path, random_model, "--config.epochs=2", "--config.method=taskres"),
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
+  result = _run(_command(tmp_path, random_model, "--config.epochs=2", "--config.method=taskres"))
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = json.loads((tmp_path / "metrics.json").read_text())
   assert metrics["method"] == "taskres"
@@ -110,9 +101,7 @@ def test_taskres_baseline_runs(tmp_path, random_model):
 def test_killed_run_resumes_to_the_same_weights(tmp_path, random_model):
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
   args = ("--config.epochs=8",)
-  subprocess.run(
-    _command(straight, random_model, *args), cwd=REPO, check=True, capture_output=True, timeout=600
-  )
+  _run(_command(straight, random_model, *args), check=True)
   process = subprocess.Popen(
     _command(resumed, random_model, *args),
     cwd=REPO,
@@ -129,9 +118,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, random_model):
   process.send_signal(signal.SIGKILL)
   process.wait()
   assert not (resumed / "metrics.json").exists(), "the run finished before it could be killed"
-  subprocess.run(
-    _command(resumed, random_model, *args), cwd=REPO, check=True, capture_output=True, timeout=600
-  )
+  _run(_command(resumed, random_model, *args), check=True)
   a = json.loads((straight / "weights.json").read_text())
   b = json.loads((resumed / "weights.json").read_text())
   np.testing.assert_array_equal(
@@ -145,14 +132,7 @@ def test_one_and_eight_devices_agree(tmp_path, random_model):
   for devices in (1, 8):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     workdir = tmp_path / f"d{devices}"
-    subprocess.run(
-      _command(workdir, random_model, "--config.epochs=4"),
-      cwd=REPO,
-      check=True,
-      capture_output=True,
-      timeout=600,
-      env=env,
-    )
+    _run(_command(workdir, random_model, "--config.epochs=4"), check=True, env=env)
     runs[devices] = (
       json.loads((workdir / "metrics.json").read_text()),
       json.loads((workdir / "weights.json").read_text()),
@@ -168,11 +148,8 @@ def test_one_and_eight_devices_agree(tmp_path, random_model):
 @pytest.mark.slow
 def test_demo_beats_zero_shot_and_weights_find_the_discriminative_words(tmp_path):
   """Issue 5's claim on the embedded world, with the shipped tiny CLIP and configs/demo.py."""
-  result = subprocess.run(
+  result = _run(
     [sys.executable, "-m", "stori_jax.train", f"--config={DEMO}", f"--workdir={tmp_path}"],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
     timeout=1200,
   )
   assert result.returncode == 0, result.stderr[-3000:]
@@ -199,21 +176,12 @@ def test_demo_beats_zero_shot_and_weights_find_the_discriminative_words(tmp_path
 def test_two_processes_match_one(tmp_path, random_model):
   """The multi-host path: 2 processes x 2 CPU devices (jax.distributed) vs 1 process."""
   args = _command(tmp_path / "single", random_model, "--config.epochs=3")[3:]
-  single = subprocess.run(
-    [sys.executable, "-m", "stori_jax.train", *args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
+  single = _run([sys.executable, "-m", "stori_jax.train", *args])
   assert single.returncode == 0, single.stderr[-3000:]
   multi_args = _command(tmp_path / "multi", random_model, "--config.epochs=3")[3:]
   env = dict(os.environ, PYTHON=sys.executable, DEVICES_PER_PROCESS="2")
-  multi = subprocess.run(
+  multi = _run(
     ["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", *multi_args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
     timeout=900,
     env=env,
   )
@@ -231,7 +199,7 @@ def test_two_processes_match_one(tmp_path, random_model):
 
 
 def test_missing_dataset_stops_with_what_to_download(tmp_path):
-  result = subprocess.run(
+  result = _run(
     [
       sys.executable,
       "-m",
@@ -240,9 +208,6 @@ def test_missing_dataset_stops_with_what_to_download(tmp_path):
       f"--workdir={tmp_path / 'run'}",
       f"--config.data.root={tmp_path / 'data'}",
     ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
     timeout=300,
   )
   assert result.returncode == 1

@@ -241,12 +241,14 @@ def word_rank_auc(
   """
   if against not in ("nuisance", "other"):
     raise ValueError(f"against must be 'nuisance' or 'other', not {against!r}")
+  # Per class once, not per prompt.
+  discriminating = {name: discriminating_words(name, classes) for name in set(prompt_classes)}
+  nuisance = {name: nuisance_words(name) for name in discriminating}
   wins, pairs = 0.0, 0
   for words, name in zip(prompt_words, prompt_classes, strict=True):
-    relevant = discriminating_words(name, classes)
+    relevant = discriminating[name]
     if against == "nuisance":
-      excluded = nuisance_words(name)
-      background = [w for word, w in words if word in excluded]
+      background = [w for word, w in words if word in nuisance[name]]
     else:
       background = [w for word, w in words if word.isalpha() and word not in relevant]
     foreground = np.array([w for word, w in words if word in relevant])
