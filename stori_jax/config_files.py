@@ -8,8 +8,10 @@ import os
 
 import ml_collections
 
+from stori_jax.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
   """A bad value in a config (the message names the field and what to write instead); command
   lines print it without a traceback."""
 

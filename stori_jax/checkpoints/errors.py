@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from stori_jax.errors import UserError
 
-class CheckpointError(ValueError):
+
+class CheckpointError(UserError, ValueError):
   """A checkpoint cannot be read: the message names the file and the fix."""
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image
 
 from stori_jax.config_files import ConfigError
+from stori_jax.errors import UserError
 from stori_jax.data import synthetic_tasks
 from stori_jax.preprocess import to_pil
 
@@ -41,7 +42,7 @@ COOP_DATASETS_DOC = "https://github.com/KaiyangZhou/CoOp/blob/main/DATASETS.md"
 ImageSource = Union[str, bytes, np.ndarray]
 
 
-class DatasetMissingError(FileNotFoundError):
+class DatasetMissingError(UserError, FileNotFoundError):
   """A dataset, split file or prompt file is missing; the message says what to get, and where."""
 
 

@@ -44,6 +44,8 @@ from typing import Union
 import numpy as np
 import regex
 
+from stori_jax.errors import UserError
+
 from .bpe import Tokenizer
 
 __all__ = [
@@ -62,7 +64,7 @@ _NUMBER_RE = regex.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _ESCAPABLE = "()\\:"
 
 
-class WeightedPromptError(ValueError):
+class WeightedPromptError(UserError, ValueError):
   """A prompt that cannot be parsed or tokenized.
 
   Attributes: `reason` (str), `prompt` (str | None), `position` (character index in the

@@ -1,0 +1,44 @@
+"""Strict, atomic JSON files: no NaN or Infinity is ever written as a result, and a reader
+never sees half a file (a kill during the write leaves the old file or the new one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+from stori_jax.errors import NonFiniteError
+
+
+def dumps_strict(obj: Any, **kwargs) -> str:
+  """json.dumps that refuses NaN and +-Infinity (which are not JSON) with NonFiniteError."""
+  try:
+    return json.dumps(obj, allow_nan=False, **kwargs)
+  except ValueError as e:
+    if "Out of range float" not in str(e):
+      raise
+    raise NonFiniteError(
+      f"refusing to write a non-finite number (NaN or infinity) as a result: {e}"
+    ) from None
+
+
+def write_text_atomic(path: str, text: str) -> None:
+  """Writes `text` to `path` through a temporary file in the same folder and os.replace."""
+  folder = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def write_json(path: str, obj: Any, **kwargs) -> None:
+  """Strict JSON (see dumps_strict), written atomically."""
+  write_text_atomic(path, dumps_strict(obj, **kwargs) + "\n")

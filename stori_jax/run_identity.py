@@ -1,0 +1,154 @@
+"""Run identity: a workdir (or cache) belongs to the run that made it.
+
+The first use writes `run.json` in the workdir: the resolved config and whatever else decides
+the results (model, data). Reusing the workdir with the same identity resumes; with another it
+stops before any work, naming the keys that differ and the two ways on: another `--workdir`, or
+`--restart`, which moves the old run aside (`<workdir>.old-<time>`) instead of deleting it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from typing import Any, Iterable, Mapping
+
+from stori_jax import jsonio
+from stori_jax.errors import UserError
+
+RUN_FILE = "run.json"
+
+
+class WorkdirMismatchError(UserError):
+  """The workdir holds another run (other config, model or data)."""
+
+
+def to_jsonable(value: Any) -> Any:
+  """A JSON round-trippable copy of `value` (ConfigDicts, tuples, numpy scalars, paths)."""
+  if hasattr(value, "to_dict"):
+    value = value.to_dict()
+  if isinstance(value, Mapping):
+    return {str(k): to_jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [to_jsonable(v) for v in value]
+  if isinstance(value, (str, bool, int, type(None))):
+    return value
+  if isinstance(value, float):
+    return value if value == value and abs(value) != float("inf") else repr(value)
+  if hasattr(value, "item"):  # numpy scalars
+    return to_jsonable(value.item())
+  return str(value)
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """{"a.b.c": leaf} of a nested dict (lists are leaves)."""
+  if isinstance(tree, Mapping) and tree:
+    out = {}
+    for key, value in tree.items():
+      out.update(flatten(value, f"{prefix}{key}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def differences(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
+  """[(dotted key, old value, new value)] where the two identities differ, sorted by key."""
+  missing = object()
+  a, b = flatten(old), flatten(new)
+  keys = sorted(set(a) | set(b))
+  return [
+    (k, a.get(k, "(absent)"), b.get(k, "(absent)"))
+    for k in keys
+    if a.get(k, missing) != b.get(k, missing)
+  ]
+
+
+def _describe(diffs: list[tuple[str, Any, Any]], limit: int = 8) -> str:
+  shown = "; ".join(f"{k}: {old!r} then, {new!r} now" for k, old, new in diffs[:limit])
+  more = f"; and {len(diffs) - limit} more" if len(diffs) > limit else ""
+  return shown + more
+
+
+def move_aside(workdir: str) -> str:
+  """Renames `workdir` to `<workdir>.old-<UTC time>` (a free name); returns the new path."""
+  stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+  target = f"{workdir.rstrip(os.sep)}.old-{stamp}"
+  n = 1
+  while os.path.exists(target):
+    n += 1
+    target = f"{workdir.rstrip(os.sep)}.old-{stamp}-{n}"
+  os.replace(workdir, target)
+  return target
+
+
+def claim_workdir(
+  workdir: str,
+  identity: Mapping[str, Any],
+  *,
+  restart: bool = False,
+  what: str = "run",
+  ignore: Iterable[str] = (),
+) -> str | None:
+  """Makes `workdir` the home of the run described by `identity`, before any work.
+
+  Args:
+    workdir: the output folder (created if absent).
+    identity: what decides the results, e.g. {"config": config, "model": ..., "data": ...};
+      converted with `to_jsonable` and written to `<workdir>/run.json` on first use.
+    restart: move an existing workdir that holds another run aside and start afresh.
+    what: the kind of run, for messages ("training run", "retrieval index").
+    ignore: dotted keys that do not change results (e.g. "config.log_every"); differences
+      there are accepted and the stored identity is updated.
+
+  Returns:
+    The path the old run was moved to (restart), else None.
+
+  Raises:
+    WorkdirMismatchError: the workdir is a file, holds files but no run.json (made by
+      something else), or holds a run with another identity (the keys that differ named).
+  """
+  identity = to_jsonable(identity)
+  ignored = tuple(ignore)
+  path = os.path.join(workdir, RUN_FILE)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise WorkdirMismatchError(
+      f"the workdir {workdir} is a file, not a folder; pass another --workdir"
+    )
+  moved = None
+  if os.path.isdir(workdir) and os.listdir(workdir):
+    problem = None
+    if not os.path.exists(path):
+      problem = f"{workdir} holds files but no {RUN_FILE}, so it was not made by this {what}"
+    else:
+      try:
+        with open(path, encoding="utf-8") as f:
+          stored = json.load(f)
+      except (OSError, ValueError) as e:
+        stored, problem = None, f"{path} cannot be read ({e})"
+      if stored is not None:
+        diffs = [
+          d for d in differences(stored, identity)
+          if not any(d[0] == k or d[0].startswith(k + ".") for k in ignored)
+        ]
+        if diffs:
+          problem = f"{workdir} holds a {what} with other settings ({_describe(diffs)})"
+    if problem is not None:
+      if not restart:
+        raise WorkdirMismatchError(
+          f"{problem}. Its results would be mixed with this one's, so nothing was done. "
+          f"Either pass another --workdir, or add --restart to move the old run aside "
+          f"(to {workdir.rstrip(os.sep)}.old-<time>) and start afresh."
+        )
+      moved = move_aside(workdir)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise WorkdirMismatchError(f"cannot create the workdir {workdir}: {e.strerror}") from None
+  if not os.access(workdir, os.W_OK):
+    raise WorkdirMismatchError(
+      f"the workdir {workdir} is not writable; pass a writable --workdir"
+    )
+  try:
+    jsonio.write_json(path, identity, indent=1, sort_keys=True)
+  except OSError as e:
+    raise WorkdirMismatchError(f"cannot write {path}: {e.strerror}; pass a writable --workdir") from None
+  return moved
