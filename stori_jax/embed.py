@@ -6,40 +6,62 @@ r"""Encodes weighted prompts and shows how each token is weighted.
 
 Prints a table of the BPE tokens and their weights per prompt, then the norm
 and the first values of each (unnormalised) text embedding; --output saves the
-embeddings as float32 [num_prompts, embed_dim].
+embeddings as float32 [num_prompts, embed_dim] (".npy" is added when missing, as np.save
+does, and the path written is printed). A prompt syntax error, a weight outside [0, 100], a
+bad flag or checkpoint prints one paragraph (with a caret under the prompt's fault) and
+exits 2; embeddings that are not finite are refused, never printed or saved.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from stori_jax.bundle import CLIPBundle
+from stori_jax.errors import InputError, NonFiniteError, UserError
 from stori_jax.loading import load
+from stori_jax.tokenizer import parse_weighted
 
-flags.DEFINE_string("source", None, "Checkpoint (anything stori_jax.load reads).")
-flags.DEFINE_string("arch", None, "Architecture name for bare state-dict files.")
-flags.DEFINE_string(
-  "random",
-  None,
-  "Use random weights of this architecture instead "
-  "(e.g. test-tiny): shows the tokenization offline, the embedding is noise.",
-)
-flags.DEFINE_integer(
-  "start_block",
-  None,
-  "First reweighted block, 1-indexed (default: the paper's relative depth, 7 of 12).",
-)
-flags.DEFINE_integer("stop_block", None, "Last reweighted block (default: the last).")
-flags.DEFINE_enum(
-  "method",
-  "stori",
-  ["stori", "prompt_weighting"],
-  "SToRI reweighting or the paper's prompt-weighting baseline (App. C.1).",
-)
-flags.DEFINE_integer("show", 8, "How many embedding values to print.")
-flags.DEFINE_string("output", None, "Save the embeddings here (.npy).")
+
+def _define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags: when run as a program (not on import, so that other CLIs'
+  flags of the same names can live in one process), or on a test's own FlagValues."""
+  fv = {"flag_values": flag_values}
+  flags.DEFINE_string("source", None, "Checkpoint (anything stori_jax.load reads).", **fv)
+  flags.DEFINE_string("arch", None, "Architecture name for bare state-dict files.", **fv)
+  flags.DEFINE_string(
+    "random",
+    None,
+    "Use random weights of this architecture instead "
+    "(e.g. test-tiny): shows the tokenization offline, the embedding is noise.",
+    **fv,
+  )
+  flags.DEFINE_integer(
+    "start_block",
+    None,
+    "First reweighted block, 1-indexed (default: the paper's relative depth, 7 of 12).",
+    **fv,
+  )
+  flags.DEFINE_integer("stop_block", None, "Last reweighted block (default: the last).", **fv)
+  flags.DEFINE_enum(
+    "method",
+    "stori",
+    ["stori", "prompt_weighting"],
+    "SToRI reweighting or the paper's prompt-weighting baseline (App. C.1).",
+    **fv,
+  )
+  flags.DEFINE_integer("show", 8, "How many embedding values to print.", lower_bound=0, **fv)
+  flags.DEFINE_string(
+    "output", None, "Save the embeddings here (.npy is added when missing).", **fv
+  )
+
+
 FLAGS = flags.FLAGS
+
+_EXAMPLE = 'python -m stori_jax.embed --source tiny-synthetic "a photo of a (red:1.5) circle"'
 
 
 def token_table(bundle: CLIPBundle, ids: np.ndarray, weights: np.ndarray) -> str:
@@ -54,24 +76,83 @@ def token_table(bundle: CLIPBundle, ids: np.ndarray, weights: np.ndarray) -> str
   return "\n".join(lines)
 
 
+def output_path(output: str) -> str:
+  """The file `np.save(output)` writes (".npy" added when missing), checked to be writable
+  before any work: its folder exists and it is not a folder itself.
+
+  Raises:
+    InputError: the folder is missing or the path is a folder.
+  """
+  path = output if output.endswith(".npy") else output + ".npy"
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder):
+    raise InputError(f"--output {output}: the folder {folder} does not exist; create it first")
+  if os.path.isdir(path):
+    raise InputError(f"--output {output}: {path} is a folder; give a file name")
+  return path
+
+
+def save_npy(path: str, array: np.ndarray) -> None:
+  """np.save through a temporary file and os.replace: a kill never leaves half a file."""
+  folder = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      np.save(f, array)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; np.save would not
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def check_finite(features: np.ndarray, prompts: list[str]) -> None:
+  """Raises NonFiniteError naming the prompts whose features [B, E] hold NaN or infinity."""
+  bad = [i for i, row in enumerate(features) if not np.isfinite(row).all()]
+  if bad:
+    shown = ", ".join(repr(prompts[i][:80]) for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
+    raise NonFiniteError(
+      f"the embedding of {len(bad)} of {len(prompts)} prompts ({shown}) is not finite (NaN or "
+      "infinity): the checkpoint's parameters hold NaN/infinity or the weights overflow the "
+      "text tower; nothing was printed or saved"
+    )
+
+
 def main(argv):
   prompts = argv[1:]
   if not prompts:
-    raise app.UsageError('Give one or more prompts, e.g. "a photo of a (red:1.5) circle".')
+    raise UserError(f"give one or more prompts, for example: {_EXAMPLE}")
   if bool(FLAGS.source) == bool(FLAGS.random):
-    raise app.UsageError("Give exactly one of --source or --random.")
+    raise UserError(
+      "give exactly one of --source (a checkpoint) or --random (an architecture name: random "
+      f"weights); for example: {_EXAMPLE}"
+    )
+  if FLAGS.method == "prompt_weighting" and FLAGS.stop_block is not None:
+    raise UserError("--stop_block does not apply to --method prompt_weighting (one block)")
+  path = output_path(FLAGS.output) if FLAGS.output else None
+  for prompt in prompts:  # syntax errors before the model loads
+    parse_weighted(prompt)
   if FLAGS.random:
     from stori_jax.checkpoints.open_clip_config import architecture_config  # pylint: disable=import-outside-toplevel
     from stori_jax.models import init_params  # pylint: disable=import-outside-toplevel
 
-    config = architecture_config(FLAGS.random)
+    try:
+      config = architecture_config(FLAGS.random)
+    except ValueError as e:
+      raise InputError(f"--random {FLAGS.random}: {e}") from None
     bundle = CLIPBundle(config=config, params=init_params(config), source=f"random:{FLAGS.random}")
   else:
     bundle = load(FLAGS.source, arch=FLAGS.arch)
+  _check_blocks(bundle.config.text.layers)
   ids, weights = bundle.tokenize(prompts, with_weights=True)
   features = np.asarray(
-    bundle.encode_text(ids, weights, FLAGS.start_block, FLAGS.stop_block, FLAGS.method)
+    bundle.encode_text(ids, weights, FLAGS.start_block, FLAGS.stop_block, FLAGS.method),
+    np.float32,
   )
+  check_finite(features, prompts)
   for prompt, row_ids, row_weights, feature in zip(prompts, ids, weights, features):
     print(f"\n{prompt!r}")
     print(token_table(bundle, row_ids, row_weights))
@@ -80,10 +161,23 @@ def main(argv):
       f"  embedding: dim {feature.shape[0]}, norm {np.linalg.norm(feature):.4f}, "
       f"first values [{values}]"
     )
-  if FLAGS.output:
-    np.save(FLAGS.output, features.astype(np.float32))
-    print(f"\nsaved {features.shape} float32 to {FLAGS.output}")
+  if path:
+    save_npy(path, features)
+    print(f"\nsaved {features.shape} float32 to {path}")
+
+
+def _check_blocks(layers: int) -> None:
+  # pylint: disable-next=import-outside-toplevel
+  from stori_jax.models.text import reweighted_block_indices
+
+  try:
+    reweighted_block_indices(layers, FLAGS.start_block, FLAGS.stop_block)
+  except ValueError as e:
+    raise InputError(f"--start_block/--stop_block: {e}") from None
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from stori_jax.cli import run  # pylint: disable=import-outside-toplevel
+
+  _define_flags()
+  run(main)

@@ -28,6 +28,10 @@ def write_text_atomic(path: str, text: str) -> None:
   folder = os.path.dirname(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
   try:
+    # mkstemp makes the file private (0600); give it the mode a plain open() would.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
       f.write(text)
       f.flush()

@@ -10,10 +10,12 @@ See `bpe` for the tokenizer and `weighted` for the prompt syntax and weight rule
 
 from .bpe import Tokenizer, default_tokenizer
 from .weighted import (
+  MAX_WEIGHT,
   Segment,
   SplitTokenWarning,
   WeightedPromptError,
   Word,
+  check_weight,
   parse_weighted,
   strip_weights,
   tokenize_weighted,
@@ -33,4 +35,6 @@ __all__ = [
   "word_weights",
   "WeightedPromptError",
   "SplitTokenWarning",
+  "MAX_WEIGHT",
+  "check_weight",
 ]

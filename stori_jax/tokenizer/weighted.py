@@ -5,19 +5,26 @@ Prompt syntax (user-driven control)::
     a photo of a woman with (blonde hair:1.5), wearing (eyeglasses:0.5)
 
 * `(text:w)` gives every BPE token of `text` the weight `w`; everything else has weight 1.
-  `w` is a plain decimal number (`2`, `1.5`, `.5`, `1e-1`), optionally surrounded by
-  spaces; it must be finite and >= 0 (0 removes the tokens from attention). The weight is
-  what follows the LAST unescaped ':' in the group, so `(ratio 3:2:1.5)` weighs "ratio 3:2".
+  `w` is a plain decimal number in ASCII digits (`2`, `1.5`, `.5`, `1e-1`; not `１.５`),
+  optionally surrounded by spaces; it must lie in [0, MAX_WEIGHT = 100] (0 removes the
+  tokens from attention). Why 100: SToRI multiplies a token's attention by w, i.e. adds
+  log w to its attention logits, and at 100 (+4.6) the token already draws nearly all the
+  attention, so larger weights change nothing useful; the prompt-weighting baseline scales
+  token states by w, where 1e20 overflows float32 in the layer norms (NaN features). The
+  weight is what follows the LAST unescaped ':' in the group, so `(ratio 3:2:1.5)`
+  weighs "ratio 3:2".
 * A parenthesised group WITHOUT an unescaped ':' (e.g. `(cute)`) is literal text: the
   parentheses stay in the text and it keeps weight 1.0. Unlike some image-generation UIs,
   no implicit 1.1 emphasis is applied: every weight is written out. Plain sentences with
   parenthetical remarks therefore tokenize unchanged.
 * Escapes: `\\(`, `\\)`, `\\:` and `\\\\` stand for a literal '(', ')', ':' and '\\'. Any
   other backslash is kept as is.
-* Errors (`WeightedPromptError`, a ValueError, whose message quotes the prompt and puts
-  a caret under the offending character): unbalanced or nested parentheses, a
-  non-numeric or missing weight, a negative or non-finite weight, a weighted group
-  with no text, and a prompt with more tokens than the context length.
+* Errors (`WeightedPromptError`, a ValueError, whose message quotes the prompt, shortened
+  when long, and puts a caret under the offending character): unbalanced or nested
+  parentheses, a non-numeric or missing weight, a weight outside [0, MAX_WEIGHT], a
+  weighted group with no text, and a prompt with more tokens than the context length.
+  Every string either parses, giving ids equal to those of its plain text, or raises
+  WeightedPromptError (tests/test_tokenizer_property.py).
 
 Programmatic prompts: anywhere a prompt string is accepted, a list of `Segment`s or of
 `(text, weight)` pairs works too; their texts are concatenated as written (no syntax).
@@ -58,9 +65,16 @@ __all__ = [
   "tokenize_weighted",
   "words_from_tokens",
   "word_weights",
+  "check_weight",
+  "MAX_WEIGHT",
 ]
 
-_NUMBER_RE = regex.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+#: Largest accepted weight (see the module docstring for why).
+MAX_WEIGHT = 100.0
+
+# ASCII digits only: `\d` would also take full-width and other Unicode digits, which float()
+# reads, so a prompt could carry a weight the user cannot see as a number.
+_NUMBER_RE = regex.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _ESCAPABLE = "()\\:"
 
 
@@ -92,7 +106,7 @@ class Segment:
   def __post_init__(self):
     if not isinstance(self.text, str):
       raise TypeError(f"Segment.text must be str, got {type(self.text).__name__}")
-    weight = _check_weight(self.weight, f"segment {self.text!r}")
+    weight = check_weight(self.weight, f"segment {_short(self.text)}")
     object.__setattr__(self, "weight", weight)
 
 
@@ -118,14 +132,15 @@ Prompt = Union[str, Sequence[SegmentLike]]
 
 
 # ---------------------------------------------------------------------- parsing
-def parse_weighted(prompt: Prompt) -> list[Segment]:
+def parse_weighted(prompt: Prompt, max_weight: float = MAX_WEIGHT) -> list[Segment]:
   """Split a weighted prompt into `Segment`s, in order (see the module docstring).
 
   Unweighted stretches become weight-1.0 segments; literal groups such as `(cute)` are
   part of them. A list of Segments / (text, weight) pairs is validated and returned as
-  Segments.
+  Segments. Weights above `max_weight` (at most MAX_WEIGHT) are refused, as `check_weight`
+  refuses them.
   """
-  return _segments_and_sources(prompt)[0]
+  return _segments_and_sources(prompt, max_weight)[0]
 
 
 def strip_weights(prompt: Prompt) -> str:
@@ -133,10 +148,12 @@ def strip_weights(prompt: Prompt) -> str:
   return "".join(s.text for s in parse_weighted(prompt))
 
 
-def _segments_and_sources(prompt: Prompt) -> tuple[list[Segment], list[int] | None]:
+def _segments_and_sources(
+  prompt: Prompt, max_weight: float = MAX_WEIGHT
+) -> tuple[list[Segment], list[int] | None]:
   """Segments plus, for a string prompt, each plain-text character's index in it."""
   if isinstance(prompt, str):
-    return _parse(prompt)
+    return _parse(prompt, max_weight)
   if isinstance(prompt, Segment) or not isinstance(prompt, Sequence):
     raise TypeError(
       f"a prompt is a str or a list of Segment / (text, weight) pairs; got {type(prompt).__name__}"
@@ -149,6 +166,8 @@ def _segments_and_sources(prompt: Prompt) -> tuple[list[Segment], list[int] | No
       segments.append(Segment(item[0], item[1]))
     else:
       raise TypeError(f"prompt item {k} is {item!r}; expected a Segment or a (text, weight) pair")
+    if max_weight < MAX_WEIGHT:
+      check_weight(segments[-1].weight, f"segment {_short(segments[-1].text)}", max_weight)
   return segments, None
 
 
@@ -162,7 +181,9 @@ def _is_pair(item) -> bool:
   )
 
 
-def _parse(prompt: str) -> tuple[list[Segment], list[int]]:
+def _parse(prompt: str, max_weight: float = MAX_WEIGHT) -> tuple[list[Segment], list[int]]:
+  if not any(c in prompt for c in "()\\"):  # no syntax at all: the common case, made cheap
+    return ([Segment(prompt, 1.0)] if prompt else []), list(range(len(prompt)))
   segments: list[Segment] = []
   sources: list[int] = []  # plain-text char -> prompt index, over all segments
   buf: list[str] = []  # pending weight-1.0 text
@@ -231,7 +252,7 @@ def _parse(prompt: str) -> tuple[list[Segment], list[int]]:
       colon = colons[-1]
       text = "".join(chars[:colon])
       weight_start = srcs[colon] + 1
-      weight = _parse_weight(prompt, weight_start, close_at)
+      weight = _parse_weight(prompt, weight_start, close_at, max_weight)
       if not text.strip():
         raise WeightedPromptError("weighted group has no text before its ':'", prompt, open_at)
       flush()
@@ -245,7 +266,7 @@ def _parse(prompt: str) -> tuple[list[Segment], list[int]]:
   return segments, sources
 
 
-def _parse_weight(prompt: str, start: int, end: int) -> float:
+def _parse_weight(prompt: str, start: int, end: int, max_weight: float) -> float:
   raw = prompt[start:end]
   stripped = raw.strip()
   pos = start + (len(raw) - len(raw.lstrip()))
@@ -257,31 +278,53 @@ def _parse_weight(prompt: str, start: int, end: int) -> float:
     )
   if not _NUMBER_RE.fullmatch(stripped):
     raise WeightedPromptError(
-      f"weight {stripped!r} is not a number (expected e.g. "
+      f"weight {_short(stripped)} is not a number in ASCII digits (expected e.g. "
       "(words:1.5); write \\: for a literal colon)",
       prompt,
       pos,
     )
   value = float(stripped)
-  if value < 0:
+  refusal = _weight_refusal(value, stripped, max_weight)
+  if refusal:
+    raise WeightedPromptError(refusal, prompt, pos)
+  return value
+
+
+def check_weight(weight, what: str = "a word", max_weight: float = MAX_WEIGHT) -> float:
+  """`weight` as a float when it is a real number in [0, max_weight]; else WeightedPromptError.
+
+  The one rule for every weight: the prompt syntax, Segments, (text, weight) pairs and the
+  explorer's JSON API all go through it (with the explorer's smaller `max_weight`).
+  """
+  if isinstance(weight, (bool, np.bool_)) or not isinstance(weight, numbers.Real):
     raise WeightedPromptError(
-      f"negative weight {stripped} (weights must be >= 0; 0 removes the words)", prompt, pos
+      f"the weight of {what} must be a number, got {_short(repr(weight))} ({type(weight).__name__})"
     )
-  if not math.isfinite(value):
-    raise WeightedPromptError(f"weight {stripped} is not finite", prompt, pos)
+  value = float(weight)
+  refusal = _weight_refusal(value, f"{value:g} for {what}", max_weight)
+  if refusal:
+    raise WeightedPromptError(refusal)
   return value
 
 
-def _check_weight(weight, what: str) -> float:
-  try:
-    value = float(weight)
-  except (TypeError, ValueError):
-    raise WeightedPromptError(f"weight of {what} is {weight!r}, not a number") from None
+def _weight_refusal(value: float, shown: str, max_weight: float) -> str | None:
+  """Why `value` cannot be a weight (a message), or None when it can."""
   if math.isnan(value) or math.isinf(value):
-    raise WeightedPromptError(f"weight of {what} is {value}, not finite")
-  if value < 0:
-    raise WeightedPromptError(f"negative weight {value} for {what} (weights must be >= 0)")
-  return value
+    head = f"weight {shown} is not finite"
+  elif value < 0:
+    head = f"negative weight {shown}"
+  elif value > max_weight:
+    head = f"weight {shown} is too large"
+  else:
+    return None
+  if max_weight >= MAX_WEIGHT:
+    why = (
+      f"at {MAX_WEIGHT:g} a word already draws nearly all the attention, and larger weights "
+      "overflow the prompt-weighting baseline"
+    )
+  else:
+    why = f"{max_weight:g} is the largest weight accepted here"
+  return f"{head}: weights must lie in [0, {max_weight:g}] (0 removes the words; {why})"
 
 
 # ---------------------------------------------------------------------- tokenization
@@ -315,7 +358,8 @@ def tokenize_weighted(
   for row, prompt in enumerate(batch):
     segments, sources = _segments_and_sources(prompt)
     plain = "".join(s.text for s in segments)
-    ids, spans = tokenizer.encode_with_spans(plain)
+    # spans of the tokens that can fit (and of the first that cannot, for the error)
+    ids, spans = tokenizer.encode_with_spans(plain, span_limit=length - 1)
     shown = prompt if isinstance(prompt, str) else plain
     total = len(ids) + 2
     if total > length:
@@ -378,7 +422,7 @@ def _token_weights(
     if len(distinct) > 1:
       token = tokenizer.token_strings([tid])[0]
       warnings.warn(
-        f"a weight boundary falls inside the token {token!r} of prompt {shown!r}; "
+        f"a weight boundary falls inside the token {token!r} of prompt {_quoted(shown)}; "
         f"it gets weight {weight:g} (the segment holding most of its characters; "
         "weights in it: " + ", ".join(f"{w:g}" for w in sorted(distinct)) + ")",
         SplitTokenWarning,
@@ -462,16 +506,32 @@ def word_weights(
 _DISPLAY_WINDOW = 100  # characters shown on each side of the caret for long prompts
 
 
+_QUOTE_LIMIT = 500  # longer prompts are quoted by their start and length only
+
+
 def _format_error(reason: str, prompt: str | None, position: int | None) -> str:
   if prompt is None:
     return reason
   if position is None:
-    return f"{reason}\n  in prompt {prompt!r}"
+    return f"{reason}\n  in prompt {_quoted(prompt)}"
   lo = max(0, position - _DISPLAY_WINDOW)
   hi = min(len(prompt), position + _DISPLAY_WINDOW)
   shown = ("..." if lo else "") + _visible(prompt[lo:hi]) + ("..." if hi < len(prompt) else "")
   pad = (3 if lo else 0) + sum(_width(c) for c in _visible(prompt[lo:position]))
-  return f"{reason}\n  at position {position} of prompt {prompt!r}:\n    {shown}\n    {' ' * pad}^"
+  where = f"at position {position} of prompt {_quoted(prompt)}"
+  return f"{reason}\n  {where}:\n    {shown}\n    {' ' * pad}^"
+
+
+def _quoted(prompt: str) -> str:
+  """repr of a prompt, or of its start with its length when long: errors stay short."""
+  if len(prompt) <= _QUOTE_LIMIT:
+    return repr(prompt)
+  return f"{prompt[:_DISPLAY_WINDOW]!r}... ({len(prompt)} characters)"
+
+
+def _short(text: str, limit: int = 60) -> str:
+  """repr of a text cut to `limit` characters."""
+  return repr(text) if len(text) <= limit else f"{text[:limit]!r}..."
 
 
 def _visible(text: str) -> str:
