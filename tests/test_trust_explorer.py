@@ -45,7 +45,7 @@ def _load_the_model_once():
 
 @pytest.fixture(scope="module")
 def explorer():
-  return explore.build_explorer("tiny-synthetic", cache_dir=None, images_per_category=4)
+  return explore.build_explorer("tiny-synthetic", cache_dir=None, images_per_combination=1)
 
 
 @pytest.fixture(scope="module")
@@ -325,12 +325,20 @@ def test_truncated_index_cache_is_rebuilt_with_a_warning(tmp_path, caplog, monke
 
 
 def test_bad_options_are_user_errors():
-  with pytest.raises(InputError, match=r"--triple must lie in \[0, "):
-    explore.build_explorer("tiny-synthetic", triple=10**6, cache_dir=None)
-  with pytest.raises(InputError, match="--images_per_category must be at least 1"):
-    explore.build_explorer("tiny-synthetic", images_per_category=0, cache_dir=None)
-  with pytest.raises(InputError, match="--start_block 99"):
-    explore.build_explorer("tiny-synthetic", images_per_category=1, start_block=99, cache_dir=None)
+  import stori_jax
+
+  for count in [0, explore.MAX_IMAGES_PER_COMBINATION + 1]:
+    with pytest.raises(InputError, match=r"--images_per_combination must lie in \[1, 16\]"):
+      explore.build_explorer("tiny-synthetic", images_per_combination=count, cache_dir=None)
+  # the blocks are checked before the index is built, against the model's text tower
+  config = stori_jax.load("tiny-synthetic").config
+  layers, start = config.text.layers, explore.model_default_start_block(config)
+  with pytest.raises(InputError, match=f"^--start_block 99: Reweighting blocks 99..{layers} are "):
+    explore.build_explorer("tiny-synthetic", start_block=99, cache_dir=None)
+  with pytest.raises(InputError, match=f"^--stop_block 99: Reweighting blocks {start}..99 are "):
+    explore.build_explorer("tiny-synthetic", stop_block=99, cache_dir=None)
+  with pytest.raises(InputError, match="^--start_block 5 --stop_block 4: Reweighting blocks 5..4"):
+    explore.build_explorer("tiny-synthetic", start_block=5, stop_block=4, cache_dir=None)
 
 
 def test_cli_port_out_of_range_exits_2():
@@ -372,7 +380,7 @@ def _load_run() -> dict:
   from werkzeug.serving import make_server
 
   logging.getLogger("werkzeug").setLevel(logging.WARNING)  # as the command line sets it
-  explorer = explore.build_explorer("tiny-synthetic", cache_dir=None, images_per_category=4)
+  explorer = explore.build_explorer("tiny-synthetic", cache_dir=None, images_per_combination=1)
   reference = [("a photo of a ", 1.0), ("red ", 2.0), ("striped circle", 1.0)]
   expected_reference = [r["index"] for r in explorer.rank(reference, 12)["results"]]
   # the well-formed requests: 10 weightings of the default prompt, with their answers
@@ -396,6 +404,7 @@ def _load_run() -> dict:
     ("GET", "/thumb/1", None, {"Host": "attacker.example"}, 403, "DNS rebinding"),
     ("GET", "/api/rank", None, None, 405, "use POST"),
     ("GET", "/missing", None, None, 404, "no such page"),
+    ("POST", "/api/rank", json.dumps({**good[0][0], "stop_block": 99}), None, 400, "blocks 1.."),
   ]
 
   def one(n):
