@@ -20,11 +20,12 @@ import os
 import time
 
 import ml_collections
-from absl import app, logging
+from absl import logging
 from tqdm import tqdm
 
 import stori_jax
 from mutual import cli, data, descriptors, pipeline, report
+from stori_jax import cli as stori_cli
 from stori_jax.data import synthetic_tasks
 
 
@@ -75,9 +76,14 @@ def real_config(
       tfds_name=tfds_name,
       split="validation",
       descriptors=descriptors_path or f"data/descriptors/{data.DESCRIPTOR_FILES[dataset]}",
-      classnames="",  # CoOp classnames.txt (<folder> <name>); default: the descriptor keys
+      # CoOp classnames.txt (<folder> <name> per line): needed where folders are ids
+      # (ImageNet's wnids); default: folders are matched to the descriptor keys by name.
+      classnames="",
+      # Leave out (and list) folders without descriptors, descriptor classes without images
+      # and empty classes, instead of stopping.
+      skip_missing_classes=False,
       images_per_class=0,  # 0: all
-      classes=(),  # class indices to analyse; empty: all
+      classes=(),  # class indices to analyse (after matching); empty: all
     )
   )
   config.analysis = analysis_config(class_prompts="templates", templates=tuple(templates))
@@ -95,16 +101,20 @@ def bank_descriptors(config, per_class) -> list[str]:
   return descriptors.unique_descriptors(per_class)
 
 
-def run(config, workdir: str, progress: bool = True) -> dict:
-  """Runs the analysis; returns the aggregates (also written to workdir/results.json)."""
-  if config.data.source != "synthetic":  # a missing descriptor file stops before the model loads
-    data.load_descriptors(config.data.descriptors, config.data.get("dataset"))
+def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
+  """Runs the analysis; returns the aggregates (also written to workdir/results.json).
+
+  The data are checked first (descriptor file, classes matched by name, no empty class) and the
+  workdir claimed for this config (`cli.claim_workdir`; `restart` moves another run aside),
+  both before the model loads.
+  """
+  dataset = data.prepare(config)
+  cli.claim_workdir(config, workdir, restart, "mutual-knowledge analysis")
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
-  class_names, per_class, classes = data.load(config, size)
-  lists = list(per_class.values())
-  if len(lists) != len(class_names):
-    lists = [per_class.get(n, []) for n in class_names]
+  class_names, per_class = list(dataset.names), dataset.descriptors
+  classes = dataset.classes(size)
+  lists = dataset.lists()
   bank_list = bank_descriptors(config, per_class)
   a = config.analysis
   bank = pipeline.encode_bank(
@@ -158,6 +168,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   seconds = time.perf_counter() - start
   results = report.aggregate(records, methods)
   results["model"] = config.model.get("name", config.model.source)
+  if dataset.skipped:  # never a silent disappearance: what was left out, and why
+    results["skipped_classes"] = dataset.skipped
   results["config"] = config.to_dict()
   report.write_json(os.path.join(workdir, "results.json"), results)
   table = report.markdown_table(results["dataset"], results["model"], methods)
@@ -182,4 +194,4 @@ def main(argv):
 
 if __name__ == "__main__":
   cli.define_flags("Analysis")
-  app.run(main)
+  stori_cli.run(main)

@@ -4,11 +4,15 @@ Sources (config.data.source):
   - "synthetic": the embedded attribute world (`stori_jax.data.synthetic_tasks`): its 12 few-shot
     classes, fresh images per class, and its descriptor bank with known attributes (offline).
   - "folder": an image folder `<root>/<class folder>/<images>` (ImageNet val arranged by wnid,
-    Places365 val, Food101 ...); classes are the sorted folder names, named by the descriptor
-    file's keys in their order (Menon & Vondrick's files list ImageNet's classes in label order)
-    or by a CoOp `classnames.txt` (`<wnid> <name>` per line).
+    Places365 val, Food101 ...); a folder is matched to the descriptor file's class of the same
+    name (case, '_', '-' and spaces ignored), or to the name a CoOp `classnames.txt` gives it
+    (`<wnid> <name>` per line: ImageNet's wnid folders need it); never by position. Labels
+    follow the sorted folder names.
   - "tfds": a prepared TFDS dataset's evaluation split ("imagenet2012", "places365_small",
-    "food101"); labels are named like the folder's classes.
+    "food101"); its label names are matched like the folders.
+Folders without descriptors, descriptor classes without images, and empty classes are listed
+before any work: an error, or left out with the list logged (and recorded in the results) under
+config.data.skip_missing_classes.
 Descriptors: Menon & Vondrick's JSON {class name: [descriptor, ...]}. They carry no licence and
 are never shipped: `download_descriptors` fetches them where the network allows; a missing file
 stops with a message naming the URL and where to put it.
@@ -20,15 +24,20 @@ shorter side and centre crop, bicubic, as CLIP's preprocessing).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
+from absl import logging
+from PIL import Image
 
+from stori_jax.config_files import ConfigError
 from stori_jax.data import synthetic, synthetic_tasks
 from stori_jax.data.download import fetch_json
+from stori_jax.data.files import ClassMismatchError, match_names, nearest, quoted, read_json
+from stori_jax.errors import InputError, UserError
 from stori_jax.fewshot.datasets import (
+  COOP_LAYOUTS,
   DatasetMissingError,
   _import_tfds,
   open_image,
@@ -100,6 +109,13 @@ def _missing_message(path: str, dataset: str | None) -> str:
 
 
 def _validated(descriptors, where: str) -> dict[str, list[str]]:
+  if isinstance(descriptors, dict):
+    empty = [k for k, v in descriptors.items() if isinstance(v, list) and not v]
+    if empty:
+      raise InputError(
+        f"{where}: the classes {quoted(empty)} have no descriptors; give each class at least "
+        "one, or remove it from the file."
+      )
   if (
     not isinstance(descriptors, dict)
     or not descriptors
@@ -108,7 +124,7 @@ def _validated(descriptors, where: str) -> dict[str, list[str]]:
       for k, v in descriptors.items()
     )
   ):
-    raise ValueError(
+    raise InputError(
       f"{where} is not a descriptor file: expected a non-empty JSON object "
       "{class name: [descriptor, ...]} with at least one descriptor per class."
     )
@@ -120,13 +136,12 @@ def load_descriptors(path: str | os.PathLike, dataset: str | None = None) -> dic
 
   Raises:
     DatasetMissingError: the file is missing (the message names the URL and where to put it).
-    ValueError: the file does not have that layout.
+    InputError: the file is not UTF-8 JSON (line and column named) or not in that layout.
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise DatasetMissingError(_missing_message(path, dataset))
-  with open(path, encoding="utf-8") as f:
-    return _validated(json.load(f), path)
+  return _validated(read_json(path, "descriptor file"), path)
 
 
 def download_descriptors(
@@ -215,74 +230,295 @@ def object_overlap(truth: synthetic.SyntheticBatch, pixel_maps) -> tuple[float, 
 # Real datasets.
 
 
-def class_names_for(descriptors: Mapping[str, Sequence[str]], classnames: str | None, keys):
-  """Names of the sorted class keys (wnids or folder names): a CoOp classnames.txt when given,
-  else the descriptor file's keys in order (one per class)."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class Dataset:
+  """A dataset's classes, matched by name to the descriptor file before any image is read.
+
+  Attributes:
+    names: the class name of each label (the descriptor file's spelling), labels 0..C-1.
+    descriptors: {class name: descriptors}, in label order.
+    keys: the data-side key of each label (folder name, TFDS label name, or the class name).
+    skipped: {folder or class: why} for classes left out under
+      config.data.skip_missing_classes (empty otherwise: a mismatch is an error).
+    classes: `classes(image_size)` iterates over the chosen classes' ClassImages.
+  """
+
+  names: tuple[str, ...]
+  descriptors: dict[str, list[str]]
+  keys: tuple[str, ...]
+  skipped: dict[str, str]
+  classes: Callable[[int], Iterator[ClassImages]]
+
+  def lists(self) -> list[list[str]]:
+    """The descriptors of each label, [C][n_c] (classes that share a name share them)."""
+    return [list(self.descriptors[n]) for n in self.names]
+
+
+def _skip_fix(option: str) -> str:
+  return f"or set {option}=True to leave these classes out (they are listed when the run starts)"
+
+
+def match_classes(
+  keys: Sequence[str],
+  descriptors: Mapping[str, Sequence[str]],
+  *,
+  counts: Mapping[str, int] | None = None,
+  classnames: str | None = None,
+  skip_missing: bool = False,
+  where: str = "the data",
+  descriptors_path: str = "the descriptor file",
+  dataset: str | None = None,
+) -> tuple[list[tuple[str, str]], dict[str, str]]:
+  """Pairs data-side class keys with the descriptor file's classes by name, never by position.
+
+  A key (a folder name, a TFDS label name) names its class itself, or through a CoOp
+  `classnames.txt` ("<key> <class name>" per line); names are compared up to case, '_', '-'
+  and spaces. Keys without descriptors, descriptor classes without data, ambiguous names and
+  classes without images (`counts`) are all listed at once.
+
+  Args:
+    keys: the data's class keys, in label order.
+    descriptors: {class name: descriptors} (Menon & Vondrick's layout).
+    counts: images per key, to find empty classes; None: not checked here.
+    classnames: path of a classnames.txt mapping keys to class names.
+    skip_missing: leave the mismatched and empty classes out (logged) instead of failing.
+    where, descriptors_path, dataset: for messages.
+
+  Returns:
+    ([(key, descriptor class name)] of the kept classes in `keys` order, {key or class: why
+    skipped}).
+
+  Raises:
+    ClassMismatchError: a mismatch and not skip_missing, or no class is left.
+  """
   keys = list(keys)
+  problems: list[str] = []
+  skipped: dict[str, str] = {}
+  names = {k: k for k in keys}
   if classnames:
     table = read_classnames_txt(classnames)
-    missing = [k for k in keys if k not in table]
-    if missing:
-      raise ValueError(f"{classnames} names no class {missing[0]!r} (and {len(missing) - 1} more).")
-    return [table[k] for k in keys]
-  names = list(descriptors)
-  if len(names) != len(keys):
-    raise ValueError(
-      f"{len(keys)} classes in the data but {len(names)} in the descriptor file; pass "
-      "config.data.classnames (CoOp's classnames.txt) to name the classes."
+    unnamed = [k for k in keys if k not in table]
+    if unnamed:
+      problems.append(f"{classnames} names no class for the keys {quoted(unnamed)}")
+      skipped.update({k: f"not in {classnames}" for k in unnamed})
+    names = {k: table[k] for k in keys if k in table}
+  # Unique names: two keys may share a class name (CoOp's ImageNet list has two "crane"s).
+  match = match_names(list(dict.fromkeys(names[k] for k in keys if k in names)), list(descriptors))
+  key_of = {}
+  for k in keys:
+    key_of.setdefault(names.get(k), k)
+  name_to_keys: dict[str, list[str]] = {}
+  for k in keys:
+    if k in names:
+      name_to_keys.setdefault(names[k], []).append(k)
+  pairs = [(k, ref) for name, ref in match.pairs for k in name_to_keys[name]]
+  pairs.sort(key=lambda p: keys.index(p[0]))
+  if not pairs and not match.ambiguous and not skipped:
+    sample = quoted(keys, 5)
+    how = (
+      f"CoOp's classnames.txt ({COOP_LAYOUTS['imagenet'].split_url})"
+      if dataset == "imagenet"
+      else "a classnames.txt"
     )
-  return names
+    raise ClassMismatchError(
+      f"None of the {len(keys)} classes of {where} ({sample}) names a class of "
+      f"{descriptors_path} ({quoted(list(descriptors), 5)}); classes are matched by name, "
+      f"never by position. If the folders are named by ids (ImageNet's wnids), pass "
+      f"config.data.classnames=<{how}, one '<folder> <class name>' line per class>; else "
+      "rename the folders or the file's keys so that they agree."
+    )
+  if match.extra:
+    extra = [
+      f"{e!r}" + (f" (nearest: {near!r})" if (near := nearest(e, match.missing)) else "")
+      for e in match.extra
+    ]
+    problems.append(
+      f"no descriptors in {descriptors_path} for {len(extra)} class(es) of {where}: "
+      + ", ".join(extra[:12])
+      + (f" (and {len(extra) - 12} more)" if len(extra) > 12 else "")
+    )
+    skipped.update({key_of[e]: f"no descriptors in {descriptors_path}" for e in match.extra})
+  if match.ambiguous:
+    problems.append(
+      "several descriptor classes for "
+      + ", ".join(f"{n!r} ({' / '.join(map(repr, c))})" for n, c in match.ambiguous)
+    )
+    skipped.update({key_of[n]: "several descriptor classes match it" for n, _ in match.ambiguous})
+  if match.missing:
+    problems.append(
+      f"no images in {where} for {len(match.missing)} descriptor class(es): "
+      + quoted(list(match.missing))
+    )
+    skipped.update({m: f"no images in {where}" for m in match.missing})
+  if counts is not None:
+    empty = [k for k, _ in pairs if not counts.get(k)]
+    if empty:
+      problems.append(f"{len(empty)} class(es) of {where} have no images: {quoted(empty)}")
+      skipped.update({k: "no images" for k in empty})
+      pairs = [(k, n) for k, n in pairs if counts.get(k)]
+  if problems and not skip_missing:
+    fixes = []
+    if len(skipped) > sum(why == "no images" for why in skipped.values()):
+      fixes.append(
+        "make the names agree (or pass config.data.classnames=<classnames.txt> naming each "
+        "folder's class)"
+      )
+    if "no images" in skipped.values():
+      fixes.append("put images in the empty class folders or remove them")
+    raise ClassMismatchError(
+      f"The classes of {where} and {descriptors_path} do not match (classes are matched by "
+      "name, ignoring case, '_', '-' and spaces): " + "; ".join(problems) + ". Nothing was "
+      "analysed. Either "
+      + ", ".join(fixes)
+      + ", "
+      + _skip_fix("config.data.skip_missing_classes")
+      + "."
+    )
+  if not pairs:
+    raise ClassMismatchError(
+      f"No class of {where} is left to analyse: " + "; ".join(problems) + "."
+    )
+  if skipped:
+    logging.warning(
+      "Skipping %d class(es) (config.data.skip_missing_classes): %s",
+      len(skipped),
+      "; ".join(f"{k!r}: {why}" for k, why in skipped.items()),
+    )
+  return pairs, skipped
 
 
-def _as_model_input(source, image_size: int) -> np.ndarray:
-  image = resize_center_crop(open_image(source).convert("RGB"), image_size)
-  return np.asarray(image, np.uint8)
+def _image_error(where: str, error: Exception) -> InputError:
+  return InputError(
+    f"Cannot read the image {where}: {type(error).__name__}: {error}. Replace or remove the "
+    "file (it may be truncated or not an image)."
+  )
 
 
-def folder_classes(
+def _as_model_input(source, image_size: int, where: str = "") -> np.ndarray:
+  """An image file, encoded bytes or array -> uint8 [S, S, 3] (the file named on failure)."""
+  try:
+    image = open_image(source).convert("RGB")
+  except InputError as error:  # already a clear message; add which image when it lacks it
+    if where and where not in str(error):
+      raise InputError(f"{where}: {error}") from None
+    raise
+  except UserError:
+    raise
+  except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+    raise _image_error(where or str(source)[:200], error) from None
+  if min(image.size) == 0:
+    raise InputError(f"The image {where or source} is empty ({image.size[0]}x{image.size[1]}).")
+  return np.asarray(resize_center_crop(image, image_size), np.uint8)
+
+
+def _selected(labels: int, classes: Sequence[int] | None) -> list[int]:
+  chosen = list(range(labels)) if classes is None else [int(c) for c in classes]
+  bad = [c for c in chosen if not 0 <= c < labels]
+  if bad:
+    raise ConfigError(
+      f"config.data.classes {bad} are not class indices 0..{labels - 1} (after matching the "
+      "data's classes to the descriptor file)."
+    )
+  return chosen
+
+
+def _visible_dirs(root: str) -> list[str]:
+  return sorted(
+    d for d in os.listdir(root) if not d.startswith(".") and os.path.isdir(os.path.join(root, d))
+  )
+
+
+def folder_dataset(
   root: str,
   descriptors: Mapping[str, Sequence[str]],
-  image_size: int,
   *,
   classnames: str | None = None,
   images_per_class: int | None = None,
   classes: Sequence[int] | None = None,
-) -> tuple[list[str], Iterator[ClassImages]]:
-  """An image folder `<root>/<class>/<image>`: (class names, iterator of ClassImages)."""
+  skip_missing: bool = False,
+  descriptors_path: str = "the descriptor file",
+  dataset: str | None = None,
+) -> Dataset:
+  """An image folder `<root>/<class folder>/<images>`, its folders matched to the descriptors.
+
+  Labels follow the sorted folder names of the matched classes; `classes` picks labels.
+  """
   if not os.path.isdir(root):
     raise DatasetMissingError(
       f"Image folder {os.path.abspath(root)} does not exist: put the evaluation images there as "
       "<root>/<class folder>/<image files> (ImageNet: the ILSVRC2012 val images from "
       "https://image-net.org sorted into one folder per wnid)."
     )
-  keys = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-  names = class_names_for(descriptors, classnames, keys)
+  keys = _visible_dirs(root)
+  if not keys:
+    raise InputError(
+      f"Image folder {os.path.abspath(root)} has no class folders: put the images there as "
+      "<root>/<class folder>/<image files>."
+    )
+  files = {
+    k: sorted(
+      f
+      for f in os.listdir(os.path.join(root, k))
+      if f.lower().endswith(_IMAGE_EXTENSIONS) and not f.startswith(".")
+    )
+    for k in keys
+  }
+  pairs, skipped = match_classes(
+    keys,
+    descriptors,
+    counts={k: len(v) for k, v in files.items()},
+    classnames=classnames,
+    skip_missing=skip_missing,
+    where=f"the image folder {root}",
+    descriptors_path=descriptors_path,
+    dataset=dataset,
+  )
+  names = tuple(n for _, n in pairs)
+  kept_keys = tuple(k for k, _ in pairs)
+  chosen = _selected(len(pairs), classes)
 
-  def iterate():
-    for label in classes if classes is not None else range(len(keys)):
-      folder = os.path.join(root, keys[label])
-      files = sorted(f for f in os.listdir(folder) if f.lower().endswith(_IMAGE_EXTENSIONS))
-      files = files[:images_per_class] if images_per_class else files
-      if not files:
-        continue
-      images = np.stack([_as_model_input(os.path.join(folder, f), image_size) for f in files])
-      yield ClassImages(label, names[label], images, tuple(f"{keys[label]}/{f}" for f in files))
+  def iterate(image_size: int) -> Iterator[ClassImages]:
+    for label in chosen:
+      key = kept_keys[label]
+      folder = os.path.join(root, key)
+      some = files[key][:images_per_class] if images_per_class else files[key]
+      images = np.stack(
+        [
+          _as_model_input(os.path.join(folder, f), image_size, os.path.join(folder, f))
+          for f in some
+        ]
+      )
+      yield ClassImages(label, names[label], images, tuple(f"{key}/{f}" for f in some))
 
-  return names, iterate()
+  return Dataset(names, {n: list(descriptors[n]) for n in names}, kept_keys, skipped, iterate)
 
 
-def tfds_classes(
-  name: str,
+def folder_classes(
+  root: str,
   descriptors: Mapping[str, Sequence[str]],
   image_size: int,
+  **options,
+) -> tuple[list[str], Iterator[ClassImages]]:
+  """An image folder `<root>/<class>/<image>`: (class names, iterator of ClassImages); see
+  `folder_dataset` for the options."""
+  found = folder_dataset(root, descriptors, **options)
+  return list(found.names), found.classes(image_size)
+
+
+def tfds_dataset(
+  name: str,
+  descriptors: Mapping[str, Sequence[str]],
   *,
   data_dir: str | None = None,
   split: str = "validation",
   classnames: str | None = None,
   images_per_class: int | None = None,
   classes: Sequence[int] | None = None,
-) -> tuple[list[str], Iterator[ClassImages]]:
-  """A prepared TFDS split: (class names, iterator of ClassImages). Nothing is downloaded.
+  skip_missing: bool = False,
+  descriptors_path: str = "the descriptor file",
+  dataset: str | None = None,
+) -> Dataset:
+  """A prepared TFDS split, its label names matched to the descriptors. Nothing is downloaded.
 
   The split is read once and the chosen classes' encoded images kept in memory (ImageNet val:
   about 6.4 GB for all 1,000 classes; choose `classes` to bound it).
@@ -296,61 +532,103 @@ def tfds_classes(
       "tars from https://image-net.org in <data_dir>/downloads/manual), or use an image folder."
     )
   raw = list(builder.info.features["label"].names)
-  names = class_names_for(descriptors, classnames, raw)
-  wanted = set(classes if classes is not None else range(len(raw)))
-  kept: dict[int, list] = {c: [] for c in sorted(wanted)}
-  dataset = builder.as_dataset(
+  where = f"TFDS {name} ({split})"
+  if not skip_missing:  # names first (cheap): a mismatch stops before the split is read
+    match_classes(
+      raw,
+      descriptors,
+      classnames=classnames,
+      where=where,
+      descriptors_path=descriptors_path,
+      dataset=dataset,
+    )
+  counts = np.zeros(len(raw), np.int64)
+  read: dict[int, list] = {label: [] for label in range(len(raw))}
+  dataset_split = builder.as_dataset(
     split=split, shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()}
   )
-  for index, example in enumerate(tfds.as_numpy(dataset)):
+  for index, example in enumerate(tfds.as_numpy(dataset_split)):
     label = int(example["label"])
-    if label in wanted and (not images_per_class or len(kept[label]) < images_per_class):
-      kept[label].append((f"{name}/{split}/{index}", bytes(example["image"])))
+    counts[label] += 1
+    if not images_per_class or len(read[label]) < images_per_class:
+      read[label].append((f"{name}/{split}/{index}", bytes(example["image"])))
+  pairs, skipped = match_classes(
+    raw,
+    descriptors,
+    counts={k: int(c) for k, c in zip(raw, counts)},
+    classnames=classnames,
+    skip_missing=skip_missing,
+    where=where,
+    descriptors_path=descriptors_path,
+    dataset=dataset,
+  )
+  names = tuple(n for _, n in pairs)
+  kept_keys = tuple(k for k, _ in pairs)
+  chosen = _selected(len(pairs), classes)
+  index_of = {k: i for i, k in enumerate(raw)}
+  kept = {label: read[index_of[kept_keys[label]]] for label in chosen}
+  del read
 
-  def iterate():
+  def iterate(image_size: int) -> Iterator[ClassImages]:
     for label, items in kept.items():
-      if items:
-        images = np.stack([_as_model_input(b, image_size) for _, b in items])
-        yield ClassImages(label, names[label], images, tuple(i for i, _ in items))
+      images = np.stack([_as_model_input(b, image_size, i) for i, b in items])
+      yield ClassImages(label, names[label], images, tuple(i for i, _ in items))
 
-  return names, iterate()
+  return Dataset(names, {n: list(descriptors[n]) for n in names}, kept_keys, skipped, iterate)
+
+
+def tfds_classes(name, descriptors, image_size: int, **options):
+  """A prepared TFDS split: (class names, iterator of ClassImages); see `tfds_dataset`."""
+  found = tfds_dataset(name, descriptors, **options)
+  return list(found.names), found.classes(image_size)
+
+
+DATA_SOURCES = ("synthetic", "folder", "tfds")
+
+
+def prepare(config) -> Dataset:
+  """config.data's classes, descriptors and images (read lazily), checked before any work.
+
+  The descriptor file is read, and a real dataset's classes matched to it by name, here: a
+  missing file, a mismatch or an empty class stops the run before a model loads.
+  """
+  data = config.data
+  if data.source not in DATA_SOURCES:
+    raise ConfigError(f"config.data.source must be one of {DATA_SOURCES}, got {data.source!r}.")
+  classes = list(data.classes) if data.get("classes") else None
+  if data.source == "synthetic":
+    specs = synthetic_tasks.FEWSHOT_CLASSES
+    names = tuple(c.name for c in specs)
+    _selected(len(names), classes)
+    return Dataset(
+      names,
+      synthetic_descriptors(),
+      names,
+      {},
+      lambda size: synthetic_classes(data.images_per_class, data.seed, size, classes),
+    )
+  path = data.descriptors
+  descriptors = load_descriptors(path, data.get("dataset"))
+  options = dict(
+    classnames=data.get("classnames") or None,
+    images_per_class=data.get("images_per_class") or None,
+    classes=classes,
+    skip_missing=bool(data.get("skip_missing_classes", False)),
+    descriptors_path=path,
+    dataset=data.get("dataset"),
+  )
+  if data.source == "folder":
+    return folder_dataset(data.root, descriptors, **options)
+  return tfds_dataset(
+    data.tfds_name,
+    descriptors,
+    data_dir=data.get("root") or None,
+    split=data.get("split", "validation"),
+    **options,
+  )
 
 
 def load(config, image_size: int):
-  """(class names, descriptors {class: [..]}, iterator of ClassImages) for config.data."""
-  data = config.data
-  if data.source == "synthetic":
-    descriptors = synthetic_descriptors()
-    names = [c.name for c in synthetic_tasks.FEWSHOT_CLASSES]
-    classes = list(data.classes) if data.get("classes") else None
-    return (
-      names,
-      descriptors,
-      synthetic_classes(data.images_per_class, data.seed, image_size, classes),
-    )
-  descriptors = load_descriptors(data.descriptors, data.get("dataset"))
-  classes = list(data.classes) if data.get("classes") else None
-  per_class = data.get("images_per_class") or None
-  if data.source == "folder":
-    names, it = folder_classes(
-      data.root,
-      descriptors,
-      image_size,
-      classnames=data.get("classnames"),
-      images_per_class=per_class,
-      classes=classes,
-    )
-  elif data.source == "tfds":
-    names, it = tfds_classes(
-      data.tfds_name,
-      descriptors,
-      image_size,
-      data_dir=data.get("root") or None,
-      split=data.get("split", "validation"),
-      classnames=data.get("classnames"),
-      images_per_class=per_class,
-      classes=classes,
-    )
-  else:
-    raise ValueError(f"config.data.source must be synthetic, folder or tfds, got {data.source!r}.")
-  return names, descriptors, it
+  """(class names, descriptors {class: [..]} in label order, iterator of ClassImages)."""
+  found = prepare(config)
+  return list(found.names), found.descriptors, found.classes(image_size)

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import jax
 import ml_collections
 import numpy as np
-from absl import app, logging
+from absl import logging
 from tqdm import tqdm
 
 import stori_jax
@@ -42,6 +42,8 @@ from mutual import (
   report,
   xai,
 )
+from stori_jax import cli as stori_cli
+from stori_jax.config_files import ConfigError
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.plotting import pyplot
 from stori_jax.preprocess import normalize
@@ -92,31 +94,45 @@ def baselines_config(data_overrides=None, **overrides) -> ml_collections.ConfigD
 # Data.
 
 
+def _merged(config, data_overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({"data": {**config.data.to_dict(), **dict(data_overrides)}})
+
+
 def _load_classes(config, data_overrides: Mapping[str, Any], size: int):
-  merged = ml_collections.ConfigDict({"data": {**config.data.to_dict(), **dict(data_overrides)}})
-  return data.load(merged, size)
+  return data.load(_merged(config, data_overrides), size)
 
 
-def _class_lists(class_names, per_class):
-  lists = list(per_class.values())
-  return lists if len(lists) == len(class_names) else [per_class.get(n, []) for n in class_names]
-
-
-def train_baselines(bundle, config, class_names, per_class, bank, size, progress=True):
-  """Caches the training images' features and trains the three baselines."""
-  b = config.baselines
+def training_dataset(config, evaluation: data.Dataset) -> data.Dataset:
+  """The baselines' training images (config.baselines.data over config.data), checked before
+  any work: they must exist and hold the evaluation's classes."""
   try:
-    train_names, _, train_classes = _load_classes(config, b.data, size)
+    found = data.prepare(_merged(config, config.baselines.data))
   except DatasetMissingError as error:
     raise DatasetMissingError(
       f"The baselines' training images (config.baselines.data): {error} Or set "
       "--config.baselines.enabled=False to evaluate without the baselines."
     ) from None
-  if list(train_names) != list(class_names):
-    raise ValueError(
-      "the baselines' training classes differ from the evaluation classes; point "
-      "config.baselines.data at the same dataset's training split."
+  if found.names != evaluation.names:
+    only_train = sorted(set(found.names) - set(evaluation.names))
+    only_eval = sorted(set(evaluation.names) - set(found.names))
+    parts = [f"only in training: {only_train[:10]}"] if only_train else []
+    parts += [f"only in evaluation: {only_eval[:10]}"] if only_eval else []
+    detail = "; ".join(parts) or "the same classes in another order"
+    raise ConfigError(
+      f"The baselines' training classes (config.baselines.data) differ from the evaluation "
+      f"classes ({detail}); point config.baselines.data at the same dataset's training split, "
+      "or set --config.baselines.enabled=False."
     )
+  return found
+
+
+def train_baselines(
+  bundle, config, train_dataset, class_names, per_class, bank, size, progress=True
+):
+  """Caches the training images' features (`train_dataset`, a data.Dataset) and trains the
+  three baselines."""
+  b = config.baselines
+  train_classes = train_dataset.classes(size)
   cached = baselines.cache_features(
     bundle,
     train_classes,
@@ -283,16 +299,19 @@ def _table5(top1: Mapping[str, float], model: str) -> str:
 # Protocols (mutual.protocols).
 
 
-def run_protocols(bundle, config, concepts, class_names, lists, size, bank, progress=True) -> dict:
+def run_protocols(
+  bundle, config, concepts, class_names, lists, size, bank, progress=True, dataset=None
+) -> dict:
   """Runs the protocols named in config.evaluation.protocols (mutual.protocols); {name: result}.
 
   Table 2, App. A.2 and App. A.4 reuse the analysis of the Table 1 pass (`concepts`, a
-  protocols.ConceptPass); App. A.3 reads the evaluation images a second time.
+  protocols.ConceptPass); App. A.3 reads the evaluation images a second time (from `dataset`,
+  a data.Dataset, else from config.data).
   """
   wanted = tuple(config.evaluation.protocols)
   unknown = set(wanted) - set(protocols.PROTOCOLS)
   if unknown:
-    raise ValueError(
+    raise ConfigError(
       f"unknown protocols {sorted(unknown)} in config.evaluation.protocols; known: "
       f"{protocols.PROTOCOLS}"
     )
@@ -305,7 +324,8 @@ def run_protocols(bundle, config, concepts, class_names, lists, size, bank, prog
   if "ot_entropy" in wanted:
     out["ot_entropy"] = protocols.ot_entropy(concepts)
   if "blur" in wanted:
-    _, _, classes = data.load(config, size)  # a second pass over the evaluation images
+    # A second pass over the evaluation images.
+    classes = dataset.classes(size) if dataset is not None else data.load(config, size)[2]
     out["blur"] = protocols.blur_accuracy(
       bundle, classes, bank.class_embeddings, config.analysis, settings=p.blur, progress=progress
     )
@@ -326,15 +346,23 @@ def run_protocols(bundle, config, concepts, class_names, lists, size, bank, prog
 # The run.
 
 
-def run(config, workdir: str, progress: bool = True) -> dict:
-  """Runs Table 1 and the protocols; returns the results (also written to workdir)."""
+def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
+  """Runs Table 1 and the protocols; returns the results (also written to workdir).
+
+  The evaluation and training data are checked (descriptor file, classes matched by name, no
+  empty class) and the workdir claimed for this config (`restart` moves another run aside)
+  before the model loads.
+  """
   start = time.perf_counter()
-  if config.data.source != "synthetic":  # a missing descriptor file stops before the model loads
-    data.load_descriptors(config.data.descriptors, config.data.get("dataset"))
+  _check_config(config)
+  dataset = data.prepare(config)
+  train_dataset = training_dataset(config, dataset) if config.baselines.enabled else None
+  cli.claim_workdir(config, workdir, restart, "mutual-knowledge evaluation")
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
-  class_names, per_class, classes = data.load(config, size)
-  lists = _class_lists(class_names, per_class)
+  class_names, per_class = list(dataset.names), dataset.descriptors
+  classes = dataset.classes(size)
+  lists = dataset.lists()
   a = config.analysis
   bank = pipeline.encode_bank(
     bundle,
@@ -350,13 +378,15 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   methods = tuple(a.methods)
   trained, n_train = None, 0
   if config.baselines.enabled:
-    if int(config.baselines.n_concepts) != int(a.n_concepts):
-      raise ValueError(
-        "config.baselines.n_concepts must equal config.analysis.n_concepts (the same number "
-        "of perturbation steps for every explanation)."
-      )
     trained, n_train = train_baselines(
-      bundle, config, class_names, {n: l for n, l in zip(class_names, lists)}, bank, size, progress
+      bundle,
+      config,
+      train_dataset,
+      class_names,
+      {n: l for n, l in zip(class_names, lists)},
+      bank,
+      size,
+      progress,
     )
   e = config.evaluation
   score_fn = xai.clip_scorer(bundle, bank.class_embeddings, float(e.score_scale), int(e.batch_size))
@@ -377,7 +407,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     for name, p in predictions.items():
       hits.setdefault(name, []).append(p == cls.label)
   if not parts:
-    raise ValueError("no images were evaluated: the data holds no class with images.")
+    raise ConfigError("No images were evaluated: check config.data (classes, images_per_class).")
   order = [n for n in baselines.NAMES if n in parts]
   order += [n for n in parts if n.startswith("Ours")] + [n for n in parts if n.startswith("Random")]
   summaries = {name: xai.summarize(xai.Curves.concatenate(parts[name])) for name in order}
@@ -406,17 +436,39 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   plot_curves(os.path.join(workdir, "curves.png"), summaries, title=f"{config.name}: {model}")
 
   if tuple(e.protocols):
-    proto = run_protocols(bundle, config, concepts, class_names, lists, size, bank, progress)
+    proto = run_protocols(
+      bundle, config, concepts, class_names, lists, size, bank, progress, dataset
+    )
     results["protocols"] = proto
     md = "".join(f"{name}\n\n{protocols.markdown(name, {model: r})}\n" for name, r in proto.items())
     with open(os.path.join(workdir, "protocols.md"), "w", encoding="utf-8") as f:
       f.write(md)
     report.write_json(os.path.join(workdir, "protocols.json"), _rounded(proto))
   results["seconds"] = round(time.perf_counter() - start, 1)
+  if dataset.skipped:  # never a silent disappearance: what was left out, and why
+    results["skipped_classes"] = dataset.skipped
   results["config"] = config.to_dict()
   report.write_json(os.path.join(workdir, "table1.json"), _rounded(results))
   logging.info("%d images in %.1f s", n_images, results["seconds"])
   return results
+
+
+def _check_config(config) -> None:
+  """Settings that would fail late, checked before any work."""
+  unknown = set(config.evaluation.protocols) - set(protocols.PROTOCOLS)
+  if unknown:
+    raise ConfigError(
+      f"unknown protocols {sorted(unknown)} in config.evaluation.protocols; known: "
+      f"{protocols.PROTOCOLS}"
+    )
+  if config.baselines.enabled and int(config.baselines.n_concepts) != int(
+    config.analysis.n_concepts
+  ):
+    raise ConfigError(
+      f"config.baselines.n_concepts ({config.baselines.n_concepts}) must equal "
+      f"config.analysis.n_concepts ({config.analysis.n_concepts}): the same number of "
+      "perturbation steps for every explanation."
+    )
 
 
 def main(argv):
@@ -433,4 +485,4 @@ def main(argv):
 
 if __name__ == "__main__":
   cli.define_flags("Evaluation")
-  app.run(main)
+  stori_cli.run(main)

@@ -11,12 +11,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from stori_jax import jsonio
 from stori_jax.plotting import pyplot
 
 from mutual import information
@@ -140,11 +140,10 @@ def markdown_table(summary: Mapping[str, Any], model: str, methods: Sequence[str
 
 
 def write_json(path: str, payload: Any) -> None:
-  """Deterministic JSON (sorted keys, fixed indentation)."""
+  """Deterministic JSON (sorted keys, fixed indentation), strict (NaN or infinity raise
+  NonFiniteError) and atomic (stori_jax.jsonio)."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(payload, f, indent=1, sort_keys=True)
-    f.write("\n")
+  jsonio.write_json(path, payload, indent=1, sort_keys=True)
 
 
 # ---------------------------------------------------------------------------------------------

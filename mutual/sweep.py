@@ -54,10 +54,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, logging
+from absl import logging
 from tqdm import tqdm
 
 import stori_jax
+from stori_jax import cli as stori_cli
 from mutual import analyze, cli, crf, data, features, foreground, pipeline, report, visual_prompts
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints import hub
@@ -706,9 +707,7 @@ def _class_chunks(streams: Mapping[int, Any], sizes: Sequence[int], chunk: int):
 
 def _encode_bank(bundle, config, class_names, per_class):
   a = config.analysis
-  lists = list(per_class.values())
-  if len(lists) != len(class_names):
-    lists = [per_class.get(n, []) for n in class_names]
+  lists = [list(per_class[n]) for n in class_names]
   return pipeline.encode_bank(
     bundle,
     class_names,
@@ -722,12 +721,15 @@ def _encode_bank(bundle, config, class_names, per_class):
   )
 
 
-def run(config, workdir: str, progress: bool = True) -> dict:
-  """Runs the sweep; returns results.json's content (also written with table.md and figures)."""
+def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
+  """Runs the sweep; returns results.json's content (also written with table.md and figures).
+
+  The data (descriptor file, classes matched by name, no empty class) and every model's weights
+  are checked, and the workdir claimed for this config (`restart` moves another run aside),
+  before any image is read.
+  """
   _check_config(config)
-  if config.data.source != "synthetic":  # a missing descriptor file stops before any model loads
-    data.load_descriptors(config.data.descriptors, config.data.get("dataset"))
-  os.makedirs(workdir, exist_ok=True)
+  dataset = data.prepare(config)  # a data mistake stops before any model loads
   a = config.analysis
   methods = tuple(a.methods)
   models = sweep_models(config)
@@ -750,11 +752,12 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   kept = [i for i, model in enumerate(models) if model.name not in skipped]
   if not kept:
     raise CheckpointError("No model of config.models could be loaded (see the warnings above).")
+  # Run identity once the inputs are known good (a missing model is a mistake to fix first).
+  cli.claim_workdir(config, workdir, restart, "mutual-knowledge sweep")
   sizes = sorted({sizes_by_model[i] for i in kept})
   # One class stream per input size (each resizes the source images itself).
-  streams = {}
-  for size in sizes:
-    class_names, per_class, streams[size] = data.load(config, size)
+  class_names, per_class = list(dataset.names), dataset.descriptors
+  streams = {size: dataset.classes(size) for size in sizes}
   banks: dict[int, pipeline.TextBank] = {}
   encode = functools.partial(
     _encode_bank, config=config, class_names=class_names, per_class=per_class
@@ -816,6 +819,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     weights="random" if config.random_weights else "registered",
     skipped=skipped,
     images_per_model=n_images,
+    **({"skipped_classes": dataset.skipped} if dataset.skipped else {}),
     config=config.to_dict(),
   )
   report.write_json(os.path.join(workdir, "results.json"), results)
@@ -848,10 +852,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
 def main(argv):
   config, workdir, results = cli.run_from_flags(
-    argv,
-    run,
-    "python -m mutual.sweep --config configs/mutual_sweep.py[:random] --workdir DIR",
-    expected_errors=(CheckpointError, ConfigError),
+    argv, run, "python -m mutual.sweep --config configs/mutual_sweep.py:random --workdir DIR"
   )
   rows = [results["models"][n] for n in results["order"]]
   print(markdown_table(rows, tuple(config.analysis.methods)))
@@ -867,4 +868,4 @@ def main(argv):
 
 if __name__ == "__main__":
   cli.define_flags("Sweep")
-  app.run(main)
+  stori_cli.run(main)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stori_jax.errors import InputError
 from stori_jax.models import CLIP, CLIPConfig, reweighted_block_indices
 from stori_jax.preprocess import ImageLike, PreprocessConfig, preprocess
 from stori_jax.tokenizer import Tokenizer, default_tokenizer, tokenize_weighted
@@ -77,21 +78,23 @@ class CLIPBundle:
       ids = ids[None]
     context, eot = self.config.text.context_length, self.config.text.eot_token_id
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-      raise ValueError(
+      raise InputError(
         f"Token ids must be an integer array [batch, length], got {ids.dtype} {ids.shape}."
       )
+    if ids.shape[0] == 0:
+      raise InputError(f"No texts to encode: the token ids have shape {ids.shape}.")
     if ids.shape[1] > context:
-      raise ValueError(
+      raise InputError(
         f"Token sequences of length {ids.shape[1]} exceed the model's context length "
         f"{context}; tokenize with context_length={context} (bundle.tokenize does)."
       )
     if ids.size and (ids.min() < 0 or ids.max() >= self.config.text.vocab_size):
-      raise ValueError(
+      raise InputError(
         f"Token ids must lie in [0, {self.config.text.vocab_size}), got [{ids.min()}, {ids.max()}]."
       )
     no_eot = np.flatnonzero(~(ids == eot).any(axis=1))
     if no_eot.size:
-      raise ValueError(
+      raise InputError(
         f"Rows {no_eot[:10].tolist()} have no end-of-text token ({eot}); the text "
         "features are read at that position."
       )
@@ -105,9 +108,9 @@ class CLIPBundle:
     if weights.ndim == 1:
       weights = weights[None]
     if weights.shape != ids.shape:
-      raise ValueError(f"weights {weights.shape} must have the shape of the token ids {ids.shape}.")
+      raise InputError(f"weights {weights.shape} must have the shape of the token ids {ids.shape}.")
     if not np.all(np.isfinite(weights)) or (weights < 0).any():
-      raise ValueError("Token weights must be finite and >= 0 (0 excludes a token).")
+      raise InputError("Token weights must be finite and >= 0 (0 excludes a token).")
     return weights
 
   def _text_inputs(self, tokens, weights, start_block, stop_block):
@@ -192,17 +195,35 @@ class CLIPBundle:
     return jax.jit(encode, static_argnums=2)
 
   def check_images(self, images) -> jax.Array:
+    """Validates normalised images float [B, S, S, 3] (or one [S, S, 3]) -> float32 [B, S, S, 3].
+
+    Raises:
+      InputError: no images (B = 0), a zero-sized or wrong shape, or integer pixels; the
+        message gives the shape received and the one expected.
+    """
     size = self.config.vision.image_size
+    shape = tuple(np.shape(images))
+    expected = f"[batch, {size}, {size}, 3] (NHWC, normalised)"
+    if len(shape) == 4 and shape[0] == 0:
+      raise InputError(
+        f"No images to encode: got an empty batch of shape {shape}; this model takes "
+        f"{expected} with batch >= 1."
+      )
+    if 0 in shape:
+      raise InputError(
+        f"Zero-sized images of shape {shape}: this model takes {expected}. "
+        f"bundle.preprocess(image) gives {size}x{size} inputs."
+      )
     images = jnp.asarray(images)
     if images.ndim == 3:
       images = images[None]
     if images.ndim != 4 or images.shape[1:] != (size, size, 3):
-      raise ValueError(
+      raise InputError(
         f"This model takes images of shape [batch, {size}, {size}, 3] (NHWC, normalised); "
         f"got {tuple(images.shape)}. bundle.preprocess(image) gives {size}x{size} inputs."
       )
     if not jnp.issubdtype(images.dtype, jnp.floating):
-      raise ValueError(
+      raise InputError(
         f"Images must be normalised floats, got {images.dtype}; run "
         "bundle.preprocess on uint8 images first."
       )

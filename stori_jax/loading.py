@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import difflib
 import logging
 import os
 from typing import Any
@@ -10,11 +10,12 @@ from typing import Any
 import jax.numpy as jnp
 
 from stori_jax.bundle import CLIPBundle
-from stori_jax.checkpoints import hf, hub, native, openai
+from stori_jax.checkpoints import hf, hub, native, openai, validate
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.open_clip_config import architecture_config, config_from_open_clip
 from stori_jax.checkpoints.state_dict import is_torchscript, read_state_dict
-from stori_jax.models import CLIPConfig, registry
+from stori_jax.data.files import read_json
+from stori_jax.models import CLIPConfig, architecture_names, registry
 from stori_jax.preprocess import PreprocessConfig
 
 ASSETS_DIR = os.path.join(os.path.dirname(__file__), "assets")
@@ -39,7 +40,7 @@ def _load_registered(entry: registry.ModelEntry, models_dir, revision):
   path = hub.fetch_weights(entry.name, entry.hf_repo, entry.weights_files, models_dir, revision)
   config = entry.config
   params = openai.params_from_state_dict(read_state_dict(path), config, path)
-  return config, params, PreprocessConfig(entry.image_size, entry.mean, entry.std)
+  return config, params, PreprocessConfig(entry.image_size, entry.mean, entry.std), path
 
 
 def _first_file(directory: str, names) -> str | None:
@@ -51,22 +52,40 @@ def _first_file(directory: str, names) -> str | None:
 
 def _load_hf_dir(directory: str):
   config_path = os.path.join(directory, "config.json")
-  with open(config_path, encoding="utf-8") as f:
-    config = hf.config_from_hf(json.load(f), config_path)
+  config = hf.config_from_hf(
+    read_json(config_path, "transformers config", error=CheckpointError), config_path
+  )
   weights = _first_file(directory, ("model.safetensors", "pytorch_model.bin"))
   if weights is None:
     raise CheckpointError(
       f"{directory} has config.json but neither model.safetensors nor pytorch_model.bin."
     )
   params = hf.params_from_state_dict(read_state_dict(weights), config, weights)
-  return config, params, PreprocessConfig(config.vision.image_size)
+  return config, params, PreprocessConfig(config.vision.image_size), weights
 
 
 def _load_open_clip_dir(directory: str):
   config_path = os.path.join(directory, "open_clip_config.json")
-  with open(config_path, encoding="utf-8") as f:
-    spec = json.load(f)
-  config = config_from_open_clip(spec["model_cfg"], os.path.basename(directory))
+  spec = read_json(config_path, "open_clip config", error=CheckpointError)
+  if not isinstance(spec, dict) or not isinstance(spec.get("model_cfg"), dict):
+    raise CheckpointError(
+      f'{config_path} has no "model_cfg" object; is it open_clip\'s open_clip_config.json?'
+    )
+  try:
+    config = config_from_open_clip(spec["model_cfg"], os.path.basename(directory))
+    pre = spec.get("preprocess_cfg", {})
+    preprocess = PreprocessConfig(
+      config.vision.image_size,
+      tuple(pre.get("mean", PreprocessConfig.mean)),
+      tuple(pre.get("std", PreprocessConfig.std)),
+    )
+  except CheckpointError:
+    raise
+  except (KeyError, TypeError, ValueError, AttributeError) as e:  # a key of the wrong type
+    raise CheckpointError(
+      f"{config_path}: malformed model_cfg or preprocess_cfg ({type(e).__name__}: {e}); "
+      "compare it with open_clip's own config of the architecture."
+    ) from None
   weights = _first_file(directory, ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"))
   if weights is None:
     raise CheckpointError(
@@ -74,13 +93,65 @@ def _load_open_clip_dir(directory: str):
       "open_clip_model.safetensors or open_clip_pytorch_model.bin."
     )
   params = openai.params_from_state_dict(read_state_dict(weights), config, weights)
-  pre = spec.get("preprocess_cfg", {})
-  preprocess = PreprocessConfig(
-    config.vision.image_size,
-    tuple(pre.get("mean", PreprocessConfig.mean)),
-    tuple(pre.get("std", PreprocessConfig.std)),
+  return config, params, preprocess, weights
+
+
+def _arch_config(arch: str | CLIPConfig, source: str) -> CLIPConfig:
+  """The CLIPConfig an `arch` argument names; an unknown name is a CheckpointError naming it
+  and the checkpoint `source` it was given for."""
+  if isinstance(arch, CLIPConfig):
+    return arch
+  if not isinstance(arch, str):
+    raise CheckpointError(
+      f"arch must be an architecture name or a CLIPConfig, got {type(arch).__name__} {arch!r}."
+    )
+  try:
+    return architecture_config(arch)
+  except ValueError:
+    known = architecture_names()
+    near = difflib.get_close_matches(arch, known, n=1)
+    shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+    raise CheckpointError(
+      f"arch={arch!r}, given for {source}, is not a known architecture"
+      + (f" (did you mean {near[0]!r}?)" if near else "")
+      + f". Known: {shown} (stori_jax.models.architecture_names() lists them; open_clip's "
+      "names work too when open_clip is installed). Or pass a CLIPConfig, or leave arch out: "
+      "a checkpoint directory records its architecture and a state dict's shapes define it."
+    ) from None
+
+
+def _describe(config: CLIPConfig) -> str:
+  v, t = config.vision, config.text
+  tower = (
+    f"ViT {v.layers}x{v.width}, patch {v.patch_size}"
+    if config.vision_kind == "vit"
+    else config.vision_kind
   )
-  return config, params, preprocess
+  return (
+    f"{config.name or 'unnamed'}: embed {config.embed_dim}, image {v.image_size} px ({tower}), "
+    f"text {t.layers}x{t.width}, {t.activation}"
+  )
+
+
+def _check_arch(arch: str | CLIPConfig, config: CLIPConfig, source: str) -> None:
+  """Raises CheckpointError when `arch` contradicts the architecture `source` records."""
+  wanted = _arch_config(arch, source)
+  ours = {k: v for k, v in validate.flatten(config.to_dict()).items() if k != "name"}
+  theirs = {k: v for k, v in validate.flatten(wanted.to_dict()).items() if k != "name"}
+  diffs = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+  if diffs:
+    shown = "; ".join(
+      f"{k.replace('/', '.')}: {ours.get(k)!r} in the checkpoint, {theirs.get(k)!r} in arch"
+      for k in diffs[:6]
+    )
+    label = arch if isinstance(arch, str) else (arch.name or "the CLIPConfig given")
+    raise CheckpointError(
+      f"arch={label!r} contradicts the architecture that {source} records "
+      f"({_describe(config)}): {shown}"
+      + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+      + ". Leave arch out (this checkpoint defines its own architecture), or load the "
+      "checkpoint that arch describes."
+    )
 
 
 def _load_state_dict_file(path: str, arch: str | CLIPConfig | None):
@@ -90,10 +161,8 @@ def _load_state_dict_file(path: str, arch: str | CLIPConfig | None):
       f"{path} is a Hugging Face transformers state dict; load its directory (with "
       "config.json) instead, so the architecture is known."
     )
-  if isinstance(arch, CLIPConfig):
-    config = arch
-  elif arch:
-    config = architecture_config(arch)
+  if arch is not None:
+    config = _arch_config(arch, path)
   else:
     config = openai.config_from_state_dict(state_dict, path)
     if not is_torchscript(path):
@@ -105,7 +174,19 @@ def _load_state_dict_file(path: str, arch: str | CLIPConfig | None):
         path,
       )
   params = openai.params_from_state_dict(state_dict, config, path)
-  return config, params, PreprocessConfig(config.vision.image_size)
+  return config, params, PreprocessConfig(config.vision.image_size), path
+
+
+def _hub_id_or_missing(source: str, revision: str | None) -> str:
+  """The directory of a hub id's files; a local-looking path that does not exist is an error."""
+  if source.count("/") == 1 and not source.startswith((".", "/", "~")):
+    return hub.download(source, hub.HF_FILES, revision)
+  known = ", ".join(named_checkpoints()) or "none installed"
+  raise CheckpointError(
+    f"{source} does not exist. Pass a checkpoint directory or file, a hub id such as "
+    f"'openai/clip-vit-base-patch32' or 'hf-hub:org/name', a shipped name ({known}) "
+    f"or a registered model ({', '.join(registry.names())})."
+  )
 
 
 def load(
@@ -134,21 +215,31 @@ def load(
       - a hub id: 'openai/clip-vit-base-patch32' (transformers) or
         'hf-hub:org/name' (open_clip), downloaded when the network allows.
     arch: architecture name or CLIPConfig for state-dict files; inferred from
-      the tensor shapes (with QuickGELU) when omitted.
+      the tensor shapes (with QuickGELU) when omitted. For a checkpoint that
+      records its architecture (a directory, a shipped name), arch is checked
+      against it.
     dtype: compute dtype (float32 or bfloat16); params stay float32.
     revision: hub revision for hub ids and registered models.
     models_dir: where registered models' weights are placed by hand (default
       $STORI_JAX_MODELS or ~/.cache/stori_jax/models).
+
+  Raises:
+    CheckpointError: the message names the path (or id) and what is wrong: missing, not a
+      file, empty, truncated, text instead of weights, a config key of the wrong type, an
+      arch that contradicts the checkpoint or is unknown, a hub id that cannot be fetched.
+    NonFiniteError: the weights hold a NaN or infinity (the file and parameter named).
   """
   source = os.fspath(source)
   origin = source
   entry = None if os.path.exists(source) else registry.find(source)
   if entry is not None:
     if arch is not None:
-      raise ValueError(
-        f"{source!r} is a registered model with architecture {entry.arch}; drop arch."
+      raise CheckpointError(
+        f"{source!r} is a registered model with architecture {entry.arch}; drop arch="
+        f"{arch if isinstance(arch, str) else 'CLIPConfig(...)'}."
       )
-    config, params, preprocess = _load_registered(entry, models_dir, revision)
+    config, params, preprocess, weights = _load_registered(entry, models_dir, revision)
+    validate.check_finite(params, weights)
     return CLIPBundle(
       config=config, params=params, dtype=dtype, preprocess_config=preprocess, source=entry.name
     )
@@ -157,31 +248,27 @@ def load(
   elif source.startswith("hf-hub:"):
     source = hub.download(source[len("hf-hub:") :], hub.OPEN_CLIP_FILES, revision)
   elif not os.path.exists(source):
-    if source.count("/") == 1 and not source.startswith((".", "/", "~")):
-      source = hub.download(source, hub.HF_FILES, revision)
-    else:
-      known = ", ".join(named_checkpoints()) or "none installed"
-      raise CheckpointError(
-        f"{source} does not exist. Pass a checkpoint directory or file, a hub id such as "
-        f"'openai/clip-vit-base-patch32' or 'hf-hub:org/name', a shipped name ({known}) "
-        f"or a registered model ({', '.join(registry.names())})."
-      )
+    source = _hub_id_or_missing(source, revision)
 
   if os.path.isdir(source):
     if native.is_native_dir(source):
       config, params, preprocess, _ = native.load(source)
+      weights = native.params_path(source)
     elif os.path.isfile(os.path.join(source, "config.json")):
-      config, params, preprocess = _load_hf_dir(source)
+      config, params, preprocess, weights = _load_hf_dir(source)
     elif os.path.isfile(os.path.join(source, "open_clip_config.json")):
-      config, params, preprocess = _load_open_clip_dir(source)
+      config, params, preprocess, weights = _load_open_clip_dir(source)
     else:
       raise CheckpointError(
         f"{source} is a directory without {native.CONFIG_FILE} (converted), config.json "
         "(transformers) or open_clip_config.json (open_clip); point at the weights file "
         f"instead, or convert it with python -m stori_jax.convert."
       )
+    if arch is not None:
+      _check_arch(arch, config, origin)
   else:
-    config, params, preprocess = _load_state_dict_file(source, arch)
+    config, params, preprocess, weights = _load_state_dict_file(source, arch)
+  validate.check_finite(params, weights)
   return CLIPBundle(
     config=config, params=params, dtype=dtype, preprocess_config=preprocess, source=origin
   )

@@ -15,6 +15,8 @@ from typing import Sequence, Union
 import numpy as np
 from PIL import Image
 
+from stori_jax.errors import InputError, UserError
+
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -28,33 +30,63 @@ class PreprocessConfig:
   std: tuple[float, float, float] = OPENAI_STD
 
 
+class ImageFileMissingError(UserError, FileNotFoundError):
+  """An image path that does not exist."""
+
+
+def _read_image_file(path: str | os.PathLike) -> Image.Image:
+  if not os.path.exists(path):
+    raise ImageFileMissingError(f"Image file {path} does not exist.")
+  if not os.path.isfile(path):
+    raise InputError(f"{path} is not an image file (it is a directory or a device).")
+  try:
+    with Image.open(path) as im:
+      im.load()
+      return im
+  except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    # PIL says "image file is truncated" or "cannot identify image file" without the name.
+    raise InputError(
+      f"Cannot read the image {path}: {type(e).__name__}: {e}. The file is truncated, corrupt "
+      "or not an image; replace it, or remove it from the input."
+    ) from None
+
+
 def to_pil(image: ImageLike) -> Image.Image:
-  """A path, a PIL image or a uint8 HWC array -> PIL image."""
+  """A path, a PIL image or a uint8 HWC array -> PIL image.
+
+  Raises:
+    ImageFileMissingError: a path that does not exist.
+    InputError: an unreadable file (named), a wrong array dtype or shape.
+  """
   if isinstance(image, Image.Image):
     return image
   if isinstance(image, np.ndarray):
     if image.dtype != np.uint8 or image.ndim not in (2, 3):
-      raise ValueError(
+      raise InputError(
         f"Array images must be uint8 HW or HWC, got {image.dtype} {image.shape}; "
         "pass already-normalised float arrays straight to encode_image instead."
       )
-    return Image.fromarray(image)
+    if image.ndim == 3 and image.shape[-1] not in (1, 2, 3, 4):
+      raise InputError(f"Array images must be HWC with 1 to 4 channels, got shape {image.shape}.")
+    return Image.fromarray(image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image)
   if isinstance(image, (str, os.PathLike)):
-    if not os.path.isfile(image):
-      raise FileNotFoundError(f"Image file {image} does not exist.")
-    with Image.open(image) as im:
-      im.load()
-      return im
-  raise TypeError(f"Cannot read an image from {type(image).__name__}.")
+    return _read_image_file(image)
+  raise InputError(f"Cannot read an image from {type(image).__name__}.")
 
 
 def resize_center_crop(image: Image.Image, size: int) -> Image.Image:
-  """Bicubic resize of the shorter side to `size`, then a centered size x size crop."""
+  """Bicubic resize of the shorter side to `size`, then a centered size x size crop.
+
+  Raises:
+    InputError: the image has no pixels (a zero width or height).
+  """
   width, height = image.size
+  if width == 0 or height == 0:
+    raise InputError(f"An image of size {width}x{height} has no pixels; it cannot be resized.")
   if width <= height:
-    new_w, new_h = size, int(size * height / width)
+    new_w, new_h = size, max(1, int(size * height / width))
   else:
-    new_w, new_h = int(size * width / height), size
+    new_w, new_h = max(1, int(size * width / height)), size
   if (new_w, new_h) != (width, height):
     image = image.resize((new_w, new_h), Image.BICUBIC)
   top = int(round((new_h - size) / 2.0))
@@ -71,8 +103,14 @@ def normalize(pixels: np.ndarray, mean: Sequence[float], std: Sequence[float]) -
 def preprocess(
   images: ImageLike | Sequence[ImageLike], config: PreprocessConfig = PreprocessConfig()
 ) -> np.ndarray:
-  """One image -> float32 [S, S, 3]; a list of images -> float32 [B, S, S, 3]."""
+  """One image -> float32 [S, S, 3]; a list of images -> float32 [B, S, S, 3].
+
+  Raises:
+    InputError: an empty list, an image without pixels, an unreadable file (named).
+  """
   if isinstance(images, (list, tuple)):
+    if not images:
+      raise InputError("No images to preprocess: the list is empty.")
     return np.stack([preprocess(im, config) for im in images])
   image = resize_center_crop(to_pil(images), config.image_size).convert("RGB")
   return normalize(np.asarray(image), config.mean, config.std)

@@ -12,6 +12,7 @@ from safetensors.numpy import save_file
 
 import stori_jax
 from stori_jax.checkpoints import CheckpointError, CheckpointMismatchError
+from stori_jax.errors import NonFiniteError
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -145,6 +146,16 @@ def test_bad_inputs_give_sizes(bundle):
     bundle.encode_text(_ids(), weights=np.ones((2, 5)))
   with pytest.raises(ValueError, match=">= 0"):
     bundle.encode_text(_ids(), weights=-np.ones((2, 77)))
+
+
+def test_state_dict_with_nan_names_the_file_and_parameter(tmp_path, bundle):
+  sd = _openai_state_dict(bundle.params)
+  sd["visual.ln_post.weight"][3] = np.inf
+  path = tmp_path / "diverged.safetensors"
+  save_file(sd, str(path))
+  with pytest.raises(NonFiniteError) as e:
+    stori_jax.load(path, arch=CONFIG)
+  assert str(path) in str(e.value) and "vision/ln_post/scale has 1 NaN or infinite" in str(e.value)
 
 
 def test_short_sequences_give_the_same_features(bundle):

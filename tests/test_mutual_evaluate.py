@@ -198,6 +198,8 @@ def test_real_data_path_runs_on_image_folders(tmp_path):
   config.model.source = config.model.name = "tiny-synthetic"
   config.data.root = str(tmp_path / "val")
   config.data.descriptors = str(path)
+  (tmp_path / "classnames.txt").write_text(f"n01 {names[0]}\nn02 {names[1]}\n")
+  config.data.classnames = str(tmp_path / "classnames.txt")  # wnid-like folders
   config.baselines.data.root = str(tmp_path / "train")
   config.baselines.width = 16
   config.baselines.train.epochs = 1

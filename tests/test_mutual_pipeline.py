@@ -220,14 +220,15 @@ def _image_folder(root, classes=("b_class", "a_class"), per_class=3):
 
 
 def test_folder_source_names_classes_from_the_descriptor_file(tmp_path):
-  _image_folder(tmp_path / "images")
-  per_class = {"first class": ["round", "red"], "second class": ["striped"]}
+  _image_folder(tmp_path / "images", classes=("second_class", "First-Class"))
+  per_class = {"second class": ["striped"], "first class": ["round", "red"]}
   names, it = data.folder_classes(str(tmp_path / "images"), per_class, 32, images_per_class=2)
-  assert names == ["first class", "second class"]  # sorted folders a_class, b_class
+  # Matched by name (case, '_' and '-' ignored); labels follow the sorted folders.
+  assert names == ["first class", "second class"]
   got = list(it)
   assert [c.label for c in got] == [0, 1] and got[1].name == "second class"
   assert got[0].images.shape == (2, 32, 32, 3) and got[0].images.dtype == np.uint8
-  assert got[0].ids == ("a_class/0.png", "a_class/1.png")
+  assert got[0].ids == ("First-Class/0.png", "First-Class/1.png")
   with pytest.raises(ValueError, match="classnames"):
     data.folder_classes(str(tmp_path / "images"), {"only one": ["x"]}, 32)
   with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -242,10 +243,13 @@ def test_real_data_path_runs_on_an_image_folder(tmp_path):
   path = tmp_path / "descriptors.json"
   names = list(data.synthetic_descriptors())[:2]
   path.write_text(json.dumps({n: data.synthetic_descriptors()[n] for n in names}))
+  # Folders named by ids (ImageNet's wnids) are named through a classnames.txt.
+  (tmp_path / "classnames.txt").write_text(f"n01 {names[0]}\nn02 {names[1]}\n")
   config = _config("configs/mutual_imagenet.py")
   config.model.source = config.model.name = "tiny-synthetic"
   config.data.root = str(tmp_path / "images")
   config.data.descriptors = str(path)
+  config.data.classnames = str(tmp_path / "classnames.txt")
   config.analysis.top_k, config.analysis.u = 8, 5
   config.figure_classes = 1
   results = analyze.run(config, str(tmp_path / "out"), progress=False)

@@ -452,7 +452,11 @@ def test_protocols_on_an_image_folder_with_a_descriptor_file(bundle, tmp_path):
     for i, im in enumerate(images):
       Image.fromarray(im).save(tmp_path / "images" / folder / f"{i}.png")
   size = int(bundle.config.vision.image_size)
-  class_names, it = data.folder_classes(str(tmp_path / "images"), descriptors, size)
+  classnames = tmp_path / "classnames.txt"  # wnid-like folders are named through it
+  classnames.write_text("".join(f"n0{i + 1} {n}\n" for i, n in enumerate(names)))
+  class_names, it = data.folder_classes(
+    str(tmp_path / "images"), descriptors, size, classnames=str(classnames)
+  )
   assert class_names == names
   lists = [descriptors[n] for n in class_names]
   config = _config("configs/mutual_imagenet.py")
@@ -470,7 +474,9 @@ def test_protocols_on_an_image_folder_with_a_descriptor_file(bundle, tmp_path):
   assert len(concepts) == 9
   t2 = protocols.table2_descriptor_accuracy(bundle, concepts, class_names, lists, progress=False)
   assert set(t2["neighbours"]) == set(names) and t2["images"] == 9
-  _, it = data.folder_classes(str(tmp_path / "images"), descriptors, size)
+  _, it = data.folder_classes(
+    str(tmp_path / "images"), descriptors, size, classnames=str(classnames)
+  )
   blur = protocols.blur_accuracy(bundle, it, bank.class_embeddings, config.analysis, progress=False)
   assert blur["images"] == 9
   assert blur["base"]["top1"] == pytest.approx(

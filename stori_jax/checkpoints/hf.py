@@ -24,49 +24,85 @@ def _activation(tower: Mapping[str, Any], source: str) -> str:
   return _ACTIVATIONS[act]
 
 
+def _value(section: Mapping[str, Any], key: str, default, kind: type, source: str, where: str):
+  """section[key] (default when absent), checked to be a positive `kind` (int or float)."""
+  value = section.get(key, default)
+  ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+  if not ok or value <= 0:
+    expected = "a positive integer" if kind is int else "a positive number"
+    raise CheckpointError(
+      f"{source}: {where}{key} is {value!r:.80} ({type(value).__name__}); it must be "
+      f"{expected}. Fix that key of the file (transformers' CLIPConfig layout)."
+    )
+  return value
+
+
 def config_from_hf(hf_config: Mapping[str, Any], source: str = "config.json") -> CLIPConfig:
-  """A transformers CLIPConfig dict (config.json) -> CLIPConfig."""
+  """A transformers CLIPConfig dict (config.json) -> CLIPConfig.
+
+  Raises:
+    CheckpointError: naming `source` and the key whose value has the wrong type or range.
+  """
+  if not isinstance(hf_config, Mapping):
+    raise CheckpointError(f"{source} must hold a JSON object, got {type(hf_config).__name__}.")
   if hf_config.get("model_type") not in (None, "clip"):
     raise CheckpointError(
       f"{source} describes a {hf_config.get('model_type')!r} model; only model_type 'clip' "
       "is supported."
     )
   text, vision = hf_config.get("text_config") or {}, hf_config.get("vision_config") or {}
-  eps = {text.get("layer_norm_eps", 1e-5), vision.get("layer_norm_eps", 1e-5)}
+  for name, section in (("text_config", text), ("vision_config", vision)):
+    if not isinstance(section, Mapping):
+      raise CheckpointError(f"{source}: {name} must be a JSON object, got {section!r:.80}.")
+
+  def text_int(key, default):
+    return _value(text, key, default, int, source, "text_config.")
+
+  def vision_int(key, default):
+    return _value(vision, key, default, int, source, "vision_config.")
+
+  eps = {
+    _value(text, "layer_norm_eps", 1e-5, float, source, "text_config."),
+    _value(vision, "layer_norm_eps", 1e-5, float, source, "vision_config."),
+  }
   if len(eps) != 1:
     raise CheckpointError(f"{source}: the towers use different layer_norm_eps {sorted(eps)}.")
-  eot = text.get("eos_token_id", 49407)
-  vocab = text.get("vocab_size", 49408)
+  eot = text_int("eos_token_id", 49407)
+  vocab = text_int("vocab_size", 49408)
   if eot == 2:
     # Configs written before transformers PR #24773 say 2 but pool at the
     # argmax id, which is the end-of-text token, the largest id in CLIP's vocab.
     eot = vocab - 1
-  text_width, vision_width = text.get("hidden_size", 512), vision.get("hidden_size", 768)
-  text_mlp, vision_mlp = text.get("intermediate_size", 2048), vision.get("intermediate_size", 3072)
-  return CLIPConfig(
-    embed_dim=hf_config.get("projection_dim", 512),
-    text=TextConfig(
-      vocab_size=vocab,
-      context_length=text.get("max_position_embeddings", 77),
-      width=text_width,
-      layers=text.get("num_hidden_layers", 12),
-      heads=text.get("num_attention_heads", 8),
-      mlp_dim=None if text_mlp == 4 * text_width else text_mlp,
-      activation=_activation(text, source),
-      eot_token_id=eot,
-    ),
-    vision=VisionConfig(
-      image_size=vision.get("image_size", 224),
-      patch_size=vision.get("patch_size", 32),
-      width=vision_width,
-      layers=vision.get("num_hidden_layers", 12),
-      heads=vision.get("num_attention_heads", 12),
-      mlp_dim=None if vision_mlp == 4 * vision_width else vision_mlp,
-      activation=_activation(vision, source),
-    ),
-    layer_norm_eps=eps.pop(),
-    name=hf_config.get("_name_or_path", ""),
-  )
+  text_width, vision_width = text_int("hidden_size", 512), vision_int("hidden_size", 768)
+  text_mlp = text_int("intermediate_size", 2048)
+  vision_mlp = vision_int("intermediate_size", 3072)
+  try:
+    return CLIPConfig(
+      embed_dim=_value(hf_config, "projection_dim", 512, int, source, ""),
+      text=TextConfig(
+        vocab_size=vocab,
+        context_length=text_int("max_position_embeddings", 77),
+        width=text_width,
+        layers=text_int("num_hidden_layers", 12),
+        heads=text_int("num_attention_heads", 8),
+        mlp_dim=None if text_mlp == 4 * text_width else text_mlp,
+        activation=_activation(text, source),
+        eot_token_id=eot,
+      ),
+      vision=VisionConfig(
+        image_size=vision_int("image_size", 224),
+        patch_size=vision_int("patch_size", 32),
+        width=vision_width,
+        layers=vision_int("num_hidden_layers", 12),
+        heads=vision_int("num_attention_heads", 12),
+        mlp_dim=None if vision_mlp == 4 * vision_width else vision_mlp,
+        activation=_activation(vision, source),
+      ),
+      layer_norm_eps=eps.pop(),
+      name=str(hf_config.get("_name_or_path", "")),
+    )
+  except ValueError as e:  # inconsistent sizes, e.g. a width not divisible by the heads
+    raise CheckpointError(f"{source}: the architecture is inconsistent: {e}") from None
 
 
 def _blocks(reader: StateDictReader, target: str, prefix: str, layers: int):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
+import urllib.parse
 from typing import Sequence
 
 from stori_jax.checkpoints.errors import CheckpointError
@@ -15,19 +18,86 @@ OPEN_CLIP_FILES = (
 )
 
 
-def _offline_message(repo_id: str, filename: str, error: Exception) -> str:
+#: Seconds to wait for the hub's host before calling the network unreachable.
+PROBE_TIMEOUT = 3.0
+
+
+def _local_dir(repo_id: str) -> str:
+  return os.path.join("checkpoints", repo_id.replace("/", "__"))
+
+
+def _offline_message(repo_id: str, filename: str, error: Exception | str) -> str:
   url = f"https://huggingface.co/{repo_id}/resolve/main/{filename}"
-  local = os.path.join("checkpoints", repo_id.replace("/", "__"))
+  local = _local_dir(repo_id)
+  if isinstance(error, Exception):
+    error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
   return (
-    f"Could not fetch {filename} of {repo_id} from the Hugging Face hub ({type(error).__name__}: "
-    f"{str(error).splitlines()[0] if str(error) else ''}). If this machine is offline, "
+    f"Could not fetch {filename} of {repo_id} from the Hugging Face hub ({error}). "
+    f"{repo_id!r} is not a local path either. If this machine is offline, "
     f"download {url} (and the other files named here) on a machine with network, put them "
-    f"in a directory such as {local}/ and call stori_jax.load({local!r})."
+    f"in a directory such as {local}/ and call stori_jax.load({local!r}); if you meant a "
+    "local file or directory, check its path."
   )
 
 
+def hub_offline() -> bool:
+  """Whether the hub is switched off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now)."""
+  flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("TRANSFORMERS_OFFLINE", ""))
+  if any(f.strip().upper() in ("1", "ON", "YES", "TRUE") for f in flags):
+    return True
+  try:
+    from huggingface_hub import constants  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return False
+  return bool(constants.HF_HUB_OFFLINE)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(host: str, port: int) -> str | None:
+  try:
+    with socket.create_connection((host, port), timeout=PROBE_TIMEOUT):
+      return None
+  except OSError as e:
+    return f"{host} cannot be reached: {e.strerror or e}"
+
+
+def unreachable_reason() -> str | None:
+  """Why the hub cannot be reached (offline mode, no route, no DNS), else None.
+
+  One TCP connection per process, with a short timeout, so that an unreachable hub fails at
+  once instead of after huggingface_hub's retries (about 25 s). Behind a proxy the probe is
+  left to the proxy (huggingface_hub uses it).
+  """
+  if hub_offline():
+    return "HF_HUB_OFFLINE is set"
+  if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+    return None
+  try:
+    from huggingface_hub import constants  # pylint: disable=import-outside-toplevel
+
+    endpoint = constants.ENDPOINT
+  except (ImportError, AttributeError):
+    endpoint = "https://huggingface.co"
+  parsed = urllib.parse.urlparse(endpoint)
+  port = parsed.port or (443 if parsed.scheme == "https" else 80)
+  return _probe(parsed.hostname or "huggingface.co", port)
+
+
+def _cached(huggingface_hub, repo_id: str, filename: str, revision: str | None) -> str | None:
+  """The cached file, without any network access, else None."""
+  try:
+    cached = huggingface_hub.try_to_load_from_cache(repo_id, filename, revision=revision)
+  except Exception:  # pylint: disable=broad-except  # a malformed id: no cache entry
+    return None
+  return cached if isinstance(cached, str) and os.path.isfile(cached) else None
+
+
 def download(repo_id: str, roles: Sequence[Sequence[str]], revision: str | None = None) -> str:
-  """Fetches one file per role (the first candidate that exists); returns their directory."""
+  """Fetches one file per role (the first candidate that exists); returns their directory.
+
+  Cached files are used without the network; an unreachable hub fails at once (see
+  `unreachable_reason`) with a message naming the id, the URL and how to pass a local path.
+  """
   try:
     import huggingface_hub  # pylint: disable=import-outside-toplevel
     from huggingface_hub import errors  # pylint: disable=import-outside-toplevel
@@ -37,21 +107,27 @@ def download(repo_id: str, roles: Sequence[Sequence[str]], revision: str | None 
   for candidates in roles:
     last_error = None
     for filename in candidates:
-      try:
-        path = huggingface_hub.hf_hub_download(repo_id, filename, revision=revision)
-      except errors.LocalEntryNotFoundError as e:
-        # Subclasses EntryNotFoundError (and OSError): test it first.
-        raise CheckpointError(_offline_message(repo_id, filename, e)) from e
-      except errors.EntryNotFoundError as e:
-        last_error = e  # This repo stores the weights under another name.
-        continue
-      except errors.RepositoryNotFoundError as e:
-        raise CheckpointError(
-          f"{repo_id!r} is neither a local path nor a Hugging Face hub repository "
-          "(check the spelling, or pass a local directory or file)."
-        ) from e
-      except OSError as e:  # No network, offline mode, HTTP errors.
-        raise CheckpointError(_offline_message(repo_id, filename, e)) from e
+      path = _cached(huggingface_hub, repo_id, filename, revision)
+      if path is None:
+        reason = unreachable_reason()
+        if reason is not None:
+          raise CheckpointError(_offline_message(repo_id, filename, reason))
+        try:
+          path = huggingface_hub.hf_hub_download(repo_id, filename, revision=revision)
+        except errors.LocalEntryNotFoundError as e:
+          # Subclasses EntryNotFoundError (and OSError): test it first.
+          raise CheckpointError(_offline_message(repo_id, filename, e)) from e
+        except errors.EntryNotFoundError as e:
+          last_error = e  # This repo stores the weights under another name.
+          continue
+        except errors.RepositoryNotFoundError as e:
+          raise CheckpointError(
+            f"{repo_id!r} is neither a local path nor a Hugging Face hub repository "
+            "(check the spelling, or pass a local checkpoint directory or file, e.g. "
+            f"stori_jax.load({_local_dir(repo_id)!r}))."
+          ) from e
+        except (OSError, ValueError) as e:  # HTTP errors; a malformed id (HFValidationError)
+          raise CheckpointError(_offline_message(repo_id, filename, e)) from e
       directory = os.path.dirname(path)
       break
     else:
@@ -134,6 +210,9 @@ def fetch_weights(
     raise CheckpointError(
       _placement_message(name, repo_id, filenames, local_dir, "huggingface_hub is not installed")
     ) from None
+  reason = unreachable_reason()
+  if reason is not None:  # fail at once rather than after huggingface_hub's retries
+    raise CheckpointError(_placement_message(name, repo_id, filenames, local_dir, reason))
   order = sorted(filenames, key=lambda f: not f.endswith(".safetensors"))
   missing = []
   for filename in order:

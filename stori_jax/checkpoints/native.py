@@ -15,8 +15,10 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from stori_jax import jsonio
 from stori_jax.checkpoints.errors import CheckpointError
-from stori_jax.checkpoints.validate import check_params, flatten, unflatten
+from stori_jax.checkpoints.validate import check_params, config_from_dict, flatten, unflatten
+from stori_jax.data.files import read_json
 from stori_jax.models import CLIPConfig, param_shapes
 from stori_jax.preprocess import PreprocessConfig
 
@@ -56,7 +58,9 @@ def save(
     ]
     # np.array (not ascontiguousarray) keeps 0-d params 0-d.
     flat = {k: np.array(v, dtype, order="C") for k, v in flatten(params).items()}
-    save_file(flat, os.path.join(directory, SAFETENSORS_FILE))
+    target = os.path.join(directory, SAFETENSORS_FILE)
+    save_file(flat, target + ".tmp")  # then renamed: a kill mid-write keeps the old file whole
+    os.replace(target + ".tmp", target)
   elif params_format == "orbax":
     if params_dtype != "float32":
       raise ValueError(
@@ -77,34 +81,73 @@ def save(
     "preprocess": dataclasses.asdict(preprocess_config),
     "metadata": dict(metadata or {}),
   }
-  with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as f:
-    json.dump(meta, f, indent=2)
+  # Strict and atomic: a kill mid-write never leaves a half config next to good params.
+  jsonio.write_json(os.path.join(directory, CONFIG_FILE), meta, indent=2)
   return directory
 
 
+def _read_params_safetensors(path: str) -> dict[str, np.ndarray]:
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+
+  if not os.path.isfile(path):
+    raise CheckpointError(
+      f"{path} does not exist, but {CONFIG_FILE} next to it says the params are there "
+      f"(params_format 'safetensors'). Copy the whole converted directory again, or convert "
+      "the original weights again with python -m stori_jax.convert."
+    )
+  if os.path.getsize(path) == 0:
+    raise CheckpointError(
+      f"{path} is empty (0 bytes): the copy or conversion was cut short. Copy it again, or "
+      "convert the original weights again with python -m stori_jax.convert."
+    )
+  try:
+    return load_file(path)
+  except Exception as e:  # safetensors raises its own error types (SafetensorError, ...)
+    raise CheckpointError(
+      f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); it is probably "
+      "truncated (an interrupted copy or download). Copy it again, or convert the original "
+      "weights again with python -m stori_jax.convert."
+    ) from None
+
+
+def params_path(directory: str | os.PathLike) -> str:
+  """Where a converted directory keeps its params (the file or orbax folder)."""
+  directory = os.path.abspath(directory)
+  try:
+    with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as f:
+      params_format = json.load(f).get("params_format", "safetensors")
+  except (OSError, ValueError, AttributeError):
+    params_format = "safetensors"
+  name = ORBAX_DIR if params_format == "orbax" else SAFETENSORS_FILE
+  return os.path.join(directory, name)
+
+
 def load(directory: str | os.PathLike):
-  """-> (CLIPConfig, params, PreprocessConfig, metadata dict)."""
+  """-> (CLIPConfig, params, PreprocessConfig, metadata dict).
+
+  Raises:
+    CheckpointError: naming the file and what is wrong with it (not UTF-8 JSON, a key of the
+      wrong type, a missing, empty or truncated params file, mismatched shapes).
+  """
   directory = os.path.abspath(directory)
   path = os.path.join(directory, CONFIG_FILE)
+  meta = read_json(path, "checkpoint config", error=CheckpointError)
+  if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+    raise CheckpointError(
+      f'{path} has no "config" object (the architecture); is it this project\'s '
+      f"{CONFIG_FILE}? Convert the checkpoint again with python -m stori_jax.convert."
+    )
+  config = config_from_dict(meta["config"], path)
   try:
-    with open(path, encoding="utf-8") as f:
-      meta = json.load(f)
-    config = CLIPConfig.from_dict(meta["config"])
-  except (OSError, KeyError, ValueError, TypeError) as e:
-    raise CheckpointError(f"Cannot read {path}: {e}") from e
-  preprocess_config = PreprocessConfig(
-    **{k: tuple(v) if isinstance(v, list) else v for k, v in meta.get("preprocess", {}).items()}
-  )
+    preprocess_config = PreprocessConfig(
+      **{k: tuple(v) if isinstance(v, list) else v for k, v in meta.get("preprocess", {}).items()}
+    )
+  except (TypeError, AttributeError) as e:
+    raise CheckpointError(f'{path}: the "preprocess" entry is malformed ({e}).') from None
   params_format = meta.get("params_format", "safetensors")
   if params_format == "safetensors":
-    from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
-
-    params = unflatten(
-      {
-        k: v.astype(np.float32)
-        for k, v in load_file(os.path.join(directory, SAFETENSORS_FILE)).items()
-      }
-    )
+    flat = _read_params_safetensors(os.path.join(directory, SAFETENSORS_FILE))
+    params = unflatten({k: v.astype(np.float32) for k, v in flat.items()})
   elif params_format == "orbax":
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
@@ -112,10 +155,17 @@ def load(directory: str | os.PathLike):
     restore_args = jax.tree_util.tree_map(
       lambda _: ocp.RestoreArgs(restore_type=np.ndarray), param_shapes(config)
     )
-    params = ocp.PyTreeCheckpointer().restore(
-      os.path.join(directory, ORBAX_DIR), restore_args=restore_args
-    )
+    target = os.path.join(directory, ORBAX_DIR)
+    try:
+      params = ocp.PyTreeCheckpointer().restore(target, restore_args=restore_args)
+    except Exception as e:  # orbax / tensorstore raise many types for a damaged checkpoint
+      raise CheckpointError(
+        f"Cannot restore the orbax params {target} ({type(e).__name__}: {str(e)[:300]}); copy "
+        "the directory again, or convert the original weights again."
+      ) from None
   else:
-    raise CheckpointError(f"{path}: unknown params_format {params_format!r}.")
+    raise CheckpointError(
+      f"{path}: unknown params_format {params_format!r}; expected 'safetensors' or 'orbax'."
+    )
   check_params(params, config, directory)
   return config, params, preprocess_config, meta.get("metadata", {})

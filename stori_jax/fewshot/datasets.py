@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import io
-import json
 import os
 import random
 import re
@@ -33,8 +32,9 @@ import numpy as np
 from PIL import Image
 
 from stori_jax.config_files import ConfigError
-from stori_jax.errors import UserError
+from stori_jax.errors import InputError, UserError
 from stori_jax.data import synthetic_tasks
+from stori_jax.data.files import ClassMismatchError, check_no_problems, quoted, read_json
 from stori_jax.preprocess import to_pil
 
 COOP_DATASETS_DOC = "https://github.com/KaiyangZhou/CoOp/blob/main/DATASETS.md"
@@ -95,9 +95,14 @@ class FewShotSplit:
 def open_image(source: ImageSource | Image.Image) -> Image.Image:
   """A path, encoded bytes, a uint8 HWC array or a PIL image -> PIL image (mode unchanged)."""
   if isinstance(source, (bytes, bytearray, memoryview)):
-    with Image.open(io.BytesIO(bytes(source))) as image:
-      image.load()
-      return image
+    try:
+      with Image.open(io.BytesIO(bytes(source))) as image:
+        image.load()
+        return image
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+      raise InputError(
+        f"Cannot decode an encoded image ({len(source)} bytes): {type(e).__name__}: {e}."
+      ) from None
   return to_pil(source)
 
 
@@ -128,7 +133,7 @@ def canonical_name(dataset: str) -> str:
   """'DescribableTextures', 'oxford_flowers102', 'food-101', ... -> 'dtd', 'flowers102', ...."""
   key = re.sub(r"[^a-z0-9]", "", dataset.lower())
   if key not in _ALIASES:
-    raise ValueError(
+    raise ConfigError(
       f"Unknown dataset {dataset!r}; expected one of "
       f"{sorted(set(_ALIASES.values()))} (or a CoOp/TFDS spelling of one)."
     )
@@ -232,7 +237,7 @@ def load_coop_split(
   """
   name = canonical_name(dataset_name)
   if name not in COOP_LAYOUTS:
-    raise ValueError(
+    raise ConfigError(
       f"{dataset_name!r} has no CoOp layout; expected one of {sorted(COOP_LAYOUTS)}."
     )
   layout = COOP_LAYOUTS[name]
@@ -261,11 +266,15 @@ def load_coop_split(
     raise DatasetMissingError(
       f"{name} (data root {root}): " + "; ".join(problems) + f". See {COOP_DATASETS_DOC}."
     )
-  with open(split_path, encoding="utf-8") as f:
-    split = json.load(f)
+  split = read_json(split_path, "CoOp split file")
+  if not isinstance(split, dict):
+    raise InputError(
+      f"{split_path} holds a JSON {type(split).__name__}, not CoOp's split object "
+      '{"train": [...], "val": [...], "test": [...]}.'
+    )
   missing_keys = [k for k in ("train", "test") if k not in split]
   if missing_keys:
-    raise ValueError(f"{split_path} has no {missing_keys} entries; is it CoOp's split file?")
+    raise InputError(f"{split_path} has no {missing_keys} entries; is it CoOp's split file?")
 
   entries = {k: split.get(k, []) for k in ("train", "val", "test")}
   class_names = _class_names_from_entries(entries, split_path)
@@ -275,6 +284,7 @@ def load_coop_split(
     )
     for k, rows in entries.items()
   }
+  _check_every_class_has_items(class_names, items, split_path)
   if check_files:
     _check_files_exist(
       [item.source for rows in items.values() for item in rows],
@@ -304,22 +314,46 @@ def _coop_instructions(name: str, root: str) -> str:
 def _class_names_from_entries(entries: Mapping[str, Sequence], where: str) -> tuple[str, ...]:
   """Class names by label from [relpath, label, classname] rows (labels 0..C-1, one name each)."""
   names: dict[int, str] = {}
-  for rows in entries.values():
+  for part, rows in entries.items():
+    if not isinstance(rows, list):
+      raise InputError(f"{where}: {part!r} must be a list of [relpath, label, classname] rows.")
     for row in rows:
-      if len(row) != 3:
-        raise ValueError(f"{where}: expected [relpath, label, classname] rows, got {row!r}.")
+      if not isinstance(row, (list, tuple)) or len(row) != 3:
+        raise InputError(f"{where}: expected [relpath, label, classname] rows, got {row!r:.120}.")
       _, label, classname = row
-      label = int(label)
+      try:
+        label = int(label)
+      except (TypeError, ValueError):
+        raise InputError(f"{where}: the label of {row!r:.120} is not an integer.") from None
       if names.setdefault(label, classname) != classname:
-        raise ValueError(
+        raise InputError(
           f"{where}: label {label} is named both {names[label]!r} and {classname!r}."
         )
   if sorted(names) != list(range(len(names))):
-    raise ValueError(
+    raise InputError(
       f"{where}: labels are not 0..{len(names) - 1} "
       f"(missing: {sorted(set(range(max(names, default=-1) + 1)) - set(names))})."
     )
   return tuple(names[i] for i in range(len(names)))
+
+
+def _check_every_class_has_items(
+  class_names: Sequence[str], items: Mapping[str, Sequence[LabeledImage]], where: str
+) -> None:
+  """Raises ClassMismatchError naming every class without training or test images: such a
+  class would silently drop out of training or of the accuracy."""
+  problems = []
+  for part in ("train", "test"):
+    present = {int(item.label) for item in items[part]}
+    empty = [name for label, name in enumerate(class_names) if label not in present]
+    if empty:
+      problems.append(f"no {part} images for {len(empty)} class(es): {quoted(empty)}")
+  check_no_problems(
+    problems,
+    where,
+    "Every class needs training and test images; add them to the split, or use the "
+    "dataset's original split file.",
+  )
 
 
 def _check_files_exist(paths: Sequence[str], name: str, image_dir: str, hint: str) -> None:
@@ -336,12 +370,32 @@ def _listdir_visible(path: str) -> list[str]:
 
 
 def read_classnames_txt(path: str | os.PathLike) -> dict[str, str]:
-  """CoOp's ImageNet `classnames.txt` ("n01440764 tench" per line) -> {wnid: class name}."""
+  """CoOp's ImageNet `classnames.txt` ("n01440764 tench" per line) -> {wnid: class name}.
+
+  Raises:
+    DatasetMissingError: the file does not exist.
+    InputError: the file is not UTF-8 (line named) or names a key twice.
+  """
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise DatasetMissingError(
+      f"The class-name file {os.path.abspath(path)} does not exist: write one "
+      "'<folder or label> <class name>' line per class there (ImageNet: CoOp's classnames.txt "
+      f"from {COOP_LAYOUTS['imagenet'].split_url})."
+    )
   names = {}
-  with open(path, encoding="utf-8") as f:
-    for line in f:
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+      except UnicodeDecodeError:
+        raise InputError(
+          f"The class-name file {path} is not UTF-8 (line {number}); re-save it as UTF-8."
+        ) from None
       parts = line.strip().split(" ", 1)
       if parts[0]:
+        if parts[0] in names:
+          raise InputError(f"{path}, line {number}: {parts[0]!r} is named twice.")
         names[parts[0]] = parts[1].strip() if len(parts) > 1 else parts[0]
   return names
 
@@ -369,9 +423,10 @@ def _load_coop_imagenet(root: str, dataset_dir: str, image_dir: str) -> FewShotS
   ]
   unnamed = [w for w in wnids if w not in wnid_to_name]
   if unnamed:
-    raise ValueError(
+    raise ClassMismatchError(
       f"imagenet: {len(unnamed)} class folders of {split_dirs['train']} are not in "
-      f"{classnames_path} (first: {unnamed[0]})."
+      f"{classnames_path}: {quoted(unnamed)}. Add a '<wnid> <class name>' line for each, or "
+      "remove the folders."
     )
   val_wnids = [
     d
@@ -379,9 +434,12 @@ def _load_coop_imagenet(root: str, dataset_dir: str, image_dir: str) -> FewShotS
     if os.path.isdir(os.path.join(split_dirs["val"], d))
   ]
   if val_wnids != wnids:
+    only_train = [w for w in wnids if w not in set(val_wnids)]
+    only_val = [w for w in val_wnids if w not in set(wnids)]
     raise DatasetMissingError(
       f"imagenet: the class folders of {split_dirs['val']} ({len(val_wnids)}) differ from those "
-      f"of {split_dirs['train']} ({len(wnids)}); CoOp expects the val images sorted into one "
+      f"of {split_dirs['train']} ({len(wnids)}; only in train: {quoted(only_train) or 'none'}; "
+      f"only in val: {quoted(only_val) or 'none'}); CoOp expects the val images sorted into one "
       f"folder per wnid, as in images/train."
     )
   items = {}
@@ -391,9 +449,11 @@ def _load_coop_imagenet(root: str, dataset_dir: str, image_dir: str) -> FewShotS
       for label, wnid in enumerate(wnids)
       for f in _listdir_visible(os.path.join(path, wnid))
     )
-  return FewShotSplit(
-    "imagenet", tuple(wnid_to_name[w] for w in wnids), items["train"], items["val"]
+  class_names = tuple(wnid_to_name[w] for w in wnids)
+  _check_every_class_has_items(
+    class_names, {"train": items["train"], "test": items["val"]}, f"imagenet ({image_dir})"
   )
+  return FewShotSplit("imagenet", class_names, items["train"], items["val"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,23 +476,26 @@ def sample_k_shot(
   touching global state.) `train_items` may be any (source, label) items, e.g. (index, label).
 
   Raises:
-    ValueError: shots < 1, or a class has fewer than `shots` items (names every such class and
-      its count; CoOp would silently keep fewer there).
+    ValueError: shots < 1, or a class has fewer than `shots` items (ClassMismatchError, an
+      InputError: names every such class and its count, including the classes of
+      `class_names` with none; CoOp would silently keep fewer there).
   """
   if shots < 1:
-    raise ValueError(f"shots must be >= 1, got {shots}.")
+    raise InputError(f"shots must be >= 1, got {shots}.")
   by_label: dict[int, list[LabeledImage]] = {}
   for item in train_items:
     item = LabeledImage(*item)
     by_label.setdefault(int(item.label), []).append(item)
   short = {label: len(items) for label, items in by_label.items() if len(items) < shots}
+  if class_names is not None:  # a class without any item would silently drop out
+    short.update({label: 0 for label in range(len(class_names)) if label not in by_label})
   if short:
 
     def describe(label):
       name = f"{class_names[label]!r} " if class_names is not None else ""
       return f"class {name}(label {label}) has {short[label]}"
 
-    raise ValueError(
+    raise ClassMismatchError(
       f"{shots}-shot sampling needs {shots} training images per class, but "
       + "; ".join(describe(label) for label in sorted(short))
       + "."
@@ -516,7 +579,7 @@ def load_tfds(
   test_split = "test" if "test" in splits else "validation"
   val_split = "validation" if test_split == "test" and "validation" in splits else None
   if "train" not in splits or test_split not in splits:
-    raise ValueError(
+    raise InputError(
       f"TFDS {name!r} has splits {sorted(splits)}; expected train and test or validation."
     )
   raw_names = list(builder.info.features["label"].names)
@@ -575,14 +638,16 @@ def _tfds_class_names(name, canonical, raw_names, class_names):
     if isinstance(class_names, Mapping):
       unnamed = [n for n in raw_names if n not in class_names]
       if unnamed:
-        raise ValueError(
-          f"class_names has no entry for {len(unnamed)} of TFDS {name!r}'s labels "
-          f"(first: {unnamed[0]!r})."
+        raise ClassMismatchError(
+          f"class_names has no entry for {len(unnamed)} of TFDS {name!r}'s labels: "
+          f"{quoted(unnamed)}; add them (CoOp's classnames.txt names every label)."
         )
       return tuple(class_names[n] for n in raw_names), relabel
     if len(class_names) != len(raw_names):
-      raise ValueError(
-        f"class_names has {len(class_names)} names; TFDS {name!r} has {len(raw_names)} labels."
+      raise ClassMismatchError(
+        f"class_names has {len(class_names)} names; TFDS {name!r} has {len(raw_names)} labels "
+        "(a list names the labels in order: give one name per label, or a {label: name} "
+        "mapping)."
       )
     return tuple(class_names), relabel
   if canonical == "imagenet":

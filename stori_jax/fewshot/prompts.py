@@ -15,7 +15,6 @@ what to download and where to put it when a file is missing.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from types import MappingProxyType
@@ -23,6 +22,8 @@ from typing import Mapping, Sequence
 
 from stori_jax.data import synthetic_tasks
 from stori_jax.data.download import fetch_json
+from stori_jax.data.files import check_no_problems, nearest, normalise_name, read_json
+from stori_jax.errors import InputError
 from stori_jax.fewshot.datasets import DatasetMissingError, canonical_name
 
 #: Tip-Adapter's selection from CLIP's 80 ImageNet templates (CoOp's IMAGENET_TEMPLATES_SELECT).
@@ -146,14 +147,14 @@ def _validated(prompts, where: str) -> dict[str, list[str]]:
     isinstance(k, str) and isinstance(v, list) and all(isinstance(s, str) for s in v)
     for k, v in prompts.items()
   ):
-    raise ValueError(
+    raise InputError(
       f"{where} is not a CuPL prompt file: expected a JSON object {{class name: [sentence, ...]}}."
     )
   return prompts
 
 
 def _normalised(name: str) -> str:
-  return " ".join(name.replace("_", " ").casefold().split())
+  return normalise_name(name)
 
 
 _PARENTHESISED = re.compile(r"^(.*\S)\s*\(([^()]+)\)$")
@@ -190,8 +191,9 @@ def load_cupl_prompts(
 
   Raises:
     DatasetMissingError: the file does not exist (says what to download and where to put it).
-    ValueError: the file is not {str: [str]}, or some classes have no or ambiguous prompts
-      (names them and the file).
+    InputError: the file is not UTF-8 JSON {str: [str]} (line and column named), or some
+      classes have no, empty or ambiguous prompts (ClassMismatchError: names each class and the
+      file).
   """
   path = os.fspath(path)
   dataset = canonical_name(dataset) if dataset else _dataset_of_file(path)
@@ -200,8 +202,7 @@ def load_cupl_prompts(
       f"CuPL prompt file {os.path.abspath(path)} does not exist. "
       + _missing_cupl_message(dataset, path)
     )
-  with open(path, encoding="utf-8") as f:
-    prompts = _validated(json.load(f), path)
+  prompts = _validated(read_json(path, "CuPL prompt file"), path)
 
   by_normalised: dict[str, list[str]] = {}
   by_reordered: dict[str, list[str]] = {}
@@ -213,7 +214,7 @@ def load_cupl_prompts(
   builtin = CUPL_ALIASES.get(dataset, {}) if dataset else {}
   aliases = aliases or {}
 
-  matched, unmatched, ambiguous = [], [], []
+  matched, unmatched, ambiguous, empty = [], [], [], []
   for name in class_names:
     if name in aliases:
       key = aliases[name]
@@ -226,23 +227,28 @@ def load_cupl_prompts(
       candidates = by_normalised.get(_normalised(name)) or by_reordered.get(_normalised(name)) or []
     if len(candidates) == 1 and prompts[candidates[0]]:
       matched.append(tuple(prompts[candidates[0]]))
+    elif len(candidates) == 1:
+      empty.append(f"{name!r} (key {candidates[0]!r})")
     elif len(candidates) > 1:
       ambiguous.append(f"{name!r} ({' / '.join(map(repr, candidates))})")
     else:
-      unmatched.append(repr(name))
-  if unmatched or ambiguous:
-    problems = []
-    if unmatched:
-      problems.append(
-        f"no prompts for {len(unmatched)} of {len(class_names)} classes: " + ", ".join(unmatched)
-      )
-    if ambiguous:
-      problems.append("several keys for " + ", ".join(ambiguous))
-    raise ValueError(
-      f"CuPL file {path}: "
-      + "; ".join(problems)
-      + ". Pass aliases={class name: key in the file} for these."
+      near = nearest(name, prompts)
+      unmatched.append(repr(name) + (f" (nearest key: {near!r})" if near else ""))
+  problems = []
+  if unmatched:
+    problems.append(
+      f"no prompts for {len(unmatched)} of {len(class_names)} classes: " + ", ".join(unmatched)
     )
+  if empty:
+    problems.append("an empty prompt list for " + ", ".join(empty))
+  if ambiguous:
+    problems.append("several keys for " + ", ".join(ambiguous))
+  check_no_problems(
+    problems,
+    f"CuPL file {path}",
+    "Classes are matched by name (case, '_', '-' and spaces ignored); pass "
+    "aliases={class name: key in the file} for these, or fix the file's keys.",
+  )
   return tuple(matched)
 
 

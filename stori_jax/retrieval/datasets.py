@@ -30,6 +30,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from stori_jax.data import synthetic
+from stori_jax.data.files import ClassMismatchError, match_names, nearest, quoted
+from stori_jax.errors import InputError
 from stori_jax.evaluation import synthetic_world as sw
 from stori_jax.preprocess import resize_center_crop, to_pil
 from stori_jax.retrieval.metrics import category_codes
@@ -243,10 +245,20 @@ class PromptSpec:
 
 
 def _column(table: Mapping[str, np.ndarray], column: str) -> np.ndarray:
+  """The bool column an attribute names, matched by name ("blond hair" ~ "Blond_Hair"), never
+  by position; "not X" is its negation."""
   negate = column.startswith("not ")
   name = column[4:] if negate else column
   if name not in table:
-    raise ValueError(f"attribute {name!r} is not in the table; known: {sorted(table)[:50]}")
+    match = match_names([name], list(table))
+    if len(match.pairs) != 1:
+      near = nearest(name, table)
+      raise ClassMismatchError(
+        f"attribute {name!r} (in config.data.prompts) is not a column of the attribute table"
+        + (f"; did you mean {near!r}?" if near else "")
+        + f" Known: {quoted(sorted(table), 50)}."
+      )
+    name = match.pairs[0][1]
   return ~table[name] if negate else table[name]
 
 
@@ -306,25 +318,40 @@ def tasks_from_table(
 # CelebA.
 
 
+def _text_lines(path: str) -> list[str]:
+  """The lines of a UTF-8 text file (the line named when it is not UTF-8)."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    return raw.decode("utf-8").splitlines()
+  except UnicodeDecodeError as e:
+    line = raw[: e.start].count(b"\n") + 1
+    raise InputError(f"{path} is not UTF-8 text (line {line}); re-save it as UTF-8.") from None
+
+
 def read_celeba_attributes(path: str) -> tuple[list[str], dict[str, np.ndarray]]:
   """list_attr_celeba.txt -> (file names [M], {attribute: bool [M]}).
 
   Format: the image count, a line of the 40 attribute names, then per image its file name
   and 40 values in {1, -1}.
   """
-  with open(path, encoding="utf-8") as f:
-    lines = [line.split() for line in f if line.strip()]
+  lines = [line.split() for line in _text_lines(path)]
   if len(lines) < 2 or not lines[0][0].isdigit():
-    raise ValueError(f"{path} is not in list_attr_celeba.txt format (count, names, rows)")
+    raise InputError(f"{path} is not in list_attr_celeba.txt format (count, names, rows)")
   count, names, rows = int(lines[0][0]), lines[1], lines[2:]
   if len(rows) != count:
-    raise ValueError(f"{path} announces {count} images but lists {len(rows)}")
+    raise InputError(
+      f"{path} announces {count} images but lists {len(rows)}; the file is truncated or edited."
+    )
   bad = [r[0] for r in rows if len(r) != len(names) + 1]
   if bad:
-    raise ValueError(f"{path}: rows {bad[:5]} do not have {len(names)} values")
-  values = np.asarray([r[1:] for r in rows], np.int64)
+    raise InputError(f"{path}: rows {bad[:5]} do not have {len(names)} values")
+  try:
+    values = np.asarray([r[1:] for r in rows], np.int64)
+  except ValueError:
+    raise InputError(f"{path}: attribute values must be 1 or -1 (integers)") from None
   if not np.isin(values, (-1, 1)).all():
-    raise ValueError(f"{path}: attribute values must be 1 or -1")
+    raise InputError(f"{path}: attribute values must be 1 or -1")
   return [r[0] for r in rows], {n: values[:, j] == 1 for j, n in enumerate(names)}
 
 
@@ -354,7 +381,7 @@ def celeba_data(
   """CelebA from a folder with list_attr_celeba.txt and the JPEGs (see the module doc)."""
   attr_path = os.path.join(root, "list_attr_celeba.txt")
   if not os.path.isfile(attr_path):
-    raise ValueError(
+    raise InputError(
       f"{attr_path} does not exist; point data.root at the CelebA folder holding "
       "list_attr_celeba.txt and img_align_celeba/"
     )
@@ -367,9 +394,12 @@ def celeba_data(
     image_dir = root
   used, tasks, notes = tasks_from_table(table, prompts, images_per_category, seed)
   paths = [os.path.join(image_dir, files[i]) for i in used]
-  missing = [p for p in paths[:1000] if not os.path.isfile(p)]
+  missing = [p for p in paths if not os.path.isfile(p)]
   if missing:
-    raise ValueError(f"CelebA images missing, e.g. {missing[:3]}")
+    raise InputError(
+      f"{len(missing)} of the {len(paths)} CelebA images chosen are missing under {image_dir}, "
+      f"e.g. {missing[:3]}; unpack img_align_celeba.zip there."
+    )
   keys = tuple(files[i] for i in used)
   spec = {
     "source": "celeba",
@@ -440,7 +470,7 @@ def _first_file(paths: Sequence[str]) -> str:
   for path in paths:
     if os.path.isfile(path):
       return path
-  raise ValueError(f"none of {list(paths)} exists; is data.root the CUB_200_2011 folder?")
+  raise InputError(f"none of {list(paths)} exists; is data.root the CUB_200_2011 folder?")
 
 
 def read_cub_attributes(root: str) -> tuple[list[str], dict[str, np.ndarray]]:
@@ -467,7 +497,7 @@ def read_cub_attributes(root: str) -> tuple[list[str], dict[str, np.ndarray]]:
   present = np.zeros((len(images), max(int(k) for k in names) + 1), bool)
   unknown = set(rows[:, 0].tolist()) - set(ids)
   if unknown:
-    raise ValueError(f"{labels_path} names images {sorted(unknown)[:5]} absent from images.txt")
+    raise InputError(f"{labels_path} names images {sorted(unknown)[:5]} absent from images.txt")
   present[[ids[i] for i in rows[:, 0]], rows[:, 1]] = rows[:, 2] == 1
   table = {name: present[:, int(k)] for k, name in names.items()}
   return [r[1] for r in images], table
@@ -516,7 +546,7 @@ def cub_data(
 def folder_data(root: str, extensions=(".jpg", ".jpeg", ".png", ".bmp", ".webp")) -> RetrievalData:
   """Every image under a folder (sorted relative paths), without tasks (the explorer)."""
   if not os.path.isdir(root):
-    raise ValueError(f"{root} is not a folder of images")
+    raise InputError(f"{root} is not a folder of images")
   files = sorted(
     os.path.relpath(os.path.join(d, n), root)
     for d, _, names in os.walk(root)
@@ -524,7 +554,7 @@ def folder_data(root: str, extensions=(".jpg", ".jpeg", ".png", ".bmp", ".webp")
     if n.lower().endswith(tuple(extensions))
   )
   if not files:
-    raise ValueError(f"no images ({', '.join(extensions)}) under {root}")
+    raise InputError(f"no images ({', '.join(extensions)}) under {root}")
   spec = {"source": "folder", "root": os.path.abspath(root)}
   loader = _pil_loader([os.path.join(root, f) for f in files])
   return RetrievalData("folder", spec, tuple(files), loader, ())
