@@ -1,12 +1,12 @@
 """Train and test image transforms of the few-shot protocol, in PIL and numpy.
 
-Train (CoOp/TaskRes, DESIGN.md): RGB, RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3),
-bicubic), horizontal flip with p=0.5, then CLIP's normalisation. The crop box is sampled by the
-algorithm of torchvision's `RandomResizedCrop.get_params` (10 attempts, then a central crop),
-with the same draws in the same order, so that fed the same random numbers it gives the same
-boxes and pixels (tests/test_fewshot_data.py checks this against torchvision). Randomness comes
-from a numpy Generator seeded per (seed, image index, view): every view is reproducible on its
-own, whatever order or process computes it.
+Train (CoOp/TaskRes; docs/design.md, section "Few-shot protocol"): RGB, RandomResizedCrop(size,
+scale=(0.08, 1), ratio=(3/4, 4/3), bicubic), horizontal flip with p=0.5, then CLIP's normalisation.
+The crop box is sampled by the algorithm of torchvision's `RandomResizedCrop.get_params` (10
+attempts, then a central crop), with the same draws in the same order, so that fed the same random
+numbers it gives the same boxes and pixels (tests/test_fewshot_data.py checks this against
+torchvision). Randomness comes from a numpy Generator seeded per (seed, image index, view): every
+view is reproducible on its own, whatever order or process computes it.
 
 Test (`eval_view`): `stori_jax.preprocess.preprocess` (bicubic resize of the shorter side,
 center crop).

@@ -8,9 +8,9 @@ test and (where the dataset has one) validation sets. An image source is one of
   - a uint8 [H, W, 3] array, for the in-memory synthetic world.
 `open_image` turns any of them into a PIL image.
 
-The protocol is CoOp's (DESIGN.md, "Few-shot protocol facts"): the fixed `split_zhou_<Name>.json`
-splits, ImageNet's val set as its test set, and K training images per class sampled with a seed
-(1, 2, 3 in the paper) by `sample_k_shot`.
+The protocol is CoOp's (docs/design.md, section "Few-shot protocol"): the fixed
+`split_zhou_<Name>.json` splits, ImageNet's val set as its test set, and K training images per
+class sampled with a seed (1, 2, 3 in the paper) by `sample_k_shot`.
 
 A missing dataset, split file or TFDS preparation raises `DatasetMissingError` (a
 FileNotFoundError) whose message names what to download, from where, and the full path where

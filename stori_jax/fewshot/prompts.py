@@ -1,10 +1,10 @@
 """Text for few-shot classification: per-dataset Base templates and CuPL prompt files.
 
-Base templates are CoOp's/TaskRes's hand-written ones (DESIGN.md, "Few-shot protocol facts"). For
-ImageNet, TaskRes averages the class embedding over "a photo of a {}." and the 7 templates
-Tip-Adapter selected from CLIP's ImageNet ensemble, 8 in all; `base_templates("imagenet")`
-returns those 8. Class names are written with underscores as spaces (CoOp's
-`name.replace("_", " ")`).
+Base templates are CoOp's/TaskRes's hand-written ones (docs/design.md, section "Few-shot
+protocol"). For ImageNet, TaskRes averages the class embedding over "a photo of a {}." and the
+7 templates Tip-Adapter selected from CLIP's ImageNet ensemble, 8 in all;
+`base_templates("imagenet")` returns those 8. Class names are written with underscores as
+spaces (CoOp's `name.replace("_", " ")`).
 
 CuPL prompts (Pratt et al., ICCV 2023) are GPT-written class descriptions, a JSON file
 {class name: [sentences]} per dataset from https://github.com/sarahpratt/CuPL

@@ -1,6 +1,7 @@
 """Class embeddings from SToRI-weighted prompts, fast and sharded over devices.
 
-Where the speed comes from (all exact, see DESIGN.md):
+Where the speed comes from (all exact; docs/design.md, section "Where the training speed
+comes from"):
 - the blocks before the first reweighted one do not depend on the weights:
   their output is computed once per prompt (the prefix cache);
 - rows are cut to their bucket's length (causal mask) and the last block
