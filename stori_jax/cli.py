@@ -2,14 +2,19 @@
 
 `run(main)` runs an absl main: a `UserError` (bad config, missing or malformed file, a workdir
 made by another run, a prompt syntax error) prints `error: <message>` as one paragraph on stderr
-and exits 2; any other exception is the project's own bug and keeps its traceback. Library INFO
-logs (orbax, JAX's backend probe) are off unless `--verbosity` is given.
+and exits 2; any other exception is the project's own bug and keeps its traceback. Mistakes on
+the command line itself are user errors too: a bad flag value, a missing config file, and an
+override of a config key that does not exist (`--config.lr=...`: the nearest valid key is
+named). Library INFO logs (orbax, JAX's backend probe) are off unless `--verbosity` is given.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
+import re
 import sys
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -30,6 +35,121 @@ def _verbosity_given(argv: list[str]) -> bool:
   return any(a == "-v" or a.startswith(("--verbosity", "-v=", "--v=")) for a in argv[1:])
 
 
+def _config_flags() -> list[Any]:
+  """The ml_collections config-file flags (--config and the like) defined in this program."""
+  # is_config_flag is meant for users but not re-exported by the package.
+  from ml_collections.config_flags import config_flags  # pylint: disable=import-outside-toplevel
+
+  found = [flags.FLAGS[name] for name in flags.FLAGS]
+  return [
+    f
+    for f in found
+    if config_flags.is_config_flag(f) and isinstance(f.parser, config_flags.ConfigFileFlagParser)
+  ]
+
+
+def _flag_argument(argv: list[str], name: str) -> str | None:
+  """The value given to --name (as --name=VALUE or --name VALUE), the last one wins."""
+  value = None
+  for i, arg in enumerate(argv[1:], start=1):
+    match = re.fullmatch(rf"--?{re.escape(name)}(=(.*))?", arg)
+    if match:
+      value = match.group(2) if match.group(1) else (argv[i + 1] if i + 1 < len(argv) else None)
+  return value
+
+
+def _leaf_keys(tree: Any, prefix: str = "") -> Iterator[str]:
+  """The dotted keys of the values of a (nested) ConfigDict or dict."""
+  for key, value in tree.items():
+    if hasattr(value, "items") and len(value):
+      yield from _leaf_keys(value, f"{prefix}{key}.")
+    else:
+      yield prefix + str(key)
+
+
+def _nearest_keys(key: str, known: list[str]) -> list[str]:
+  """Known keys nearest to `key`: by the whole dotted path, else by its last part
+  (`lr` -> `optim.lr`), the closest first."""
+  near = difflib.get_close_matches(key, known, n=2, cutoff=0.6)
+  if near:
+    return near
+  leaf = key.rsplit(".", 1)[-1]
+  leaves = {k: k.rsplit(".", 1)[-1] for k in known}
+  close = set(difflib.get_close_matches(leaf, list(leaves.values()), n=3, cutoff=0.6))
+  ranked = [k for k in known if leaves[k] in close]
+  return sorted(ranked, key=lambda k: -difflib.SequenceMatcher(None, key, k).ratio())[:2]
+
+
+def _unknown_config_key(argv: list[str]) -> str | None:
+  """The message for an override of a config key that does not exist, if there is one."""
+  from ml_collections.config_flags import config_path  # pylint: disable=import-outside-toplevel
+
+  for flag in _config_flags():
+    source = _flag_argument(argv, flag.name)
+    if source is None:
+      continue
+    try:
+      config = flag.parser.parse(source)
+    except Exception:  # pylint: disable=broad-except
+      continue  # the file itself does not load: absl reports that
+    known = list(_leaf_keys(config))
+    for arg in argv[1:]:
+      match = re.match(rf"--?(?:no)?{re.escape(flag.name)}\.([^=]+)", arg)
+      if not match:
+        continue
+      key = match.group(1)
+      try:
+        config_path.get_value(key, config)
+        continue
+      except (AttributeError, KeyError, IndexError, ValueError):
+        pass
+      near = _nearest_keys(key, known)
+      if near:
+        hint = f"; did you mean --{flag.name}.{near[0]}" + (
+          f" (or --{flag.name}.{near[1]})?" if len(near) > 1 else "?"
+        )
+      else:
+        hint = f" (its keys: {', '.join(known[:40])}{', ...' if len(known) > 40 else ''})."
+      return (
+        f"{arg}: the config {source} has no key {key!r}{hint} Overrides must name an existing "
+        f"key; nothing was run."
+      )
+  return None
+
+
+def _missing_config_file(argv: list[str]) -> str | None:
+  """The message for a config flag naming a file that does not exist, if there is one."""
+  for flag in _config_flags():
+    source = _flag_argument(argv, flag.name)
+    path = None if source is None else source.split(":", 1)[0]
+    if path is not None and not os.path.isfile(path):
+      return f"--{flag.name}: no config file {path}; pass the path of a .py config."
+  return None
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with command-line mistakes as one paragraph and exit code 2."""
+  missing = _missing_config_file(argv)
+  if missing:
+    raise user_error_exit(UserError(missing))
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as error:
+    # A config file's get_config raising (e.g. a bad `file.py:ARG`) arrives with the traceback
+    # in the message: its last line names the problem.
+    message = str(error)
+    if "Error whilst parsing config file" in message:
+      lines = [line for line in message.splitlines() if line.strip()]
+      flag = message.split(": Error whilst", 1)[0]
+      message = f"{flag}: the config file refused its argument: {lines[-1]}"
+    raise user_error_exit(UserError(f"{message} (see --helpshort)")) from None
+  except (AttributeError, KeyError, IndexError) as error:
+    message = _unknown_config_key(argv)
+    if message is None:
+      raise
+    raise user_error_exit(UserError(message)) from error
+
+
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None) -> None:
   """app.run(main) with user errors turned into one paragraph and exit code 2."""
   argv = list(sys.argv if argv is None else argv)
@@ -43,13 +163,11 @@ def run(main: Callable[[list[str]], object], argv: list[str] | None = None) -> N
     except UserError as error:
       raise user_error_exit(error) from None
 
-  app.run(wrapped, argv=argv)
+  app.run(wrapped, argv=argv, flags_parser=_parse_flags)
 
 
 def require_flags(*names: str, example: str) -> None:
   """Stops with a user error when a required flag is missing (an example command line shown)."""
   missing = [n for n in names if flags.FLAGS[n].value in (None, "")]
   if missing:
-    raise UserError(
-      f"missing {', '.join('--' + n for n in missing)}; for example: {example}"
-    )
+    raise UserError(f"missing {', '.join('--' + n for n in missing)}; for example: {example}")

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 
-from absl import app, flags
+from absl import flags
+
+from stori_jax import cli
+from stori_jax.errors import UserError
 
 from stori_jax.loading import load, save
 
@@ -29,7 +32,10 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
+  if os.path.exists(FLAGS.output) and not os.path.isdir(FLAGS.output):
+    raise UserError(f"--output {FLAGS.output} is a file; pass a folder to write")
   bundle = load(FLAGS.input, arch=FLAGS.arch)
   source = os.path.abspath(FLAGS.input) if os.path.exists(FLAGS.input) else FLAGS.input
   out = save(
@@ -47,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -15,7 +15,6 @@ Needs the `[torch]` extra.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Mapping
 
@@ -174,17 +173,23 @@ def format_report(report: Mapping[str, Any]) -> str:
 
 
 def main(argv):
-  del argv
   from absl import flags  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
+
+  from stori_jax import jsonio  # pylint: disable=import-outside-toplevel
+  from stori_jax.errors import UserError  # pylint: disable=import-outside-toplevel
 
   f = flags.FLAGS
   # Parity is about fp32: TPUs and GPUs otherwise use reduced-precision matmuls.
   jax.config.update("jax_default_matmul_precision", "highest")
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
   if bool(f.source) == bool(f.random):
-    raise SystemExit("Give exactly one of --source PATH or --random ARCH.")
+    raise UserError("give exactly one of --source PATH or --random ARCH.")
   if f.image_size and not f.random:
-    raise SystemExit("--image_size applies to --random architectures only.")
+    raise UserError("--image_size applies to --random architectures only.")
+  if f.batch < 1:
+    raise UserError(f"--batch must be >= 1, got {f.batch}")
   if f.random:
     arch = architecture_config(f.random)
     if f.image_size:
@@ -195,8 +200,7 @@ def main(argv):
   report = run_parity(model, bundle, f.batch, f.seed)
   print(format_report(report))
   if f.json:
-    with open(f.json, "w", encoding="utf-8") as out:
-      json.dump(report, out, indent=2)
+    jsonio.write_json(f.json, report, indent=2)  # strict: a NaN difference is an error
     print(f"wrote {f.json}")
 
 
@@ -223,7 +227,7 @@ def _define_flags():
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=import-outside-toplevel
+  from stori_jax import cli  # pylint: disable=import-outside-toplevel
 
   _define_flags()
-  app.run(main)
+  cli.run(main)

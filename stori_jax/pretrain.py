@@ -5,8 +5,12 @@ r"""Contrastive CLIP pretraining on the synthetic world (the embedded default mo
 
 Every step draws a fresh batch from the generator, seeded by (seed, step), so
 a run killed at any point and restarted with the same workdir resumes from its
-last checkpoint to exactly the same result. Writes metrics.jsonl, orbax
-checkpoints and, at the end, training_curve.png and the model in this project's format.
+last checkpoint to exactly the same result. Writes run.json (the config that made the
+workdir), metrics.jsonl, orbax checkpoints and, at the end, training_curve.png and the model in
+this project's format. Another config in the same workdir stops before any work (pass another
+--workdir, or --restart to move the old run aside); a bad config value, or a run that diverges
+(a NaN or infinite loss, gradient or weight: it stops at that step, keeping the last good
+checkpoint), prints one paragraph and exits with status 2.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -22,23 +27,87 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from stori_jax import metrics_log
+from stori_jax import cli, jsonio, metrics_log, run_identity
 from stori_jax.bundle import CLIPBundle
-from stori_jax.checkpointing import TrainCheckpointer
+from stori_jax.checkpointing import (
+  NonFiniteWatch,
+  TrainCheckpointer,
+  nonfinite_code,
+  require_finite_checkpoint,
+)
 from stori_jax.checkpoints import native
+from stori_jax.config_files import ConfigChecks
 from stori_jax.data import synthetic
 from stori_jax.models import CLIP, CLIPConfig, init_params
 from stori_jax.plotting import pyplot
 from stori_jax.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
 from stori_jax.tokenizer import default_tokenizer
 
+EXPORT_DTYPES = ("float32", "float16", "bfloat16")
+#: Config keys that choose when to log, evaluate or save, not what is computed: a resumed run
+#: may change them (the checkpointed state and the batches do not depend on them).
+IDENTITY_IGNORED = (
+  "config.log_every",
+  "config.eval_every",
+  "config.checkpoint_every",
+  "config.keep_checkpoints",
+)
+
 
 def model_config(config: ml_collections.ConfigDict) -> CLIPConfig:
   return CLIPConfig.from_dict(config.model.to_dict())
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Checks every value for type and range before any work; one ConfigError names them all."""
+  checks = ConfigChecks(config)
+  checks.integer("seed", minimum=0)
+  checks.integer("model.embed_dim", minimum=1)
+  for key in ("vocab_size", "context_length", "width", "layers", "heads"):
+    checks.integer(f"model.text.{key}", minimum=1)
+  for key in ("image_size", "patch_size", "width", "layers", "heads"):
+    checks.integer(f"model.vision.{key}", minimum=1)
+  if not checks.problems:
+    try:
+      clip_config = model_config(config)
+    except (TypeError, ValueError) as e:
+      checks.problem(f"config.model does not describe a CLIP model: {e}")
+    else:
+      if clip_config.vision_kind != "vit":
+        checks.problem("config.model.vision must be a ViT (image_size, patch_size, ...)")
+  checks.choice("data.max_objects", (1, 2))
+  checks.number("data.two_object_fraction", minimum=0, maximum=1)
+  hard = checks.number("data.hard_negative_fraction", minimum=0, maximum=1)
+  groups = 0.0  # optional: older configs have no pattern groups
+  if "pattern_negative_fraction" in config.data:
+    groups = checks.number("data.pattern_negative_fraction", minimum=0, maximum=1)
+  if hard is not None and groups is not None and hard + groups > 1:
+    checks.problem(
+      "config.data.hard_negative_fraction + config.data.pattern_negative_fraction must be at "
+      f"most 1, got {hard:g} + {groups:g}"
+    )
+  context = checks.get("model.text.context_length", None)
+  checks.integer("text_length", minimum=2, maximum=context if isinstance(context, int) else None)
+  # The contrastive loss needs a negative for every pair: at least two pairs per batch.
+  checks.integer("batch_size", minimum=2)
+  total = checks.integer("total_steps", minimum=1)
+  checks.integer("warmup_steps", minimum=0, maximum=None if total is None else total - 1)
+  checks.number("learning_rate", above=0)
+  checks.number("end_learning_rate_fraction", minimum=0, maximum=1)
+  checks.number("weight_decay", minimum=0)
+  b2 = checks.number("adam_b2", above=0)
+  if b2 is not None and b2 >= 1:
+    checks.problem(f"config.adam_b2 must be below 1, got {b2:g}")
+  checks.number("max_logit_scale", minimum=1)
+  for key in ("log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_images"):
+    checks.integer(key, minimum=1)
+  checks.text("export_dir")
+  checks.choice("export_dtype", EXPORT_DTYPES)
+  checks.raise_if_any()
 
 
 def pattern_groups(
@@ -124,12 +193,18 @@ def prefetch(config, first_step: int, depth: int = 2) -> Iterator[tuple[np.ndarr
   out: queue.Queue = queue.Queue(maxsize=depth)
 
   def worker():
-    for step in range(first_step, config.total_steps):
-      out.put(batch_for_step(config, step))
+    try:
+      for step in range(first_step, config.total_steps):
+        out.put(batch_for_step(config, step))
+    except BaseException as error:  # pylint: disable=broad-except
+      out.put(error)  # raised in the consumer: a dead worker must not leave it waiting forever
 
   threading.Thread(target=worker, daemon=True).start()
   for _ in range(first_step, config.total_steps):
-    yield out.get()
+    item = out.get()
+    if isinstance(item, BaseException):
+      raise item
+    yield item
 
 
 def contrastive_loss(logits: jax.Array) -> jax.Array:
@@ -185,6 +260,7 @@ def make_train_step(config, model: CLIP, optimizer):
       "loss": loss,
       "batch_accuracy": accuracy,
       "logit_scale": jnp.exp(params["logit_scale"]),
+      "nonfinite": nonfinite_code(loss, grads, params),
     }
 
   return train_step
@@ -226,46 +302,82 @@ def plot_curve(records: list[dict[str, float]], path: str) -> None:
   plt.close(fig)
 
 
-def train(config, workdir: str) -> CLIPBundle:
-  """Runs (or resumes) pretraining; returns the trained model as a bundle."""
-  os.makedirs(workdir, exist_ok=True)
+def train(config, workdir: str, restart: bool = False) -> CLIPBundle:
+  """Runs (or resumes) pretraining; returns the trained model as a bundle.
+
+  Args:
+    config: a pretraining config (configs/tiny_clip_pretrain.py).
+    workdir: the run's folder; one made by the same config resumes from its checkpoint.
+    restart: move a workdir made by another config aside (`<workdir>.old-<time>`) instead of
+      refusing it.
+
+  Raises:
+    ConfigError: a bad config value (before any work).
+    WorkdirMismatchError: the workdir holds another run, is a file or is not writable
+      (before any work).
+    NonFiniteError: the run diverged (NaN or infinity); the last good checkpoint is kept.
+  """
+  validate_config(config)
+  # The config pins everything: the model is initialised from config.seed and the data is
+  # generated from (config.seed, step).
+  run_identity.claim_workdir(
+    workdir, {"config": config}, restart=restart, what="pretraining run", ignore=IDENTITY_IGNORED
+  )
   clip_config = model_config(config)
   model = CLIP(clip_config)
   optimizer = make_optimizer(config)
   train_step = make_train_step(config, model, optimizer)
   checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
+  watch = NonFiniteWatch(
+    "pretraining",
+    f"The likely cause is the learning rate (config.learning_rate = {config.learning_rate:g}): "
+    f"lower it.",
+  )
   state = initial_state(config, optimizer)
   if checkpointer.latest_step() is not None:
     state = checkpointer.restore(state)
-    logging.info("Resumed from step %d in %s", int(state["step"]), workdir)
+    watch.last_saved = int(state["step"])
+    require_finite_checkpoint(state["params"], watch.last_saved, checkpointer.directory)
+    # Said on stderr whatever the log level: a user must know that this run continues another.
+    print(f"Resumed from step {watch.last_saved} in {workdir}", file=sys.stderr)
   first_step = int(state["step"])
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  jsonio.write_text_atomic(
+    os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2)
+  )
   metrics_path = os.path.join(workdir, "metrics.jsonl")
   metrics_log.read_records(metrics_path, up_to_step=first_step)  # drop what the resume redoes
   bar = tqdm(
     total=config.total_steps, initial=first_step, desc="pretrain", unit="step", dynamic_ncols=True
   )
   preprocess = PreprocessConfig(clip_config.vision.image_size)
-  for step, (images, ids) in enumerate(prefetch(config, first_step), start=first_step):
-    state, metrics = train_step(state, images, ids)
-    done = step + 1
-    bar.update(1)
-    if done % config.log_every == 0 or done == config.total_steps:
-      metrics = {k: float(v) for k, v in metrics.items()}
-      bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['batch_accuracy']:.2f}")
-      record = {"step": done, **metrics}
-      if done % config.eval_every == 0 or done == config.total_steps:
-        record.update(
-          quick_eval(CLIPBundle(clip_config, state["params"], preprocess_config=preprocess), config)
-        )
-        bar.write(json.dumps(record))
-      metrics_log.append_record(metrics_path, record)
-    if done % config.checkpoint_every == 0 or done == config.total_steps:
-      checkpointer.save(done, state)
-  bar.close()
-  checkpointer.wait()
-  checkpointer.close()
+  try:
+    for step, (images, ids) in enumerate(prefetch(config, first_step), start=first_step):
+      state, metrics = train_step(state, images, ids)
+      done = step + 1
+      watch.add(done, metrics.pop("nonfinite"))
+      bar.update(1)
+      if done % config.log_every == 0 or done == config.total_steps:
+        watch.check(config.total_steps, workdir)  # nothing non-finite reaches the log
+        metrics = {k: float(v) for k, v in metrics.items()}
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['batch_accuracy']:.2f}")
+        record = {"step": done, **metrics}
+        if done % config.eval_every == 0 or done == config.total_steps:
+          record.update(
+            quick_eval(
+              CLIPBundle(clip_config, state["params"], preprocess_config=preprocess), config
+            )
+          )
+          bar.write(jsonio.dumps_strict(record))
+        metrics_log.append_record(metrics_path, record)
+      if done % config.checkpoint_every == 0 or done == config.total_steps:
+        watch.check(config.total_steps, workdir)  # a checkpoint is always a good one
+        checkpointer.save(done, state)
+        watch.last_saved = done
+    watch.check(config.total_steps, workdir)
+  finally:
+    bar.close()
+    checkpointer.wait()
+    checkpointer.close()
   plot_curve(metrics_log.read_records(metrics_path), os.path.join(workdir, "training_curve.png"))
   bundle = CLIPBundle(
     clip_config,
@@ -302,7 +414,13 @@ def _define_flags():
   flags.DEFINE_string(
     "workdir",
     None,
-    "Checkpoints, metrics and the exported model go here; an existing workdir resumes.",
+    "Checkpoints, metrics and the exported model go here; one made by the same config resumes.",
+  )
+  flags.DEFINE_bool(
+    "restart",
+    False,
+    "If the workdir holds a run of another config, move it aside to <workdir>.old-<time> and "
+    "start afresh (without it such a workdir is refused).",
   )
 
 
@@ -310,10 +428,10 @@ def main(argv):
   del argv
   config = flags.FLAGS.config
   workdir = flags.FLAGS.workdir or os.path.join("workdirs", "pretrain")
-  train(config, workdir)
+  train(config, workdir, restart=flags.FLAGS.restart)
 
 
 if __name__ == "__main__":
   _define_flags()
   flags.mark_flag_as_required("config")
-  app.run(main)
+  cli.run(main)

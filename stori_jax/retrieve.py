@@ -8,24 +8,42 @@ then runs the protocol of `stori_jax.retrieval.protocol` and writes to the workd
 * retrieval_metrics.json: every number (per prompt and attribute, summaries, sweeps);
 * retrieval_tables.md: tables shaped like the paper's Tables 3-6 and the AUC sweep;
 * fig4_ranking.png, fig5_auc_sweep.png, fig6_prompt_weighting.png, fig9a_start_block.png,
-  fig9b_single_block.png.
+  fig9b_single_block.png;
+* run.json: the config, model and data that made these files. Running again with the same
+  config redoes the run in place; another config stops before any work (pass another
+  --workdir, or --restart to move the old results aside), so results of two configs are
+  never mixed in one folder. A bad config value prints one paragraph and exits with status 2.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
+from stori_jax import cli, jsonio, run_identity
+from stori_jax.config_files import ConfigChecks, ConfigError
+from stori_jax.errors import InputError, UserError
 from stori_jax.retrieval import datasets, index, plots, protocol, tables
 
+METHODS = ("stori", "prompt_weighting")
+DATA_SOURCES = ("synthetic", "celeba", "celeba_tfds", "cub")
+NORMALIZE = ("share", "recall")
+#: Config keys that change how the work is batched, cached or printed, not a number it
+#: reports: another value may reuse the workdir (every output file is rewritten anyway).
+IDENTITY_IGNORED = (
+  "config.cache_dir",
+  "config.batch_size",
+  "config.table_digits",
+  "config.figure_weights",
+)
 
-def _blocks(value, layers: int) -> list[int]:
+
+def _blocks(value, layers: int, key: str = "sweep blocks") -> list[int]:
   """A config's block list: "all" (1..layers), "none", or block numbers ("1,4,7", "(1,4)")."""
   if isinstance(value, str):
     text = value.strip().strip("()[] ")
@@ -33,15 +51,73 @@ def _blocks(value, layers: int) -> list[int]:
       return list(range(1, layers + 1)) if text == "all" else []
     try:
       value = [int(b) for b in text.split(",") if b.strip()]
-    except ValueError as e:
-      raise ValueError(
-        f"block lists are 'all', 'none' or numbers like '1,4,7', got {value!r}"
-      ) from e
+    except ValueError:
+      raise ConfigError(
+        f"{key}: block lists are 'all', 'none' or numbers like '1,4,7', got {value!r}"
+      ) from None
+  if not isinstance(value, (tuple, list)) or not all(isinstance(b, int) for b in value):
+    raise ConfigError(
+      f"{key}: block lists are 'all', 'none' or numbers like '1,4,7', got {value!r}"
+    )
   blocks = [int(b) for b in value]
   bad = [b for b in blocks if not 1 <= b <= layers]
   if bad:
-    raise ValueError(f"blocks {bad} are outside the text tower's 1..{layers}")
+    raise ConfigError(f"{key}: blocks {bad} are outside the text tower's 1..{layers}")
   return blocks
+
+
+def validate_config(config) -> None:
+  """Checks every value for type and range before any work; one ConfigError names them all.
+
+  What depends on the model (block numbers) or the data (task and attribute indices) is
+  checked as soon as they are loaded, before the index is built.
+  """
+  checks = ConfigChecks(config)
+  checks.text("model", nonempty=True)
+  if "cache_dir" in config:
+    checks.text("cache_dir")
+  checks.integer("batch_size", minimum=1)
+  checks.numbers("weights", minimum=0)
+  if "precision_k" in config:
+    checks.integer("precision_k", minimum=0)
+  checks.numbers("pair_weights", minimum=0, count=2)
+  checks.subset("methods", METHODS)
+  if "start_block" in config:
+    checks.integer("start_block", minimum=1, optional=True)
+  if "table_digits" in config:
+    checks.integer("table_digits", minimum=0, maximum=12)
+  checks.numbers("figure_weights", minimum=0, count=2)
+  checks.integers("sweep.tasks", minimum=0, nonempty=False)
+  checks.integers("sweep.attributes", minimum=0, count=2, distinct=True)
+  # The pair sweep gives one attribute w and another 1 - w: both must stay >= 0.
+  checks.numbers("sweep.ws", minimum=0, maximum=1)
+  checks.numbers("sweep.single_ws", minimum=0)
+  checks.choice("sweep.normalize", NORMALIZE)
+  source = checks.choice("data.source", DATA_SOURCES)
+  if source == "synthetic":
+    checks.integer("data.n_triples", minimum=1)
+    checks.integer("data.images_per_category", minimum=1)
+  elif source is not None and config.data.get("images_per_category") is not None:
+    checks.integer("data.images_per_category", minimum=1)
+  checks.raise_if_any()
+
+
+def _path_identity(path: str) -> str:
+  """An existing local path as an absolute one (a relative path depends on the cwd)."""
+  return os.path.abspath(path) if path and os.path.exists(path) else path
+
+
+def identity(config, bundle=None) -> dict[str, Any]:
+  """What decides the results: the resolved config, the model and the data folder."""
+  if bundle is not None:  # a model passed in: its own source names it
+    model = getattr(bundle, "source", "") or str(config.model)
+  else:
+    model = _path_identity(str(config.model))
+  return {
+    "config": config,
+    "model": model,
+    "data": {"root": _path_identity(config.data.get("root") or "")},
+  }
 
 
 def _precision_k(config) -> int | None:
@@ -49,25 +125,75 @@ def _precision_k(config) -> int | None:
   return k if k > 0 else None
 
 
-def run(config, workdir: str, bundle=None) -> dict[str, Any]:
-  """Runs the whole protocol for a config; returns the results written to workdir."""
+def _check_against_data(config, tasks, layers: int) -> None:
+  """The config's block numbers, task and attribute indices against the model and data."""
+  start = config.get("start_block")
+  if start is not None and not 1 <= start <= layers:
+    raise ConfigError(
+      f"config.start_block = {start} is outside the text tower's blocks 1..{layers}; pick one "
+      f"in 1..{layers}, or None for the second half of the tower."
+    )
+  _blocks(config.sweep.start_blocks, layers, "config.sweep.start_blocks")
+  _blocks(config.sweep.single_blocks, layers, "config.sweep.single_blocks")
+  bad = [i for i in config.sweep.tasks if not 0 <= int(i) < len(tasks)]
+  if bad:
+    raise ConfigError(
+      f"config.sweep.tasks {bad} are not task indices 0..{len(tasks) - 1} of the data's "
+      f"{len(tasks)} prompts"
+    )
+  chosen = [tasks[int(i)] for i in config.sweep.tasks] if len(config.sweep.tasks) else tasks
+  attributes = list(config.sweep.attributes)
+  for task in chosen:
+    if max(attributes) >= task.n_attributes:
+      raise ConfigError(
+        f"config.sweep.attributes {attributes} must be attribute indices of task {task.name!r}, "
+        f"which has {task.n_attributes} attributes (0..{task.n_attributes - 1})"
+      )
+
+
+def run(config, workdir: str, bundle=None, restart: bool = False) -> dict[str, Any]:
+  """Runs the whole protocol for a config; returns the results written to workdir.
+
+  Args:
+    config: a retrieval config (configs/retrieval_*.py).
+    workdir: where results go; one made by the same config is redone in place.
+    bundle: the model (default: `stori_jax.load(config.model)`).
+    restart: move a workdir made by another config aside instead of refusing it.
+
+  Raises:
+    ConfigError: a bad config value (before the index is built).
+    WorkdirMismatchError: the workdir holds results of another config, is a file or is not
+      writable (before any work).
+    InputError: the data cannot be read as the config describes it.
+  """
   import stori_jax  # pylint: disable=import-outside-toplevel
 
+  validate_config(config)
+  run_identity.claim_workdir(
+    workdir,
+    identity(config, bundle),
+    restart=restart,
+    what="retrieval run",
+    ignore=IDENTITY_IGNORED,
+  )
   if bundle is None:
     bundle = stori_jax.load(config.model)
-  os.makedirs(workdir, exist_ok=True)
   started = time.perf_counter()
-  data = datasets.build_data(config.data, int(bundle.config.vision.image_size))
+  try:
+    data = datasets.build_data(config.data, int(bundle.config.vision.image_size))
+  except UserError:
+    raise
+  except (ValueError, FileNotFoundError) as e:
+    # The data folder or the config's data block does not fit the data source.
+    raise InputError(f"config.data ({config.data.source}): {e}") from None
   if not data.tasks:
-    raise ValueError(f"data {data.name!r} defines no prompts (tasks)")
+    raise ConfigError(f"data {data.name!r} defines no prompts (tasks)")
+  _check_against_data(config, list(data.tasks), int(bundle.config.text.layers))
   idx = index.build_index(bundle, data, config.get("cache_dir") or None, config.batch_size)
   logging.info("index: %s (%s)", idx.path, "cached" if idx.from_cache else "built")
   emb, tasks = idx.embeddings, list(data.tasks)
   k, batch = _precision_k(config), config.batch_size
   methods = tuple(config.methods)
-  unknown = set(methods) - {"stori", "prompt_weighting"}
-  if unknown:
-    raise ValueError(f"config.methods: unknown {sorted(unknown)}; use stori, prompt_weighting")
   results: dict[str, Any] = {
     "model": str(config.model),
     "data": data.name,
@@ -90,9 +216,6 @@ def run(config, workdir: str, bundle=None) -> dict[str, Any]:
   results["pairs"] = protocol.pair_emphasis(bundle, emb, tasks, high, low, stori, k, batch)
 
   sweep = config.sweep
-  bad = [i for i in sweep.tasks if not 0 <= int(i) < len(tasks)]
-  if bad:
-    raise ValueError(f"sweep.tasks {bad} are not task indices 0..{len(tasks) - 1}")
   chosen = [tasks[int(i)] for i in sweep.tasks] if len(sweep.tasks) else tasks
   attrs = tuple(sweep.attributes)
   layers = int(bundle.config.text.layers)
@@ -120,10 +243,10 @@ def run(config, workdir: str, bundle=None) -> dict[str, Any]:
   results["seconds"] = round(time.perf_counter() - started, 2)
 
   _write_figures(bundle, emb, chosen[0], config, stori, sweeps, workdir)
-  with open(os.path.join(workdir, "retrieval_metrics.json"), "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=1)
-  with open(os.path.join(workdir, "retrieval_tables.md"), "w", encoding="utf-8") as f:
-    f.write(tables.report(results, config.get("table_digits", 3)))
+  # Strict JSON: a NaN score (a broken model) raises NonFiniteError instead of writing "NaN".
+  jsonio.write_json(os.path.join(workdir, "retrieval_metrics.json"), results, indent=1)
+  tables_text = tables.report(results, config.get("table_digits", 3))
+  jsonio.write_text_atomic(os.path.join(workdir, "retrieval_tables.md"), tables_text)
   return results
 
 
@@ -164,15 +287,12 @@ def _write_figures(bundle, emb, task, config, setting, sweeps, workdir: str) -> 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
   config = flags.FLAGS.config
   if config is None:
-    raise SystemExit("--config is required, e.g. --config configs/retrieval_synthetic.py")
+    raise UserError("--config is required, e.g. --config configs/retrieval_synthetic.py")
   workdir = flags.FLAGS.workdir or os.path.join("workdirs", "retrieval", config.data.source)
-  try:
-    results = run(config, workdir)
-  except (ValueError, FileNotFoundError) as e:
-    raise SystemExit(f"retrieve: {e}") from e
+  results = run(config, workdir, restart=flags.FLAGS.restart)
   print(tables.report(results, config.get("table_digits", 3)))
   print(f"Wrote retrieval_metrics.json, retrieval_tables.md and figures to {workdir}")
 
@@ -180,9 +300,17 @@ def main(argv):
 def _define_flags():
   # Defined only when run as a program: importing this module must not claim --config.
   config_flags.DEFINE_config_file("config", None, "Retrieval config file.")
-  flags.DEFINE_string("workdir", None, "Where metrics, tables and figures go.")
+  flags.DEFINE_string(
+    "workdir", None, "Where metrics, tables and figures go; one made by the same config is redone."
+  )
+  flags.DEFINE_bool(
+    "restart",
+    False,
+    "If the workdir holds results of another config, move them aside to <workdir>.old-<time> "
+    "(without it such a workdir is refused).",
+  )
 
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

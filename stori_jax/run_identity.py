@@ -87,6 +87,7 @@ def claim_workdir(
   restart: bool = False,
   what: str = "run",
   ignore: Iterable[str] = (),
+  check_only: bool = False,
 ) -> str | None:
   """Makes `workdir` the home of the run described by `identity`, before any work.
 
@@ -98,6 +99,8 @@ def claim_workdir(
     what: the kind of run, for messages ("training run", "retrieval index").
     ignore: dotted keys that do not change results (e.g. "config.log_every"); differences
       there are accepted and the stored identity is updated.
+    check_only: raise as a claim would, but change nothing (no folder made, nothing moved
+      or written): the other processes of a multi-host run, while process 0 claims.
 
   Returns:
     The path the old run was moved to (restart), else None.
@@ -114,7 +117,9 @@ def claim_workdir(
       f"the workdir {workdir} is a file, not a folder; pass another --workdir"
     )
   moved = None
-  if os.path.isdir(workdir) and os.listdir(workdir):
+  # A workdir holding only run.json has no results to lose (a run stopped by a bad value
+  # before its first output): the new run takes it over.
+  if os.path.isdir(workdir) and set(os.listdir(workdir)) - {RUN_FILE}:
     problem = None
     if not os.path.exists(path):
       problem = f"{workdir} holds files but no {RUN_FILE}, so it was not made by this {what}"
@@ -138,7 +143,11 @@ def claim_workdir(
           f"Either pass another --workdir, or add --restart to move the old run aside "
           f"(to {workdir.rstrip(os.sep)}.old-<time>) and start afresh."
         )
+      if check_only:
+        return None
       moved = move_aside(workdir)
+  if check_only:
+    return None
   try:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:

@@ -5,10 +5,13 @@ r"""Few-shot SToRI: trains the token weights of every CuPL prompt (paper §3.2, 
   python -m stori_jax.train --config configs/imagenet.py:4 --config.seed=2
   python -m stori_jax.train --config configs/imagenet_16shot.py --distributed   # every host of a pod
 
-Writes to the workdir: metrics.json (zero-shot and trained accuracy, per class,
-config echo), weights.json (every prompt's token and word weights),
-history.jsonl, training_curve.png, interpretability.html/.png, and orbax
-checkpoints (an interrupted run restarted with the same command resumes).
+Writes to the workdir: run.json (the config, model and data of the run that made it),
+metrics.json (zero-shot and trained accuracy, per class, config echo), weights.json (every
+prompt's token and word weights), history.jsonl, training_curve.png,
+interpretability.html/.png, and orbax checkpoints. An interrupted run restarted with the same
+command resumes; another config in the same workdir stops before any work (pass another
+--workdir, or --restart to move the old run aside). A bad config value, or a run that diverges
+(NaN or infinity), prints one paragraph and exits with status 2.
 Prompts are sharded over all devices of all hosts (see launch/).
 """
 
@@ -17,14 +20,25 @@ from __future__ import annotations
 import os
 
 import jax
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from stori_jax import cli
+from stori_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file (get_config()).", lock_config=True
 )
 flags.DEFINE_string(
-  "workdir", None, "Output directory (default: workdirs/<config name>); an existing one resumes."
+  "workdir",
+  None,
+  "Output directory (default: workdirs/<config name>); one made by the same config resumes.",
+)
+flags.DEFINE_bool(
+  "restart",
+  False,
+  "If the workdir holds a run of another config, move it aside to <workdir>.old-<time> and "
+  "start afresh (without it such a workdir is refused).",
 )
 flags.DEFINE_bool(
   "distributed",
@@ -49,21 +63,17 @@ def initialize_distributed() -> None:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
   if FLAGS.distributed or FLAGS.coordinator:
     initialize_distributed()
-  from stori_jax.checkpoints import CheckpointError  # pylint: disable=import-outside-toplevel
-  from stori_jax.config_files import ConfigError  # pylint: disable=import-outside-toplevel
   from stori_jax.fewshot import trainer  # pylint: disable=import-outside-toplevel
-  from stori_jax.fewshot.datasets import DatasetMissingError  # pylint: disable=import-outside-toplevel
 
   config = _CONFIG.value
-  workdir = FLAGS.workdir or os.path.join("workdirs", config.name)
-  try:
-    metrics = trainer.run(config, workdir)
-  except (DatasetMissingError, CheckpointError, ConfigError) as e:
-    # Missing data or weights, a bad config value: the message says what to do; no traceback.
-    raise SystemExit(f"error: {e}") from None
+  workdir = FLAGS.workdir or os.path.join("workdirs", str(config.get("name") or "train"))
+  # Missing data or weights, a bad config value, a workdir of another run, a diverged run:
+  # UserErrors, which cli.run prints as one paragraph (exit status 2).
+  metrics = trainer.run(config, workdir, restart=FLAGS.restart)
   if jax.process_index() != 0:
     return
   zero_shot, trained = metrics["zero_shot"]["accuracy"], metrics["trained"]["accuracy"]
@@ -90,4 +100,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main)
+  cli.run(main)

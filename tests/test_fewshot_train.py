@@ -85,7 +85,7 @@ def test_a_bad_synthetic_class_name_stops_with_a_message(tmp_path, random_model)
   result = _run(
     _command(tmp_path, random_model, "--config.data.class_names=('red hexagon', 'red star')")
   )
-  assert result.returncode != 0
+  assert result.returncode == 2
   assert "error: config.data.class_names: synthetic class 'red hexagon'" in result.stderr
   assert "Traceback" not in result.stderr and not (tmp_path / "checkpoints").exists()
 
@@ -210,7 +210,7 @@ def test_missing_dataset_stops_with_what_to_download(tmp_path):
     ],
     timeout=300,
   )
-  assert result.returncode == 1
+  assert result.returncode == 2  # a user's mistake (cli.run): one paragraph, no traceback
   assert (
     "dtd-r1.0.1.tar.gz" in result.stderr and "split_zhou_DescribableTextures.json" in result.stderr
   )

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import collections
 import html
-import json
 import os
 from typing import Any, Sequence
 
 import numpy as np
 
-from stori_jax import metrics_log
+from stori_jax import jsonio, metrics_log
 from stori_jax.fewshot.prompt_bank import PromptBank
 from stori_jax.plotting import pyplot
 from stori_jax.tokenizer import Tokenizer, word_weights
@@ -75,8 +74,8 @@ def write_weights(
         "word_weights": prompt_words,
       }
     )
-  with open(os.path.join(workdir, "weights.json"), "w", encoding="utf-8") as f:
-    json.dump(records, f, indent=1)
+  # Strict JSON: a NaN or infinite weight raises NonFiniteError instead of writing "NaN".
+  jsonio.write_json(os.path.join(workdir, "weights.json"), records, indent=1)
 
 
 def _shade(weight: float, low: float, high: float) -> str:
@@ -121,8 +120,7 @@ def write_interpretability(
       parts.append(f"<p>{spans}</p>")
   parts.append("</body></html>")
   path = os.path.join(workdir, "interpretability.html")
-  with open(path, "w", encoding="utf-8") as f:
-    f.write("\n".join(parts))
+  jsonio.write_text_atomic(path, "\n".join(parts))
   _interpretability_png(
     os.path.join(workdir, "interpretability.png"), bank, words, low, high, per_class
   )

@@ -5,6 +5,11 @@ The image tower is frozen, so every training image is encoded once, for
 log-weights of the trainable prompts' tokens are optimised (SToRI), or the
 class residuals (TaskRes). Batches are a function of (seed, epoch), and the
 state is checkpointed with orbax, so a killed run resumes to the same result.
+
+Trust: every config value is checked before any work (`validate_config`); the workdir
+records the run that made it (run.json) and refuses another one (`claim_run`); a NaN or an
+infinity in the loss, the gradients or the weights stops the run at that step
+(`NonFiniteError`), before it reaches a checkpoint, the history or a result file.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -21,10 +27,18 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
+from jax.sharding import NamedSharding
 from tqdm import tqdm
 
+from stori_jax import jsonio, run_identity
 from stori_jax.bundle import CLIPBundle
-from stori_jax.checkpointing import TrainCheckpointer
+from stori_jax.checkpointing import (
+  NonFiniteWatch,
+  TrainCheckpointer,
+  nonfinite_code,
+  require_finite_checkpoint,
+)
+from stori_jax.config_files import ConfigChecks, ConfigError
 from stori_jax.data import synthetic_tasks
 from stori_jax.fewshot import augment, datasets, prompts
 from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
@@ -36,10 +50,139 @@ from stori_jax.fewshot.text_classifier import (
   prompt_mesh,
 )
 from stori_jax.loading import load
+from stori_jax.models import reweighted_block_indices
 from stori_jax.preprocess import PreprocessConfig
 
 # The rare tokens of the nonsensical-token ablation (paper Table 1, after Ruiz et al.).
 RARE_TOKENS = ("sks", "pll", "ucd")
+METHODS = ("stori", "taskres")
+DATA_SOURCES = ("synthetic", "coop", "tfds")
+#: Above this the paper's Adam learning rates (1e-2 to 0.1) are far exceeded: warned about.
+LARGE_LEARNING_RATE = 1.0
+#: Config keys that choose when to log, evaluate or save, or name the run, not what is
+#: computed: a resumed run may change them (the checkpointed state does not depend on them).
+IDENTITY_IGNORED = (
+  "config.name",
+  "config.log_every",
+  "config.eval_every",
+  "config.checkpoint_every",
+)
+
+
+# Config ------------------------------------------------------------------------------------
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Checks every value for type and range before any work; one ConfigError names them all.
+
+  The text tower's depth is only known once the model is loaded: `check_start_block` then.
+  """
+  checks = ConfigChecks(config)
+  checks.text("name")
+  checks.choice("method", METHODS)
+  checks.integer("seed", minimum=0)
+  checks.integer("shots", minimum=1)
+  checks.text("model.source", nonempty=True)
+  checks.text("model.arch")
+  checks.text("data.name", nonempty=True)
+  source = checks.choice("data.source", DATA_SOURCES)
+  name = checks.get("data.name", None)
+  if source is not None and (source == "synthetic") != (name == "synthetic"):
+    checks.problem(
+      f"config.data.source is {source!r} but config.data.name is {name!r}: the synthetic world "
+      f"needs both 'synthetic'"
+    )
+  if source == "synthetic":
+    checks.integer("data.image_size", minimum=8)
+    checks.integer("data.n_test_per_class", minimum=1)
+  if source == "tfds":
+    checks.text("data.tfds_name", nonempty=True)
+  checks.text("data.root")
+  class_names = checks.get("data.class_names", "")
+  if not (
+    isinstance(class_names, str)
+    or (isinstance(class_names, (tuple, list)) and all(isinstance(c, str) for c in class_names))
+  ):
+    checks.problem(
+      f"config.data.class_names must be a tuple of class names (or '' for all), got {class_names!r}"
+    )
+  checks.text("prompts.cupl_path")
+  checks.integer("prompts.per_class", minimum=0)
+  checks.integer("prompts.rare_tokens", minimum=0)
+  checks.boolean("prompts.use_base")
+  checks.integer("start_block", minimum=1, optional=True)
+  checks.integer("views", minimum=1)
+  scale = checks.numbers("augment_scale", minimum=0, maximum=1, count=2)
+  if scale is not None and not 0 < scale[0] <= scale[1]:
+    checks.problem(
+      f"config.augment_scale must be (low, high) with 0 < low <= high <= 1, got {scale}"
+    )
+  checks.integer("batch_size", minimum=1)
+  checks.integer("epochs", minimum=1)
+  checks.number("optim.lr", above=0)
+  checks.number("taskres.alpha", minimum=0)
+  checks.number("taskres.lr", above=0)
+  checks.number("taskres.weight_decay", minimum=0)
+  checks.integer("chunk", minimum=1)
+  for key in ("log_every", "eval_every", "checkpoint_every"):
+    checks.integer(key, minimum=1)
+  checks.raise_if_any()
+  key = "optim.lr" if config.method == "stori" else "taskres.lr"
+  lr = float(config.optim.lr if config.method == "stori" else config.taskres.lr)
+  if lr > LARGE_LEARNING_RATE:
+    logging.warning(
+      "config.%s = %g is far above the paper's Adam learning rates (1e-2 to 0.1); the run "
+      "will stop at the first NaN or infinite step if it diverges.",
+      key,
+      lr,
+    )
+
+
+def check_start_block(config: ml_collections.ConfigDict, layers: int) -> None:
+  """config.start_block against the loaded text tower (1-indexed, 1..layers)."""
+  try:
+    reweighted_block_indices(layers, config.start_block)
+  except ValueError:
+    raise ConfigError(
+      f"config.start_block = {config.start_block} is outside the text tower of "
+      f"{config.model.source} (blocks 1..{layers}); pick a block in 1..{layers} or leave it "
+      f"None for the second half of the tower."
+    ) from None
+
+
+def _path_identity(path: str) -> str:
+  """An existing local path as an absolute one (a relative path depends on the cwd)."""
+  return os.path.abspath(path) if path and os.path.exists(path) else path
+
+
+def identity(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """What decides a run's results: the resolved config, and the model and data it names
+  (local paths made absolute, so that the same relative path from another folder differs)."""
+  return {
+    "config": config,
+    "model": _path_identity(config.model.source),
+    "data": {
+      "root": _path_identity(config.data.root),
+      "cupl_path": _path_identity(config.prompts.cupl_path),
+    },
+  }
+
+
+def claim_run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) -> None:
+  """Makes `workdir` this run's home, or refuses one made by another config (see
+  `run_identity.claim_workdir`). On several hosts process 0 claims; the others only check,
+  then all wait until the claim is done (a restart moves the old run aside first)."""
+  kwargs = dict(what="training run", ignore=IDENTITY_IGNORED)
+  if jax.process_count() == 1:
+    run_identity.claim_workdir(workdir, identity(config), restart=restart, **kwargs)
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  if jax.process_index() == 0:
+    run_identity.claim_workdir(workdir, identity(config), restart=restart, **kwargs)
+  elif not restart:
+    run_identity.claim_workdir(workdir, identity(config), check_only=True, **kwargs)
+  multihost_utils.sync_global_devices("stori_jax.train: workdir claimed")
 
 
 # Data --------------------------------------------------------------------------------------
@@ -191,6 +334,9 @@ class Method:
   class_embeddings: Callable[[Any, Any], jax.Array]
   context: Any
   optimizer: optax.GradientTransformation
+  #: params -> the weights the run reports (SToRI: w = exp(log w), which overflows float32
+  #: above log w ~ 88 even while log w is finite).
+  reported: Callable[[Any], Any] = lambda params: params
 
 
 def _schedule(lr: float, total_steps: int):
@@ -205,6 +351,7 @@ def stori_method(config, classifier: WeightedTextClassifier, total_steps: int) -
     classifier.class_embeddings,
     classifier.data,
     optax.adam(_schedule(config.optim.lr, total_steps)),
+    reported=lambda log_weights: jax.tree_util.tree_map(jnp.exp, log_weights),
   )
 
 
@@ -252,7 +399,11 @@ def make_train_step(method: Method, logit_scale: float):
     params = optax.apply_updates(state["params"], updates)
     return (
       {"params": params, "opt_state": opt_state, "step": state["step"] + 1},
-      {"loss": loss, "train_accuracy": accuracy},
+      {
+        "loss": loss,
+        "train_accuracy": accuracy,
+        "nonfinite": nonfinite_code(loss, grads, method.reported(params)),
+      },
     )
 
   return train_step
@@ -270,16 +421,31 @@ def accuracy_report(
   return {"accuracy": float(np.mean(predicted == labels)), "per_class": per_class}
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains (or resumes) and writes metrics, weights and reports to workdir."""
+def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) -> dict[str, Any]:
+  """Trains (or resumes) and writes metrics, weights and reports to workdir.
+
+  Args:
+    config: a few-shot config (configs/demo.py, `paper_config.fewshot_config`).
+    workdir: the run's folder; one made by the same config resumes from its checkpoint.
+    restart: move a workdir made by another config aside (`<workdir>.old-<time>`) instead of
+      refusing it.
+
+  Raises:
+    ConfigError: a bad config value (before any work).
+    WorkdirMismatchError: the workdir holds another run, is a file or is not writable
+      (before any work).
+    NonFiniteError: the run diverged (NaN or infinity); the last good checkpoint is kept.
+  """
   from stori_jax.fewshot import report  # pylint: disable=import-outside-toplevel
 
-  os.makedirs(workdir, exist_ok=True)
+  validate_config(config)
+  claim_run(config, workdir, restart)
   started = time.time()
   # On several hosts every process computes the same host-side data; process 0 writes files.
   is_main = jax.process_index() == 0
-  split = load_split(config)
+  split = load_split(config)  # first: a missing dataset is named before a missing model
   bundle = load(config.model.source, arch=config.model.get("arch") or None)
+  check_start_block(config, bundle.config.text.layers)
   preprocess = PreprocessConfig(
     bundle.config.vision.image_size, bundle.preprocess_config.mean, bundle.preprocess_config.std
   )
@@ -324,45 +490,70 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     "opt_state": method.optimizer.init(params),
     "step": jnp.zeros((), jnp.int32),
   }
+  # Scalars (step, Adam's count) on the prompt mesh, as the step's outputs are: otherwise the
+  # second step sees other input shardings and compiles the step a second time.
+  state = jax.tree_util.tree_map(
+    lambda x: x if isinstance(x.sharding, NamedSharding) else classifier.replicate(x), state
+  )
+  lr_key = "optim.lr" if method.name == "stori" else "taskres.lr"
+  lr = config.optim.lr if method.name == "stori" else config.taskres.lr
+  watch = NonFiniteWatch(
+    "training",
+    f"The likely cause is the learning rate (config.{lr_key} = {lr:g}; the paper's are 1e-2 to "
+    f"0.1): lower it.",
+  )
   checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=2)
+  # The step is counted on the host: reading it back from the device every step would stall
+  # the pipeline of dispatched steps.
+  step = 0
   if checkpointer.latest_step() is not None:
     state = checkpointer.restore(state)
-    logging.info("Resumed %s from step %d", workdir, int(state["step"]))
-  history = report.read_history(workdir, int(state["step"])) if is_main else []
+    step = watch.last_saved = int(state["step"])
+    require_finite_checkpoint(state["params"], step, checkpointer.directory)
+    if is_main:  # said whatever the log level: a user must know that this run continues another
+      print(f"Resumed {workdir} from step {step} of {total_steps}", file=sys.stderr)
+  history = report.read_history(workdir, step) if is_main else []
   rng_views = lambda epoch: np.random.default_rng((config.seed, epoch, 1))
   bar = tqdm(
     total=total_steps,
-    initial=int(state["step"]),
+    initial=step,
     desc=f"train {method.name}",
     unit="step",
     dynamic_ncols=True,
   )
-  first_epoch, skip = divmod(int(state["step"]), steps_per_epoch)
-  for epoch in range(first_epoch, config.epochs):
-    views = rng_views(epoch).integers(0, train_features.shape[1], len(train_labels))
-    for index in epoch_batches(len(train_labels), config.batch_size, config.seed, epoch)[skip:]:
-      features = classifier.replicate(train_features[index, views[index]])
-      labels = classifier.replicate(train_labels[index])
-      state, metrics = train_step(state, method.context, features, labels)
-      step = int(state["step"])
-      bar.update(1)
-      if step % config.log_every == 0 or step == total_steps:
-        record = {"step": step, "epoch": epoch + 1, **{k: float(v) for k, v in metrics.items()}}
-        if step % config.eval_every == 0 or step == total_steps:
-          emb = embed(state["params"], method.context)
-          record["test_accuracy"] = accuracy_report(
-            emb, test_features, test_labels, split.class_names
-          )["accuracy"]
-        bar.set_postfix(loss=f"{record['loss']:.3f}")
-        history.append(record)
-        if is_main:
-          report.append_history(workdir, record)
-      if step % config.checkpoint_every == 0 or step == total_steps:
-        checkpointer.save(step, state)
-    skip = 0
-  bar.close()
-  checkpointer.wait()
-  checkpointer.close()
+  first_epoch, skip = divmod(step, steps_per_epoch)
+  try:
+    for epoch in range(first_epoch, config.epochs):
+      views = rng_views(epoch).integers(0, train_features.shape[1], len(train_labels))
+      for index in epoch_batches(len(train_labels), config.batch_size, config.seed, epoch)[skip:]:
+        features = classifier.replicate(train_features[index, views[index]])
+        labels = classifier.replicate(train_labels[index])
+        state, metrics = train_step(state, method.context, features, labels)
+        step += 1
+        watch.add(step, metrics.pop("nonfinite"))
+        bar.update(1)
+        if step % config.log_every == 0 or step == total_steps:
+          watch.check(total_steps, workdir)  # nothing non-finite reaches the history
+          record = {"step": step, "epoch": epoch + 1, **{k: float(v) for k, v in metrics.items()}}
+          if step % config.eval_every == 0 or step == total_steps:
+            emb = embed(state["params"], method.context)
+            record["test_accuracy"] = accuracy_report(
+              emb, test_features, test_labels, split.class_names
+            )["accuracy"]
+          bar.set_postfix(loss=f"{record['loss']:.3f}")
+          history.append(record)
+          if is_main:
+            report.append_history(workdir, record)
+        if step % config.checkpoint_every == 0 or step == total_steps:
+          watch.check(total_steps, workdir)  # a checkpoint is always a good one
+          checkpointer.save(step, state)
+          watch.last_saved = step
+      skip = 0
+    watch.check(total_steps, workdir)
+  finally:
+    bar.close()
+    checkpointer.wait()
+    checkpointer.close()
 
   final = to_host(embed(state["params"], method.context))
   trained_report = accuracy_report(final, test_features, test_labels, split.class_names)
@@ -398,6 +589,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       report.write_interpretability(workdir, bank, words)
   if is_main:
     report.plot_history(workdir, history, zero_shot_report["accuracy"])
-    with open(os.path.join(workdir, "metrics.json"), "w", encoding="utf-8") as f:
-      json.dump(metrics, f, indent=2)
+    jsonio.write_json(os.path.join(workdir, "metrics.json"), metrics, indent=2)
   return metrics

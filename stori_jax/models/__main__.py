@@ -9,9 +9,12 @@ repository and file to fetch.
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
+
+from stori_jax import cli
 
 from stori_jax.checkpoints import hub
+from stori_jax.errors import UserError
 from stori_jax.models import registry
 
 flags.DEFINE_enum("paper", None, [registry.MUTUAL, registry.STORI], "Only this paper's models.")
@@ -57,9 +60,9 @@ def table(paper: str | None = None, models_dir: str | None = None) -> str:
 
 def main(argv):
   if len(argv) > 1:
-    raise SystemExit(f"Unexpected arguments {argv[1:]}; see --help.")
+    raise UserError(f"unexpected arguments {argv[1:]}; see --help.")
   print(table(FLAGS.paper, FLAGS.models_dir))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

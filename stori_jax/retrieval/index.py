@@ -11,9 +11,12 @@ import dataclasses
 import hashlib
 import json
 import os
+import tempfile
+import zipfile
 
 import jax
 import numpy as np
+from absl import logging
 from tqdm import tqdm
 
 from stori_jax.evaluation.synthetic_world import encode_images
@@ -79,15 +82,37 @@ def build_index(
   path = None
   if cache_dir:
     path = os.path.join(cache_dir, f"{data.name}-{cache_key(bundle, data)}.npz")
-    if os.path.isfile(path):
-      with np.load(path) as f:
-        embeddings, keys = f["embeddings"], tuple(str(k) for k in f["keys"])
-      if keys == tuple(data.keys):
-        return ImageIndex(embeddings, keys, path, from_cache=True)
+    cached = _read_cache(path) if os.path.isfile(path) else None
+    if cached is not None and cached[1] == tuple(data.keys):
+      return ImageIndex(cached[0], cached[1], path, from_cache=True)
   embeddings = encode_data(bundle, data, batch_size)
   if path:
     os.makedirs(cache_dir, exist_ok=True)
-    tmp = path + ".tmp.npz"  # written whole, then renamed: no half-written cache
-    np.savez(tmp, embeddings=embeddings, keys=np.asarray(data.keys))
-    os.replace(tmp, path)
+    # written whole under a unique name, then renamed: no reader or concurrent writer ever
+    # sees a half-written cache
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+      with os.fdopen(fd, "wb") as f:
+        np.savez(f, embeddings=embeddings, keys=np.asarray(data.keys))
+      os.replace(tmp, path)
+    except BaseException:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+      raise
   return ImageIndex(embeddings, tuple(data.keys), path, from_cache=False)
+
+
+def _read_cache(path: str) -> tuple[np.ndarray, tuple[str, ...]] | None:
+  """(embeddings, keys) of a cache file, or None with a warning when it is unusable
+  (truncated, corrupt, not finite): the index is then rebuilt and the file replaced."""
+  try:
+    with np.load(path) as f:
+      embeddings, keys = f["embeddings"], tuple(str(k) for k in f["keys"])
+  except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+    problem = f"{type(e).__name__}: {e}"
+  else:
+    if embeddings.ndim == 2 and len(embeddings) == len(keys) and np.isfinite(embeddings).all():
+      return embeddings, keys
+    problem = f"embeddings of shape {embeddings.shape} for {len(keys)} keys, or not finite"
+  logging.warning("The index cache %s is unusable (%s); rebuilding it.", path, problem)
+  return None
