@@ -119,7 +119,7 @@ class CLIPBundle:
     with np.errstate(divide="ignore"):  # log 0 = -inf excludes the token.
       log_weights = None if weights is None else np.log(weights)
     blocks = (
-      reweighted_block_indices(self.config.text.layers, start_block, stop_block)
+      reweighted_block_indices(self.config.text, start_block, stop_block)
       if log_weights is not None
       else ()
     )
@@ -160,7 +160,7 @@ class CLIPBundle:
       weights = self.check_weights(weights, ids)
       if weights is None:
         return self._text_fn(self.params, ids, None, (), False)
-      block = reweighted_block_indices(self.config.text.layers, start_block)[0]
+      block = reweighted_block_indices(self.config.text, start_block)[0]
       return self._prompt_weighting_fn(self.params, ids, weights, block)
     if method != "stori":
       raise ValueError(f"method must be 'stori' or 'prompt_weighting', got {method!r}.")

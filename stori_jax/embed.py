@@ -146,7 +146,7 @@ def main(argv):
     bundle = CLIPBundle(config=config, params=init_params(config), source=f"random:{FLAGS.random}")
   else:
     bundle = load(FLAGS.source, arch=FLAGS.arch)
-  _check_blocks(bundle.config.text.layers)
+  _check_blocks(bundle.config.text)
   ids, weights = bundle.tokenize(prompts, with_weights=True)
   features = np.asarray(
     bundle.encode_text(ids, weights, FLAGS.start_block, FLAGS.stop_block, FLAGS.method),
@@ -166,12 +166,12 @@ def main(argv):
     print(f"\nsaved {features.shape} float32 to {path}")
 
 
-def _check_blocks(layers: int) -> None:
+def _check_blocks(text_config) -> None:
   # pylint: disable-next=import-outside-toplevel
   from stori_jax.models.text import reweighted_block_indices
 
   try:
-    reweighted_block_indices(layers, FLAGS.start_block, FLAGS.stop_block)
+    reweighted_block_indices(text_config, FLAGS.start_block, FLAGS.stop_block)
   except ValueError as e:
     raise InputError(f"--start_block/--stop_block: {e}") from None
 

@@ -113,13 +113,11 @@ def _top_k(embeddings: jax.Array, text: jax.Array, k: int):
 
 
 def model_default_start_block(config) -> int:
-  """The first reweighted block (1-indexed) of a model: the one its config stores
-  (`config.text.default_start_block`, measured per model), else the paper's relative depth
-  (`models.text.default_start_block`)."""
+  """The first reweighted block (1-indexed) of a model: the one its config stores, else the
+  paper's relative depth (`models.text.default_start_block`)."""
   from stori_jax.models.text import default_start_block  # pylint: disable=import-outside-toplevel
 
-  block = getattr(config.text, "default_start_block", None)
-  return default_start_block(config.text.layers) if block is None else int(block)
+  return default_start_block(config.text)
 
 
 class Explorer:

@@ -2,6 +2,7 @@ r"""Contrastive CLIP pretraining on the synthetic world (the embedded default mo
 
   python -m stori_jax.pretrain --config configs/tiny_clip_pretrain.py --workdir /tmp/tiny_clip
   python -m stori_jax.pretrain --config configs/tiny_clip_pretrain.py --config.total_steps=200
+  python -m stori_jax.pretrain --config configs/tiny_clip_weight_response.py   # second stage
 
 Every step draws a fresh batch from the generator, seeded by (seed, step), so
 a run killed at any point and restarted with the same workdir resumes from its
@@ -427,6 +428,13 @@ def _define_flags():
 def main(argv):
   del argv
   config = flags.FLAGS.config
+  if config.get("stage") == "weight_response":
+    # The second stage of the shipped tiny CLIP (configs/tiny_clip_weight_response.py).
+    from stori_jax import weight_response  # pylint: disable=import-outside-toplevel
+
+    workdir = flags.FLAGS.workdir or os.path.join("workdirs", "weight_response")
+    weight_response.train(config, workdir, restart=flags.FLAGS.restart)
+    return
   workdir = flags.FLAGS.workdir or os.path.join("workdirs", "pretrain")
   train(config, workdir, restart=flags.FLAGS.restart)
 

@@ -92,6 +92,11 @@ def main(argv):
     )
     medians = ", ".join(f"{k} {v:.2f}" for k, v in metrics["median_word_weight"].items())
     print(f"  median word weight by kind: {medians}")
+    explained = metrics["classes_with_discriminating_top3"]
+    print(
+      f"  classes with a discriminating word among their 3 top-weighted words: "
+      f"{len(explained)} of {len(metrics['top_words'])}"
+    )
   for name, words in metrics.get("top_words", {}).items():
     shown = ", ".join(f"{w} {v:.2f}" for w, v in words)
     print(f"  {name:<22} top words: {shown}")

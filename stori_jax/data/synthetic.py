@@ -237,9 +237,29 @@ def generate(
   Returns:
     SyntheticBatch with images uint8 [n, image_size, image_size, 3].
   """
+  rng = np.random.default_rng(seed)
+  ids, background = _random_scenes(n, rng, max_objects, two_object_fraction)
+  return _build_batch(ids, background, rng, image_size=image_size, jitter=jitter)
+
+
+def random_captions(
+  n: int, seed: int | Sequence[int], *, max_objects: int = 2, two_object_fraction: float = 0.35
+) -> tuple[str, ...]:
+  """The captions `generate(n, seed, ...)` gives, without rendering the images (the text
+  side of the world, e.g. for training a text tower alone)."""
+  rng = np.random.default_rng(seed)
+  ids, background = _random_scenes(n, rng, max_objects, two_object_fraction)
+  ids = {f: np.asarray(ids[f], np.int64) for f in FAMILIES}
+  return _captions(ids, np.asarray(background, np.int64), rng)[0]
+
+
+def _random_scenes(
+  n: int, rng: np.random.Generator, max_objects: int, two_object_fraction: float
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+  """Attribute ids {family: int [n, max_objects]} (-1: no object) and background ids [n] of
+  random scenes, drawn from `rng` (the draws `generate` makes before rendering)."""
   if max_objects not in (1, 2):
     raise ValueError(f"max_objects must be 1 or 2, got {max_objects}")
-  rng = np.random.default_rng(seed)
   two = rng.random(n) < (two_object_fraction if max_objects == 2 else 0.0)
   ids = {
     f: rng.integers(0, len(VOCABULARIES[f]), size=(n, max_objects))
@@ -258,7 +278,7 @@ def generate(
       ids[f][~two, 1] = -1
   ids["position"] = position
   background = rng.integers(0, len(BACKGROUNDS), size=n)
-  return _build_batch(ids, background, rng, image_size=image_size, jitter=jitter)
+  return ids, background
 
 
 def generate_with(

@@ -260,6 +260,25 @@ def word_rank_auc(
   return float(wins / pairs)
 
 
+def classes_with_discriminating_top_words(
+  top_words: Mapping[str, Sequence[tuple[str, float]]],
+  classes: Sequence[ClassSpec | str],
+  top: int = 3,
+) -> list[str]:
+  """The classes whose `top` highest-weighted words include one of their discriminating words.
+
+  Args:
+    top_words: per class name, its words by decreasing mean weight over its prompts
+      (`fewshot.report.class_top_words`).
+    classes: every class of the task.
+  """
+  return [
+    name
+    for name, words in top_words.items()
+    if discriminating_words(name, classes) & {word for word, _ in words[:top]}
+  ]
+
+
 def word_weight_medians(
   prompt_words: Sequence[Sequence[tuple[str, float]]], prompt_classes: Sequence[str]
 ) -> dict[str, float]:

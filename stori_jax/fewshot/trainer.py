@@ -120,6 +120,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   checks.integer("batch_size", minimum=1)
   checks.integer("epochs", minimum=1)
   checks.number("optim.lr", above=0)
+  if "log_weight_penalty" in config.optim:
+    checks.number("optim.log_weight_penalty", minimum=0)
   checks.number("taskres.alpha", minimum=0)
   checks.number("taskres.lr", above=0)
   checks.number("taskres.weight_decay", minimum=0)
@@ -337,14 +339,36 @@ class Method:
   #: params -> the weights the run reports (SToRI: w = exp(log w), which overflows float32
   #: above log w ~ 88 even while log w is finite).
   reported: Callable[[Any], Any] = lambda params: params
+  #: params -> a scalar added to the loss (SToRI: the log-weight penalty; 0 by default).
+  penalty: Callable[[Any], jax.Array] = lambda params: jnp.zeros((), jnp.float32)
 
 
 def _schedule(lr: float, total_steps: int):
   return optax.cosine_decay_schedule(lr, max(total_steps, 1))
 
 
+def log_weight_penalty(classifier: WeightedTextClassifier, strength: float):
+  """log-weights -> strength * mean over the prompts' tokens of (log w)^2.
+
+  Beyond the paper (its objective is the cross-entropy alone, `strength` 0): an L2 prior on
+  the log-weights centred on w = 1, the plain prompt. With Adam, whose steps have about the
+  same size whatever the gradient's, every weight otherwise drifts to the end of its range
+  along the sign of a small gradient; the prior keeps a word's weight at 1 unless the data
+  keep pushing it, so the words that decide the classes are the ones that move.
+  """
+  masks = [np.asarray(b.ids != 0, np.float32) for b in classifier.bank.buckets]
+  count = max(sum(float(m.sum()) for m in masks), 1.0)
+
+  def penalty(log_weights):
+    total = sum(jnp.sum(m * jnp.square(lw)) for m, lw in zip(masks, log_weights))
+    return strength * total / count
+
+  return penalty
+
+
 def stori_method(config, classifier: WeightedTextClassifier, total_steps: int) -> Method:
-  # Paper App. A.1: Adam, cosine schedule, no weight decay.
+  # Paper App. A.1: Adam, cosine schedule, no weight decay; optionally the log-weight prior.
+  strength = float(config.optim.get("log_weight_penalty", 0.0))
   return Method(
     "stori",
     classifier.init_log_weights,
@@ -352,6 +376,11 @@ def stori_method(config, classifier: WeightedTextClassifier, total_steps: int) -
     classifier.data,
     optax.adam(_schedule(config.optim.lr, total_steps)),
     reported=lambda log_weights: jax.tree_util.tree_map(jnp.exp, log_weights),
+    penalty=(
+      log_weight_penalty(classifier, strength)
+      if strength > 0
+      else (lambda params: jnp.zeros((), jnp.float32))
+    ),
   )
 
 
@@ -388,11 +417,13 @@ def epoch_batches(num_images: int, batch_size: int, seed: int, epoch: int):
 def make_train_step(method: Method, logit_scale: float):
   def loss_fn(params, context, features, labels):
     embeddings = method.class_embeddings(params, context)
-    return cross_entropy_loss(embeddings, features, labels, logit_scale)
+    loss, accuracy = cross_entropy_loss(embeddings, features, labels, logit_scale)
+    # The history reports the cross-entropy; the gradient also follows the penalty.
+    return loss + method.penalty(params), (loss, accuracy)
 
   @jax.jit
   def train_step(state, context, features, labels):
-    (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+    (_, (loss, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
       state["params"], context, features, labels
     )
     updates, opt_state = method.optimizer.update(grads, state["opt_state"], state["params"])
@@ -584,6 +615,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
         for against in ("nuisance", "other")
       }
       metrics["median_word_weight"] = synthetic_tasks.word_weight_medians(words, prompt_classes)
+      metrics["classes_with_discriminating_top3"] = (
+        synthetic_tasks.classes_with_discriminating_top_words(
+          metrics["top_words"], split.class_names, top=3
+        )
+      )
     if is_main:
       report.write_weights(workdir, bundle.tokenizer, bank, weights, words)
       report.write_interpretability(workdir, bank, words)

@@ -25,6 +25,17 @@ class TextConfig:
   mlp_dim: int | None = None  # None: 4 * width.
   activation: str = "quick_gelu"
   eot_token_id: int = 49407  # Pooling reads the first position holding this id.
+  # First block SToRI reweights when none is asked for (1-indexed). None: the paper's relative
+  # depth, layers // 2 + 1. A checkpoint may store its own, measured with
+  # `python -m stori_jax.start_block` (the shipped tiny CLIP does).
+  default_start_block: int | None = None
+
+  def __post_init__(self):
+    if self.default_start_block is not None and not 1 <= self.default_start_block <= self.layers:
+      raise ValueError(
+        f"text.default_start_block {self.default_start_block} is outside the text tower's "
+        f"blocks 1..{self.layers}."
+      )
 
   @property
   def mlp_width(self) -> int:

@@ -9,28 +9,39 @@ import jax
 import jax.numpy as jnp
 
 from stori_jax.models.attention import causal_mask
+from stori_jax.errors import InputError
 from stori_jax.models.config import TextConfig
 from stori_jax.models.transformer import ResidualBlock, layer_norm
 
 
-def default_start_block(layers: int) -> int:
-  """First reweighted block (1-indexed) at the paper's relative depth.
+def default_start_block(text: "TextConfig | int") -> int:
+  """First reweighted block (1-indexed) when none is asked for.
 
-  The paper reweights blocks 7-12 of ViT-L/14's 12-block text tower, i.e. the
-  second half; for another depth we start at the same relative position,
-  layers // 2 + 1 (6 blocks: 4-6; 24 blocks: 13-24).
+  A text config that stores its own (`TextConfig.default_start_block`, measured for that
+  model) gives it. Otherwise the paper's relative depth: it reweights blocks 7-12 of ViT-L/14's
+  12-block text tower, i.e. the second half; for another depth we start at the same relative
+  position, layers // 2 + 1 (6 blocks: 4-6; 24 blocks: 13-24).
   """
-  return layers // 2 + 1
+  if isinstance(text, TextConfig):
+    if text.default_start_block is not None:
+      return int(text.default_start_block)
+    text = text.layers
+  return int(text) // 2 + 1
 
 
 def reweighted_block_indices(
-  layers: int, start_block: int | None = None, stop_block: int | None = None
+  text: "TextConfig | int", start_block: int | None = None, stop_block: int | None = None
 ) -> tuple[int, ...]:
-  """0-indexed blocks that apply log-weights: start_block..stop_block (1-indexed, inclusive)."""
-  start = default_start_block(layers) if start_block is None else start_block
+  """0-indexed blocks that apply log-weights: start_block..stop_block (1-indexed, inclusive).
+
+  `text` is the text tower's config (its stored default start block applies) or its number of
+  blocks; start_block None: `default_start_block(text)`; stop_block None: the last block.
+  """
+  layers = text.layers if isinstance(text, TextConfig) else int(text)
+  start = default_start_block(text) if start_block is None else start_block
   stop = layers if stop_block is None else stop_block
   if not 1 <= start <= stop <= layers:
-    raise ValueError(
+    raise InputError(
       f"Reweighting blocks {start}..{stop} are outside the text tower's blocks 1..{layers} "
       "(start_block and stop_block are 1-indexed and inclusive)."
     )

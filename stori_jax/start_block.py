@@ -1,0 +1,79 @@
+r"""Measures which text block SToRI should start reweighting at, for any model (the paper's
+App. C.6, generalised; see stori_jax.retrieval.start_block).
+
+  python -m stori_jax.start_block --model tiny-synthetic
+  python -m stori_jax.start_block --model checkpoints/clip-vit-base-patch32 \
+      --data_config configs/retrieval_celeba3.py --workdir workdirs/start_block_b32
+
+Prints a table (one row per start block: dAP and category-AUC gap per unit log-weight, and
+the effect of weight 0) and the recommended default, and writes start_block.json and
+start_block.png to the workdir. To make the recommendation a model's default, set
+`text.default_start_block` in its stori_config.json (python -m stori_jax.convert writes one).
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import flags
+
+from stori_jax import cli, jsonio, run_identity
+from stori_jax.config_files import load_config
+from stori_jax.errors import UserError
+
+_MODEL = flags.DEFINE_string(
+  "model", "tiny-synthetic", "Model to measure (any stori_jax.load source)."
+)
+_DATA = flags.DEFINE_string(
+  "data_config",
+  "configs/retrieval_synthetic.py",
+  "Retrieval config whose `data` block is the probe set (prompts with several attributes).",
+)
+_WORKDIR = flags.DEFINE_string("workdir", "workdirs/start_block", "Where the table and plot go.")
+_RESTART = flags.DEFINE_bool(
+  "restart",
+  False,
+  "Move a workdir made for another model or probe set aside instead of refusing it.",
+)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
+  import stori_jax  # pylint: disable=import-outside-toplevel
+  from stori_jax.retrieval import start_block  # pylint: disable=import-outside-toplevel
+
+  path, _, argument = _DATA.value.partition(":")
+  if not os.path.isfile(path):
+    raise UserError(f"--data_config: no config file {path}; pass a retrieval config (.py).")
+  data_config = load_config(path, argument or None)
+  run_identity.claim_workdir(
+    _WORKDIR.value,
+    {"model": _MODEL.value, "data": data_config.data},
+    restart=_RESTART.value,
+    what="start-block measurement",
+  )
+  bundle = stori_jax.load(_MODEL.value)
+  sweep = start_block.measure(bundle, data_config.data, cache_dir=data_config.get("cache_dir"))
+  os.makedirs(_WORKDIR.value, exist_ok=True)
+  jsonio.write_json(
+    os.path.join(_WORKDIR.value, "start_block.json"), {"model": _MODEL.value, **sweep}, indent=1
+  )
+  start_block.plot_sweep(
+    sweep,
+    os.path.join(_WORKDIR.value, "start_block.png"),
+    f"{_MODEL.value}: response to token weights by first reweighted block ({sweep['data']})",
+  )
+  default = stori_jax.models.default_start_block(bundle.config.text)
+  print(
+    f"{_MODEL.value} on {sweep['data']} ({sweep['n_tasks']} prompts, {sweep['n_images']} images)"
+  )
+  print(start_block.format_table(sweep))
+  print(
+    f"recommended start block: {sweep['recommended']} (the model's default: {default}); "
+    f"wrote start_block.json and start_block.png to {_WORKDIR.value}"
+  )
+
+
+if __name__ == "__main__":
+  cli.run(main)
