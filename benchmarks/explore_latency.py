@@ -31,7 +31,7 @@ from stori_jax import explore, jsonio
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.data import synthetic
-from stori_jax.evaluation.synthetic_world import encode_images
+from stori_jax.encoding import encode_images
 from stori_jax.models import init_params
 
 flags.DEFINE_integer("images", 10_000, "Indexed images.")

@@ -32,7 +32,7 @@ from sklearn.preprocessing import MinMaxScaler
 
 import stori_jax
 from mutual import pipeline, report
-from mutual.analyze import analysis_config
+from mutual.paper_config import analysis_config
 from stori_jax.data import synthetic
 from stori_jax.parity import random_pair
 

@@ -482,7 +482,7 @@ def benchmark():
   compile_s["ours"] += _timed(ours_step)
 
   # 2. Naive JAX.
-  blocks = reweighted_block_indices(config.text.layers, FLAGS.start_block)
+  blocks = reweighted_block_indices(config.text, FLAGS.start_block)
   naive_optimizer = optax.adam(_schedule(total_steps))
   naive_step = make_naive_step(
     bundle.model, blocks, FLAGS.num_classes, bundle.logit_scale, naive_optimizer
@@ -610,7 +610,7 @@ class _ShapeOnlyClassifier(WeightedTextClassifier):
 
   def __init__(self, bundle, bank, start_block, mesh):  # pylint: disable=super-init-not-called
     self.bundle, self.bank, self.mesh = bundle, bank, mesh
-    self.reweight_blocks = reweighted_block_indices(bundle.config.text.layers, start_block)
+    self.reweight_blocks = reweighted_block_indices(bundle.config.text, start_block)
     self.first = self.reweight_blocks[0]
     self.num_classes = bank.num_classes
     self._sharded = NamedSharding(mesh, PartitionSpec(AXIS))

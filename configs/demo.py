@@ -43,7 +43,7 @@ def get_config():
   config.prompts = ml_collections.ConfigDict(
     dict(cupl_path="", per_class=0, rare_tokens=0, use_base=True)
   )
-  # Reweighting from the paper's relative depth (blocks 4-6 of the tiny 6-block tower).
+  # None: the model's default start block (the shipped tiny CLIP stores 4: blocks 4-6 of 6).
   config.start_block = ml_collections.config_dict.placeholder(int)
   config.views = 4  # Cached augmented views per training image.
   # Flips only: the objects fill a small part of a 64x64 image, and a random crop cuts them off

@@ -2,19 +2,21 @@ r"""Table 1 and the paper's protocols on ImageNet val with OpenAI ViT-B/16 (the 
 
 python -m mutual.evaluate --config configs/mutual_eval_imagenet.py --workdir DIR \
   --config.data.root=/data/imagenet/val \
+  --config.data.classnames=/data/imagenet/classnames.txt \
   --config.data.descriptors=data/descriptors/descriptors_imagenet.json \
   --config.baselines.data.root=/data/imagenet/train
 
-The analysis is configs/mutual_imagenet.py's. The baselines train on ImageNet's train split
-(folder <root>/<wnid>/<images>, or --config.baselines.data.source=tfds with split "train") at
-App. D's settings: Adam, batch 64, learning rate 1e-4 decayed by a cosine to 1e-5, q = 512.
+The analysis is configs/mutual_imagenet.py's (classnames.txt: CoOp's "<wnid> <class name>" per
+line, which pairs the wnid folders of both splits with the descriptor classes). The baselines
+train on ImageNet's train split (folder <root>/<wnid>/<images>, or
+--config.baselines.data.source=tfds with split "train") at App. D's settings: Adam, batch 64,
+learning rate 1e-4 decayed by a cosine to 1e-5, q = 512.
 The paper trains on the full train set; here the patch features are cached in memory (ViT-B/16
 tokens in float16: 301 KB per image), so the default takes 20 images per class (20,000 images,
 6 GB); raise `images_per_class` where memory allows (0: all).
 """
 
-from mutual import protocols
-from mutual.evaluate import baselines_config, evaluation_config
+from mutual.paper_config import baselines_config, evaluation_config, protocols_config
 from stori_jax.config_files import sibling_config
 
 
@@ -27,5 +29,5 @@ def get_config():
     cache_dtype="float16",
     train=dict(epochs=10),
   )
-  config.protocols = protocols.protocols_config()
+  config.protocols = protocols_config()
   return config

@@ -1,22 +1,31 @@
 """Table 1 and the paper's protocols on the embedded synthetic world (offline default).
 
 python -m mutual.evaluate --config configs/mutual_eval_synthetic.py --workdir workdirs/eval_synthetic
+python -m mutual.evaluate --config configs/mutual_eval_synthetic.py:smoke --workdir DIR
 
 The analysis is configs/mutual_synthetic.py's (the shipped tiny CLIP, the world's 12 few-shot
 classes, 16 fresh images each, D = 48 descriptors). The baselines train on 128 other images per
 class (seed 1 of the same stream; the evaluation images are seed 0), with q, the learning rate
 and the epochs scaled to the tiny model (App. D's ImageNet values: configs/mutual_eval_imagenet.py).
 A few minutes on 2 CPU cores.
+
+`:smoke` (`:variant=smoke`) evaluates 2 classes x 4 images with baselines trained for 2 epochs on
+8 images per class and 2 random orders: every output of the command, quickly (the tests' run).
 """
 
 import ml_collections
 
-from mutual import protocols
-from mutual.analyze import analysis_config
-from mutual.evaluate import baselines_config, evaluation_config
+from mutual.paper_config import (
+  analysis_config,
+  baselines_config,
+  config_arguments,
+  evaluation_config,
+  protocols_config,
+)
 
 
-def get_config():
+def get_config(argument=None):
+  variant = config_arguments(argument, __file__, variant=("full", "smoke"))["variant"]
   config = ml_collections.ConfigDict()
   config.name = "mutual_eval_synthetic"
   config.model = ml_collections.ConfigDict(dict(source="tiny-synthetic", name="tiny-synthetic"))
@@ -33,5 +42,11 @@ def get_config():
     feature_maps=dict(block_size=2),  # 8 x 8 patch grid
     train=dict(epochs=20, learning_rate=3e-3, final_learning_rate=3e-4),
   )
-  config.protocols = protocols.protocols_config(table2=dict(added_per_class=3))
+  config.protocols = protocols_config(table2=dict(added_per_class=3))
+  if variant == "smoke":
+    config.data.classes = (0, 7)
+    config.data.images_per_class = 4
+    config.baselines.data.images_per_class = 8
+    config.baselines.train.epochs = 2
+    config.evaluation.random_draws = 2
   return config

@@ -5,11 +5,11 @@ python -m mutual.analyze --config configs/mutual_food101.py --workdir DIR \
 TFDS: --config.data.source=tfds (food101, its validation split).
 """
 
-from mutual.analyze import real_config
+from mutual.paper_config import real_dataset_config
 
 # Paper Table 8.
 TEMPLATES = ("a photo of {c}, a type of food.",)
 
 
 def get_config():
-  return real_config("food101", "food101", TEMPLATES)
+  return real_dataset_config("food101", "food101", TEMPLATES)

@@ -5,11 +5,11 @@ python -m mutual.analyze --config configs/mutual_places365.py --workdir DIR \
 TFDS: --config.data.source=tfds (places365_small).
 """
 
-from mutual.analyze import real_config
+from mutual.paper_config import real_dataset_config
 
 # Paper Table 8.
 TEMPLATES = ("a photo taken in an {c}.", "a photo of a {c}.", "a scene taken in a {c}.")
 
 
 def get_config():
-  return real_config("places365", "places365_small", TEMPLATES)
+  return real_dataset_config("places365", "places365_small", TEMPLATES)

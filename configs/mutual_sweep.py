@@ -2,11 +2,15 @@ r"""Table 3 and Figure 3 (right) of the mutual-knowledge paper: its 13 models on
 
   python -m mutual.sweep --config configs/mutual_sweep.py --workdir DIR \
     --config.data.root=/data/imagenet/val \
+    --config.data.classnames=/data/imagenet/classnames.txt \
     --config.data.descriptors=data/descriptors/descriptors_imagenet.json
   python -m mutual.sweep --config configs/mutual_sweep.py:random --workdir DIR   # offline check
+  python -m mutual.sweep --config configs/mutual_sweep.py:smoke --workdir DIR    # < 1 minute
 
-Data and analysis settings are configs/mutual_imagenet.py's (TFDS: --config.data.source=tfds
---config.data.root=TFDS_DATA_DIR; a subset: --config.data.classes / images_per_class).
+Data and analysis settings are configs/mutual_imagenet.py's (classnames.txt: CoOp's "<wnid>
+<class name>" per line, pairing the wnid folders with the descriptor classes; TFDS:
+--config.data.source=tfds --config.data.root=TFDS_DATA_DIR; a subset: --config.data.classes /
+images_per_class).
 Sweep fields:
   models              registry names (default the study's 13: `python -m stori_jax.models
                       --paper mutual-knowledge` lists them and whether their weights are here);
@@ -26,21 +30,35 @@ Sweep fields:
                       at least a 2 x 2 grid; 0: each model's own size), shrink (divide widths by
                       it and keep <= 2 blocks per stage; 1: the real architectures) and seed.
 
-`:random` is the offline path: random-weight instances of all 13 architectures at about 64 px on
-the embedded synthetic world with its descriptor bank (configs/mutual_synthetic.py's data and
-analysis), 4 images per class. It exercises every stage of the sweep for every tower; its numbers
-carry no meaning.
+The argument (`:variant=NAME`, or just `:NAME`) picks one of:
+  imagenet   (default) the study: the 13 models on ImageNet val, as above
+  random     the offline path: random-weight instances of all 13 architectures at about 64 px on
+             the embedded synthetic world with its descriptor bank (configs/mutual_synthetic.py's
+             data and analysis), 4 images per class. It exercises every stage of the sweep for
+             every tower; its numbers carry no meaning.
+  smoke      `random` for one architecture per tower kind (ViT, ResNet, ConvNeXt), widths shrunk
+             16x, on 2 classes x 2 images: the whole path in under a minute on 2 CPU cores
+             (the tests' run)
 """
 
-from mutual.sweep import sweep_config
+from mutual.paper_config import config_arguments, sweep_config
 from stori_jax.config_files import sibling_config
 
+#: One model per tower kind; shrunk 16x their embedding dims (32 / 64 / 40) and feature dims
+#: (48 / 128 / 64, on one 2 x 2 grid) all differ, so both zero paddings are exercised.
+SMOKE_MODELS = ("openai-vit-b-32", "openai-rn50", "laion-aesthetic-convnext-base-w")
 
-def get_config(argument="imagenet"):
-  if argument == "imagenet":
+
+def get_config(argument=None):
+  variant = config_arguments(argument, __file__, variant=("imagenet", "random", "smoke"))["variant"]
+  if variant == "imagenet":
     return sweep_config(sibling_config(__file__, "mutual_imagenet"))
-  if argument == "random":
-    config = sweep_config(sibling_config(__file__, "mutual_synthetic"), random_weights=True)
-    config.data.images_per_class = 4
-    return config
-  raise ValueError(f"configs/mutual_sweep.py takes 'imagenet' or 'random', got {argument!r}.")
+  config = sweep_config(sibling_config(__file__, "mutual_synthetic"), random_weights=True)
+  config.data.images_per_class = 4
+  if variant == "smoke":
+    config.name = "mutual_sweep_smoke"
+    config.models = SMOKE_MODELS
+    config.random_models.shrink = 16
+    config.data.classes = (0, 5)
+    config.data.images_per_class = 2
+  return config

@@ -1,19 +1,24 @@
 """Mutual knowledge on the embedded synthetic world with the shipped tiny CLIP (offline default).
 
 python -m mutual.analyze --config configs/mutual_synthetic.py --workdir workdirs/mutual_synthetic
+python -m mutual.analyze --config configs/mutual_synthetic.py:smoke --workdir DIR  # ~20 s
 
 The world's 12 few-shot classes, `images_per_class` fresh images each (B), and a bank of D = 48
 descriptors: every attribute value's phrases plus distractors (stori_jax.data.synthetic_tasks), so
 that the analysis can be checked against the generator's ground truth. k and u are scaled to the
 small bank (ImageNet: k = 500 and u = 50 of D = 4,229).
+
+`:smoke` (`:variant=smoke`) analyses one class (4 images) with 2 figures: every output of the
+command, quickly (the tests' run).
 """
 
 import ml_collections
 
-from mutual.analyze import analysis_config
+from mutual.paper_config import analysis_config, config_arguments
 
 
-def get_config():
+def get_config(argument=None):
+  variant = config_arguments(argument, __file__, variant=("full", "smoke"))["variant"]
   config = ml_collections.ConfigDict()
   config.name = "mutual_synthetic"
   config.model = ml_collections.ConfigDict(dict(source="tiny-synthetic", name="tiny-synthetic"))
@@ -32,4 +37,8 @@ def get_config():
   config.batch_size = 256
   config.figures_per_class = 4
   config.figure_classes = 3
+  if variant == "smoke":
+    config.data.classes = (2,)
+    config.data.images_per_class = 4
+    config.figures_per_class = 2
   return config

@@ -2,7 +2,8 @@ r"""Mutual-knowledge analysis of a CLIP model on a dataset, class by class.
 
   python -m mutual.analyze --config configs/mutual_synthetic.py --workdir workdirs/mutual
   python -m mutual.analyze --config configs/mutual_imagenet.py --workdir DIR \
-      --config.data.root=/data/imagenet/val --config.data.descriptors=/data/descriptors_imagenet.json
+      --config.data.root=/data/imagenet/val --config.data.classnames=/data/imagenet/classnames.txt \
+      --config.data.descriptors=/data/descriptors_imagenet.json
 
 Writes to the workdir:
   per_image/<class index>/<image index>.json   concepts, descriptors, mutual concepts, MI curve, AUC
@@ -19,86 +20,12 @@ from __future__ import annotations
 import os
 import time
 
-import ml_collections
 from absl import logging
 from tqdm import tqdm
 
 import stori_jax
-from mutual import cli, data, descriptors, pipeline, report
+from mutual import cli, data, pipeline, report
 from stori_jax import cli as stori_cli
-from stori_jax.data import synthetic_tasks
-
-
-def analysis_config(**overrides) -> ml_collections.ConfigDict:
-  """The analysis settings (config.analysis) at the paper / reference values (App. K)."""
-  values = dict(
-    methods=("pca", "kmeans"),
-    feature_kind="tokens",  # or "keys" (App. A.1)
-    joint_foreground=True,  # one spectral split over the B images (reference); False: per image
-    center_features=False,  # centre the patch features before the split (not in the reference)
-    n_concepts=5,  # L
-    kmeans_seed=0,
-    crf=True,
-    top_k=500,  # k: per-concept top descriptors intersected
-    relevance="mean",  # reference: > mean - offset; "median": paper, > median + offset
-    relevance_offset=0.02,
-    solver="ott",  # or "reference": 1,000 plain row / column normalisations
-    ot_scale=2.5,  # P = exp(2.5 * scores / epsilon)
-    ot_epsilon=1.0,  # 1 / tau, tau = 1
-    ot_iterations=1000,
-    ot_threshold=1e-6,
-    ot_max_iterations=2000,
-    top_descriptors=3,  # per concept
-    u=50,  # language-side descriptors of the predicted class
-    mi_formula="reference",  # "eq1" or "table": see mutual.information
-    class_prompts="descriptors",  # or "templates" (paper Table 8)
-    templates=("a photo of a {c}.",),
-    descriptor_template="{c}, which has {d}.",
-  )
-  values.update(overrides)
-  return ml_collections.ConfigDict(values)
-
-
-def real_config(
-  dataset: str, tfds_name: str, templates, root: str = "", descriptors_path: str = ""
-):
-  """Config for a real dataset with OpenAI's ViT-B/16 (the reference's model)."""
-  config = ml_collections.ConfigDict()
-  config.name = f"mutual_{dataset}"
-  config.model = ml_collections.ConfigDict(
-    dict(source="openai/clip-vit-base-patch16", name="ViT-B/16")
-  )
-  config.data = ml_collections.ConfigDict(
-    dict(
-      source="folder",  # or "tfds"
-      dataset=dataset,
-      root=root,  # image folder <root>/<class>/<images>, or the TFDS data_dir
-      tfds_name=tfds_name,
-      split="validation",
-      descriptors=descriptors_path or f"data/descriptors/{data.DESCRIPTOR_FILES[dataset]}",
-      # CoOp classnames.txt (<folder> <name> per line): needed where folders are ids
-      # (ImageNet's wnids); default: folders are matched to the descriptor keys by name.
-      classnames="",
-      # Leave out (and list) folders without descriptors, descriptor classes without images
-      # and empty classes, instead of stopping.
-      skip_missing_classes=False,
-      images_per_class=0,  # 0: all
-      classes=(),  # class indices to analyse (after matching); empty: all
-    )
-  )
-  config.analysis = analysis_config(class_prompts="templates", templates=tuple(templates))
-  config.batch_size = 256  # text encoding
-  config.figures_per_class = 4
-  config.figure_classes = 3
-  return config
-
-
-def bank_descriptors(config, per_class) -> list[str]:
-  """The descriptor bank D of a config: the synthetic vocabulary, or the unique descriptors of
-  the classes (`per_class`: {class name: descriptors})."""
-  if config.data.source == "synthetic" and config.data.get("bank", "classes") == "vocabulary":
-    return list(synthetic_tasks.DESCRIPTOR_ATTRIBUTES)
-  return descriptors.unique_descriptors(per_class)
 
 
 def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
@@ -112,22 +39,10 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   cli.claim_workdir(config, workdir, restart, "mutual-knowledge analysis")
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
-  class_names, per_class = list(dataset.names), dataset.descriptors
+  class_names = list(dataset.names)
   classes = dataset.classes(size)
-  lists = dataset.lists()
-  bank_list = bank_descriptors(config, per_class)
   a = config.analysis
-  bank = pipeline.encode_bank(
-    bundle,
-    class_names,
-    lists,
-    bank_list,
-    mode=a.class_prompts,
-    templates=tuple(a.templates),
-    descriptor_template=a.descriptor_template,
-    batch_size=config.batch_size,
-    progress=progress,
-  )
+  bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
   methods = tuple(a.methods)
   records, figured = [], 0
   start, n_images = time.perf_counter(), 0

@@ -24,8 +24,8 @@ from stori_jax.errors import UserError
 
 def define_flags(kind: str) -> None:
   """--config (a config file, locked), --workdir and --restart. Called only when run as a
-  program: the config files import the modules for their defaults, and importing must not claim
-  flags."""
+  program: tests and other code import the command modules (for `run`), and importing must not
+  claim flags."""
   config_flags.DEFINE_config_file("config", None, f"{kind} config file.", lock_config=True)
   flags.DEFINE_string("workdir", None, "Output directory.")
   flags.DEFINE_bool(

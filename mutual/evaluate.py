@@ -3,7 +3,9 @@ mutual.protocols (Table 2, App. A.2-A.4), in one run.
 
   python -m mutual.evaluate --config configs/mutual_eval_synthetic.py --workdir workdirs/eval
   python -m mutual.evaluate --config configs/mutual_eval_imagenet.py --workdir DIR \
-      --config.data.root=/data/imagenet/val --config.baselines.data.root=/data/imagenet/train
+      --config.data.root=/data/imagenet/val --config.data.classnames=/data/imagenet/classnames.txt \
+      --config.data.descriptors=data/descriptors/descriptors_imagenet.json \
+      --config.baselines.data.root=/data/imagenet/train
 
 Table 1 compares the multimodal explanations of the analysis (mutual.pipeline, PCA and K-means
 concepts) with the three trained baselines of App. D (mutual.baselines, trained on cached
@@ -31,7 +33,6 @@ from tqdm import tqdm
 
 import stori_jax
 from mutual import (
-  analyze,
   baselines,
   cli,
   data,
@@ -47,48 +48,6 @@ from stori_jax.config_files import ConfigError
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.plotting import pyplot
 from stori_jax.preprocess import normalize
-
-METHOD_TITLES = {"pca": "PCA", "kmeans": "K-means"}
-
-
-def evaluation_config(**overrides) -> ml_collections.ConfigDict:
-  """config.evaluation: the XAI metrics' settings (mutual.xai) and the protocols to run."""
-  values = dict(
-    score_scale=xai.SCORE_SCALE,  # class score = 2.5 x cosine (App. E, Fig. 7)
-    blur_sigma=16.0,  # heavy blur: sigma in pixels at 224 px, scaled with the image size
-    batch_size=256,  # images per encode call
-    random_draws=3,  # random concept orderings averaged for the "Random order" rows
-    seed=0,
-    protocols=protocols.PROTOCOLS,  # any of table2, ot_entropy, blur, bank_quality
-  )
-  values.update(overrides)
-  return ml_collections.ConfigDict(values)
-
-
-def baselines_config(data_overrides=None, **overrides) -> ml_collections.ConfigDict:
-  """config.baselines at App. D's values (ImageNet; the synthetic config scales them down).
-
-  data: the training images (config.data's keys override config.data for them): for the
-  synthetic world a seed different from the evaluation's; for real data the train split.
-  """
-  values = dict(
-    enabled=True,
-    n_concepts=5,  # L, as the analysis's
-    width=512,  # q
-    gumbel_temperature=1.0,
-    region_threshold=0.5,  # attention maps, min-max normalised, kept >= this
-    cache_dtype="float32",  # or "float16" to halve the cached features
-    feature_maps=dict(threshold=0.9, skip_object=True, drop_rate=0.5, block_size=3),
-    train=dict(epochs=10, batch_size=64, learning_rate=1e-4, final_learning_rate=1e-5, seed=0),
-    data=dict(data_overrides or {}),
-  )
-  for key, value in overrides.items():
-    if isinstance(value, dict) and isinstance(values.get(key), dict):
-      values[key] = {**values[key], **value}
-    else:
-      values[key] = value
-  return ml_collections.ConfigDict(values)
-
 
 # ---------------------------------------------------------------------------------------------
 # Data.
@@ -173,7 +132,7 @@ def explanations(cls, result, config, baseline_explanations=None) -> dict:
     masks = np.asarray(xai.label_masks(r["pixel_maps"], n))
     valid = np.asarray(r["concept_valid"]) & masks.any(axis=(2, 3))
     ids, ids_valid = r["concept_ids"][:, :, 0], r["concept_ids_valid"][:, :, 0]
-    out[f"Ours ({METHOD_TITLES.get(method, method)})"] = (masks, valid, ids, ids_valid)
+    out[f"Ours ({pipeline.METHOD_TITLES.get(method, method)})"] = (masks, valid, ids, ids_valid)
   for name, e in (baseline_explanations or {}).items():
     regions = e["regions"]
     flat = regions.reshape(-1, *regions.shape[2:])
@@ -360,21 +319,11 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   cli.claim_workdir(config, workdir, restart, "mutual-knowledge evaluation")
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
-  class_names, per_class = list(dataset.names), dataset.descriptors
+  class_names = list(dataset.names)
   classes = dataset.classes(size)
   lists = dataset.lists()
   a = config.analysis
-  bank = pipeline.encode_bank(
-    bundle,
-    class_names,
-    lists,
-    analyze.bank_descriptors(config, per_class),
-    mode=a.class_prompts,
-    templates=tuple(a.templates),
-    descriptor_template=a.descriptor_template,
-    batch_size=config.batch_size,
-    progress=progress,
-  )
+  bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
   methods = tuple(a.methods)
   trained, n_train = None, 0
   if config.baselines.enabled:

@@ -1,6 +1,7 @@
 """The mutual-knowledge analysis of one class's B images, batched end to end.
 
-  1. zero-shot prediction with the class embeddings (`encode_bank`);
+  1. zero-shot prediction with the class embeddings (`encode_bank`; `encode_config_bank` for a
+     run's config and dataset);
   2. vision side (mutual.features / foreground / crf / concepts / visual_prompts): patch features,
      prominent patches, CRF refinement, visual concepts (PCA and / or K-means, fitted jointly over
      the B images), one embedding per concept from its visual prompts;
@@ -23,10 +24,13 @@ import numpy as np
 
 from mutual import concepts, crf, descriptors, features, foreground, information, transport
 from mutual import visual_prompts
-from stori_jax.evaluation.synthetic_world import encode_texts
+from stori_jax.data import synthetic_tasks
+from stori_jax.encoding import encode_texts
 from stori_jax.preprocess import normalize
 
 METHODS = ("pca", "kmeans")
+#: How tables and figures name the concept methods.
+METHOD_TITLES = {"pca": "PCA", "kmeans": "K-means"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +100,31 @@ def encode_bank(
   classes = np.stack([encoded[a:b].mean(axis=0) for a, b in zip(bounds[:-1], bounds[1:])])
   classes /= np.linalg.norm(classes, axis=-1, keepdims=True)
   return TextBank(tuple(bank), bank_embeddings, tuple(class_names), classes.astype(np.float32))
+
+
+def bank_descriptors(config, per_class: Mapping[str, Sequence[str]]) -> list[str]:
+  """The descriptor bank D of a config: the synthetic vocabulary, or the unique descriptors of
+  the classes (`per_class`: {class name: descriptors})."""
+  if config.data.source == "synthetic" and config.data.get("bank", "classes") == "vocabulary":
+    return list(synthetic_tasks.DESCRIPTOR_ATTRIBUTES)
+  return descriptors.unique_descriptors(per_class)
+
+
+def encode_config_bank(bundle, config, dataset, progress: bool = True) -> TextBank:
+  """`encode_bank` for a run's config (config.analysis's class prompts, config.batch_size) on a
+  mutual.data.Dataset: its classes in label order and the config's descriptor bank."""
+  a = config.analysis
+  return encode_bank(
+    bundle,
+    list(dataset.names),
+    dataset.lists(),
+    bank_descriptors(config, dataset.descriptors),
+    mode=a.class_prompts,
+    templates=tuple(a.templates),
+    descriptor_template=a.descriptor_template,
+    batch_size=config.batch_size,
+    progress=progress,
+  )
 
 
 @functools.partial(

@@ -54,7 +54,15 @@ from stori_jax.tokenizer.weighted import tokenize_weighted
 #: Words whose weight is trained: every attribute word of the world.
 ATTRIBUTE_WORDS = tuple(sorted({w for ws in synthetic.ATTRIBUTE_WORDS.values() for w in ws}))
 _WORD_RE = re.compile(r"\b(" + "|".join(ATTRIBUTE_WORDS) + r")\b")
-IDENTITY_IGNORED = ("config.log_every", "config.checkpoint_every", "config.keep_checkpoints")
+#: Keys that do not change the trained weights: when to log and save, and the default start
+#: block written into the exported config (the export is rewritten at the end of every run, so
+#: a finished run re-run with another value only re-exports).
+IDENTITY_IGNORED = (
+  "config.log_every",
+  "config.checkpoint_every",
+  "config.keep_checkpoints",
+  "config.default_start_block",
+)
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:

@@ -25,8 +25,8 @@ ROWS = (
 )
 
 
-def _config(path="configs/mutual_eval_synthetic.py"):
-  return load_config(os.path.join(ROOT, path))
+def _config(path="configs/mutual_eval_synthetic.py", argument=None):
+  return load_config(os.path.join(ROOT, path), argument)
 
 
 def _without_times(x):
@@ -110,21 +110,19 @@ def test_unknown_protocol_is_named():
 
 @pytest.mark.slow
 def test_cli_outputs_are_complete_and_deterministic(tmp_path):
-  """A small synthetic run through the CLI twice: every output, and the same numbers."""
-  args = [
-    "--config.data.classes=(0, 7)",
-    "--config.data.images_per_class=4",
-    "--config.baselines.data.images_per_class=8",
-    "--config.baselines.train.epochs=2",
-    "--config.evaluation.random_draws=2",
-  ]
+  """configs/mutual_eval_synthetic.py:smoke through the CLI twice: every output, and the same
+  numbers."""
+  smoke = _config(argument="smoke")
+  assert tuple(smoke.data.classes) == (0, 7) and smoke.data.images_per_class == 4
+  assert smoke.baselines.data.images_per_class == 8 and smoke.baselines.train.epochs == 2
+  assert smoke.evaluation.random_draws == 2
   command = [sys.executable, "-m", "mutual.evaluate", "--config"]
-  command.append(os.path.join(ROOT, "configs/mutual_eval_synthetic.py"))
+  command.append(os.path.join(ROOT, "configs/mutual_eval_synthetic.py:smoke"))
   results = []
   for run in ("a", "b"):
     workdir = tmp_path / run
     done = subprocess.run(
-      command + [f"--workdir={workdir}"] + args,
+      command + [f"--workdir={workdir}"],
       cwd=ROOT,
       capture_output=True,
       text=True,

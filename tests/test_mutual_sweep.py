@@ -15,14 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mutual import crf, data, foreground, pipeline, report, sweep
+from mutual import crf, data, foreground, paper_config, pipeline, report, sweep
 from stori_jax.checkpoints import CheckpointError, hub
-from stori_jax.config_files import load_config
+from stori_jax.config_files import ConfigError, load_config
 from stori_jax.models import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: Fast test: one model per tower kind, shrunk 16x in width: embedding dims 32 / 64 / 40 and
-#: feature dims 48 / 128 / 64 on one 2 x 2 grid, so both paddings are exercised.
+#: Fast test (configs/mutual_sweep.py:smoke): one model per tower kind, shrunk 16x in width:
+#: embedding dims 32 / 64 / 40 and feature dims 48 / 128 / 64 on one 2 x 2 grid, so both paddings
+#: are exercised.
 FAST_MODELS = ("openai-vit-b-32", "openai-rn50", "laion-aesthetic-convnext-base-w")
 
 
@@ -236,17 +237,18 @@ _BUNDLES = functools.lru_cache(maxsize=None)(sweep.random_bundle)
 
 @pytest.fixture
 def shared_bundles(monkeypatch):
-  monkeypatch.setattr(sweep, "random_bundle", _BUNDLES)
+  monkeypatch.setattr(sweep.models, "random_bundle", _BUNDLES)  # where sweep_models reads it
   return _BUNDLES
 
 
 def _reference(config, name, bundle, methods):
   """The per-model path: mutual.analyze's pipeline on each class, aggregated by mutual.report."""
   size = bundle.config.vision.image_size
-  names, per_class, classes = data.load(config, size)
-  bank = sweep._encode_bank(bundle, config, names, per_class)
+  dataset = data.prepare(config)
+  names = list(dataset.names)
+  bank = pipeline.encode_config_bank(bundle, config, dataset, progress=False)
   records = []
-  for cls in classes:
+  for cls in dataset.classes(size):
     result = pipeline.analyze_class(bundle, cls.images, bank, config.analysis, methods)
     records += report.image_records(cls, result, bank.descriptors, names, methods)
   return records
@@ -284,11 +286,9 @@ def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles):
   """Shrunk random instances of one model per tower kind: the batched sweep's per-image records
   (concepts, descriptors, MI curves) and its Top-1, MI and AUC equal mutual.analyze's pipeline
   run model by model; the outputs are complete; a second run writes the same results.json."""
-  config = _config("random")
-  config.models = FAST_MODELS
-  config.random_models.shrink = 16
-  config.data.classes = (0, 5)
-  config.data.images_per_class = 2
+  config = _config("smoke")
+  assert config.models == FAST_MODELS and config.random_models.shrink == 16
+  assert tuple(config.data.classes) == (0, 5) and config.data.images_per_class == 2
   config.classes_per_chunk = 1  # two chunks
   config.max_loaded_models = 2  # models reload between phases
   config.per_image = True
@@ -383,8 +383,34 @@ def test_real_config_reads_imagenet_paths():
   assert config.analysis.top_k == 500 and config.analysis.u == 50
   assert config.analysis.class_prompts == "templates" and len(config.analysis.templates) == 8
   assert not config.random_weights and config.accuracy == "measured"
-  with pytest.raises(ValueError, match="'imagenet' or 'random'"):
+  with pytest.raises(ValueError, match="variant must be one of 'imagenet', 'random', 'smoke'"):
     _config("places")
+
+
+def test_config_arguments_are_named_or_positional():
+  """`file.py:random` and `file.py:variant=random` are the same config; unknown names, repeated
+  names, values of the wrong type and positional values after named ones are named."""
+  assert _config("variant=random").to_dict() == _config("random").to_dict()
+  assert _config(None).to_dict() == _config("imagenet").to_dict()  # the default
+  fields = dict(variant=("full", "smoke"), shots=16, scale=1.0, quick=False)
+  values = paper_config.config_arguments("smoke,4", "configs/x.py", **fields)
+  assert values == dict(variant="smoke", shots=4, scale=1.0, quick=False)
+  values = paper_config.config_arguments(" quick=true , scale=0.5", "configs/x.py", **fields)
+  assert values == dict(variant="full", shots=16, scale=0.5, quick=True)
+  for argument, expected in (
+    ("shot=4", "unknown name 'shot'"),
+    ("shots=four", "shots must be an integer"),
+    ("shots=4,shots=8", "shots is given twice"),
+    ("shots=4,smoke", "'smoke' needs a name"),
+    ("quick=maybe", "quick must be True or False"),
+  ):
+    with pytest.raises(ConfigError, match=expected) as error:
+      paper_config.config_arguments(argument, "configs/x.py", **fields)
+    assert "configs/x.py takes :variant=full|smoke,shots=16,scale=1.0,quick=False" in str(
+      error.value
+    )
+  with pytest.raises(ConfigError, match="unknown name 'shots'"):
+    _config("shots=4")
 
 
 @pytest.mark.slow

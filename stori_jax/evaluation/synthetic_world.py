@@ -33,16 +33,15 @@ Bundles. The functions use only `bundle.tokenize(texts, with_weights=...)`,
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from stori_jax.data import synthetic
-from stori_jax.preprocess import normalize
+from stori_jax.encoding import batch_rows as _chunk_size  # noqa: F401 (tests read it here)
+from stori_jax.encoding import encode_images, encode_texts
 from stori_jax.retrieval.metrics import precision_at_k
 
 #: Default seeds, disjoint from pretraining's (0, k) namespace.
@@ -52,9 +51,6 @@ EMPHASIS_SEED = (2024, 3)
 
 #: Images or texts per encode call.
 BATCH_SIZE = 256
-#: Token rows are cut to the longest text rounded up to a multiple of this (exact: the text
-#: mask is causal), so that prompts of similar lengths share one compiled function.
-_LENGTH_BUCKET = 16
 
 #: Noun phrases (without the article) of each zero-shot family's prompt ensemble. The class
 #: value fills its own family's slot; the ensemble runs over every combination of the other
@@ -87,18 +83,6 @@ _REFERENCE_WEIGHT = 1.0
 # Encoding helpers.
 
 
-def _progress(iterable: Iterable, total: int, desc: str | None):
-  """tqdm over loops of more than one step (a single step finishes before a bar is useful)."""
-  return tqdm(
-    iterable,
-    total=total,
-    desc=desc,
-    leave=False,
-    dynamic_ncols=True,
-    disable=desc is None or total <= 1,
-  )
-
-
 def _l2_normalise(x: np.ndarray) -> np.ndarray:
   x = np.asarray(x, np.float32)
   return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), np.float32(1e-12))
@@ -108,114 +92,8 @@ def _seed_tuple(seed: int | Sequence[int]) -> tuple[int, ...]:
   return tuple(int(s) for s in np.atleast_1d(np.asarray(seed, dtype=np.int64)))
 
 
-def _chunk_size(n: int, batch_size: int) -> int:
-  """Rows per encode call: batch_size, or for fewer rows the next power of two (>= 8), so
-  that few distinct shapes (few compilations) serve every call at most 2x padding."""
-  if n >= batch_size:
-    return max(1, int(batch_size))
-  return min(int(batch_size), max(8, 1 << (int(n) - 1).bit_length()))
-
-
 def _image_size(bundle) -> int:
   return int(bundle.config.vision.image_size)
-
-
-def encode_images(
-  bundle, images: np.ndarray, batch_size: int = BATCH_SIZE, desc: str | None = "encode images"
-) -> np.ndarray:
-  """L2-normalised image embeddings of uint8 images.
-
-  Args:
-    bundle: a CLIPBundle (or anything with encode_image and preprocess_config).
-    images: uint8 [N, S, S, 3] RGB at the model's input size.
-    batch_size: images per encode call; the last batch is padded to the same shape, so one
-      compiled function serves every call (fewer images: padded to a power of two).
-    desc: progress-bar label (None: no bar).
-
-  Returns:
-    float32 [N, E], unit rows.
-  """
-  images = np.asarray(images)
-  if images.dtype != np.uint8 or images.ndim != 4 or not len(images):
-    raise ValueError(
-      f"encode_images takes uint8 [N>0, S, S, 3] images, got {images.dtype} {images.shape}"
-    )
-  mean, std = bundle.preprocess_config.mean, bundle.preprocess_config.std
-  chunk = _chunk_size(len(images), batch_size)
-  starts = range(0, len(images), chunk)
-  out = []
-  for start in _progress(starts, len(starts), desc):
-    part = normalize(images[start : start + chunk], mean, std)
-    count = len(part)
-    if count < chunk:
-      part = np.concatenate([part, np.repeat(part[-1:], chunk - count, axis=0)])
-    out.append(np.asarray(bundle.encode_image(part), np.float32)[:count])
-  return _l2_normalise(np.concatenate(out))
-
-
-def encode_texts(
-  bundle,
-  texts: Sequence,
-  weighted: bool = False,
-  method: str = "stori",
-  start_block: int | None = None,
-  batch_size: int = BATCH_SIZE,
-  desc: str | None = "encode texts",
-) -> np.ndarray:
-  """L2-normalised text embeddings.
-
-  Args:
-    bundle: a CLIPBundle (or anything with tokenize and encode_text).
-    texts: N strings (or, with weighted, prompts in the `(words:1.5)` syntax / segment lists).
-    weighted: parse the weight syntax and pass the token weights to the encoder. Plain texts
-      (captions may hold ':') are tokenized literally.
-    method: "stori" or "prompt_weighting" (see CLIPBundle.encode_text); used only when some
-      token weight differs from 1.
-    start_block: first reweighted block (1-indexed); None: the bundle's default.
-    batch_size: texts per encode call; rows are cut to the longest tokenized text rounded
-      up to a multiple of 16 tokens (exact: the text mask is causal) and the last batch is
-      padded, so one compiled function serves every call.
-    desc: progress-bar label (None: no bar).
-
-  Returns:
-    float32 [N, E], unit rows.
-  """
-  texts = list(texts)
-  if not texts:
-    raise ValueError("encode_texts needs at least one text")
-  if weighted:
-    ids, weights = bundle.tokenize(texts, with_weights=True)
-    weights = np.asarray(weights, np.float32)
-    if np.all(weights == 1.0):
-      weights = None
-  else:
-    ids, weights = bundle.tokenize(texts), None
-  ids = np.asarray(ids)
-  nonzero = ids != 0  # padding id 0 follows the end-of-text token
-  length = int(np.max(ids.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)))
-  length = min(ids.shape[1], -(-length // _LENGTH_BUCKET) * _LENGTH_BUCKET)
-  ids = ids[:, :length]
-  if weights is not None:
-    weights = weights[:, :length]
-  chunk = _chunk_size(len(texts), batch_size)
-  starts = range(0, len(texts), chunk)
-  out = []
-  for start in _progress(starts, len(starts), desc):
-    part_ids = ids[start : start + chunk]
-    part_weights = None if weights is None else weights[start : start + chunk]
-    count = len(part_ids)
-    if count < chunk:
-      part_ids = np.concatenate([part_ids, np.repeat(part_ids[-1:], chunk - count, axis=0)])
-      if part_weights is not None:
-        part_weights = np.concatenate(
-          [part_weights, np.repeat(part_weights[-1:], chunk - count, axis=0)]
-        )
-    if part_weights is None:
-      features = bundle.encode_text(part_ids)
-    else:
-      features = bundle.encode_text(part_ids, part_weights, start_block=start_block, method=method)
-    out.append(np.asarray(features, np.float32)[:count])
-  return _l2_normalise(np.concatenate(out))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -757,13 +635,55 @@ def _define_flags():
   return flags.FLAGS
 
 
+def _check_flags(config) -> None:
+  """Every count >= 1 and every weight finite and >= 0, before any work."""
+  from stori_jax.config_files import ConfigError  # pylint: disable=import-outside-toplevel
+
+  problems = [
+    f"--{name} must be >= 1, got {getattr(config, name)}"
+    for name in ("n_images", "n_pairs", "n_triples", "images_per_category", "batch_size")
+    if getattr(config, name) < 1
+  ]
+  weights = []
+  for text in config.weights:
+    try:
+      weights.append(float(text))
+    except ValueError:
+      problems.append(f"--weights must be numbers, got {text!r}")
+  if any(not np.isfinite(w) or w < 0 for w in weights):
+    problems.append(f"--weights must be finite and >= 0, got {config.weights}")
+  if config.start_block is not None and config.start_block < 1:
+    problems.append(f"--start_block is 1-indexed, got {config.start_block}")
+  if os.path.exists(config.output_dir) and not os.path.isdir(config.output_dir):
+    problems.append(f"--output_dir {config.output_dir} is a file, not a folder")
+  if problems:
+    raise ConfigError("; ".join(problems) + ". Nothing was run.")
+
+
 def main(argv):
-  del argv
   from absl import flags  # pylint: disable=import-outside-toplevel
   import stori_jax  # pylint: disable=import-outside-toplevel
+  from stori_jax import jsonio  # pylint: disable=import-outside-toplevel
+  from stori_jax.config_files import ConfigError  # pylint: disable=import-outside-toplevel
+  from stori_jax.errors import UserError  # pylint: disable=import-outside-toplevel
 
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
   config = flags.FLAGS
+  _check_flags(config)
+  # Fail on an unwritable output folder now, not after the evaluation.
+  try:
+    os.makedirs(config.output_dir, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"cannot create --output_dir {config.output_dir}: {e.strerror}") from None
+  if not os.access(config.output_dir, os.W_OK):
+    raise UserError(f"--output_dir {config.output_dir} is not writable; pass another")
   bundle = stori_jax.load(config.source)
+  layers = int(bundle.config.text.layers)
+  if config.start_block is not None and config.start_block > layers:
+    raise ConfigError(
+      f"--start_block {config.start_block} is outside the text tower's blocks 1..{layers}"
+    )
   results = evaluate(
     bundle,
     n_images=config.n_images,
@@ -777,20 +697,17 @@ def main(argv):
   results["source"] = config.source
   text = markdown_tables(results)
   print(text)
-  os.makedirs(config.output_dir, exist_ok=True)
-  with open(
-    os.path.join(config.output_dir, "synthetic_world_eval.json"), "w", encoding="utf-8"
-  ) as f:
-    json.dump(results, f, indent=1)
-  with open(os.path.join(config.output_dir, "synthetic_world_eval.md"), "w", encoding="utf-8") as f:
-    f.write(text)
+  # Strict JSON (a NaN from a broken model raises instead of being written), atomic files:
+  # both are rewritten whole on every run, so no result of an earlier run is ever mixed in.
+  jsonio.write_json(os.path.join(config.output_dir, "synthetic_world_eval.json"), results, indent=1)
+  jsonio.write_text_atomic(os.path.join(config.output_dir, "synthetic_world_eval.md"), text)
   print(
     f"Wrote {config.output_dir}/synthetic_world_eval.json and .md (seconds: {results['seconds']})"
   )
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=import-outside-toplevel
+  from stori_jax import cli  # pylint: disable=import-outside-toplevel
 
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -57,7 +57,7 @@ class WeightedTextClassifier:
   ):
     self.bundle, self.bank = bundle, bank
     self.mesh = mesh or prompt_mesh()
-    self.reweight_blocks = reweighted_block_indices(bundle.config.text.layers, start_block)
+    self.reweight_blocks = reweighted_block_indices(bundle.config.text, start_block)
     self.first = self.reweight_blocks[0]
     self.num_classes = bank.num_classes
     self._sharded = NamedSharding(self.mesh, PartitionSpec(AXIS))

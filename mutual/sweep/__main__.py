@@ -1,0 +1,31 @@
+"""`python -m mutual.sweep`: flags, config, `runner.run`, the printed Table 3 and fits."""
+
+from __future__ import annotations
+
+import os
+
+from mutual import cli
+from mutual.sweep.runner import run
+from mutual.sweep.table import markdown_table
+from stori_jax import cli as stori_cli
+
+
+def main(argv):
+  config, workdir, results = cli.run_from_flags(
+    argv, run, "python -m mutual.sweep --config configs/mutual_sweep.py:random --workdir DIR"
+  )
+  rows = [results["models"][n] for n in results["order"]]
+  print(markdown_table(rows, tuple(config.analysis.methods)))
+  for method, groups in results["fits"].items():
+    for group, fit in groups.items():
+      if fit["slope"] is not None:
+        print(
+          f"{method} {group}: Top-1 = {fit['slope']:.2f} AUC + {fit['intercept']:.2f}, "
+          f"r = {fit['pearson_r']:.3f} (n = {fit['n']})"
+        )
+  print(f"Wrote {os.path.join(workdir, 'results.json')}")
+
+
+if __name__ == "__main__":
+  cli.define_flags("Sweep")
+  stori_cli.run(main)
