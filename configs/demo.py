@@ -52,9 +52,11 @@ def get_config():
   config.augment_scale = (1.0, 1.0)
   config.batch_size = 256
   config.epochs = 100
-  # log_weight_penalty: an L2 prior on log w (beyond the paper; 0 is its objective), see
-  # stori_jax.fewshot.trainer.log_weight_penalty and the README for the value chosen.
-  config.optim = ml_collections.ConfigDict(dict(lr=0.05, log_weight_penalty=0.0))
+  # log_weight_penalty: an L2 prior on log w centred on w = 1 (beyond the paper, whose objective
+  # is 0; see stori_jax.fewshot.trainer.log_weight_penalty). 1.0 was chosen by measurement on
+  # seeds 1-3 (README): a discriminating word among the 3 top-weighted words of 10-12 of the 12
+  # classes (2-7 without it) for about 0.8 points of the accuracy gain.
+  config.optim = ml_collections.ConfigDict(dict(lr=0.05, log_weight_penalty=1.0))
   config.taskres = ml_collections.ConfigDict(dict(alpha=0.5, lr=2e-4, weight_decay=5e-3))
   config.chunk = 64
   config.log_every = 10

@@ -20,6 +20,8 @@ import urllib.request
 import numpy as np
 import pytest
 
+from stori_jax.models.config import TextConfig
+
 from stori_jax import explore
 from stori_jax.retrieval import metrics
 
@@ -194,11 +196,11 @@ def test_blocks_are_chosen_and_validated(client, explorer):
     assert message in response.get_json()["error"], (blocks, response.get_json())
   # the model's own default start block, when its config stores one
   stub = types.SimpleNamespace(
-    config=types.SimpleNamespace(text=types.SimpleNamespace(layers=12, default_start_block=3))
+    config=types.SimpleNamespace(text=TextConfig(layers=12, default_start_block=3))
   )
   assert explore.model_default_start_block(stub.config) == 3
   assert explore.Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"]).start_block == 3
-  stub.config.text = types.SimpleNamespace(layers=12)
+  stub.config.text = TextConfig(layers=12)
   assert explore.Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"]).start_block == 7
   with pytest.raises(ValueError, match="outside the text tower's blocks 1..12"):
     explore.Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"], stop_block=13)
