@@ -154,14 +154,18 @@ def test_demo_beats_zero_shot_and_weights_find_the_discriminative_words(tmp_path
   )
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = json.loads((tmp_path / "metrics.json").read_text())
-  # Measured 93.00% -> 96.00% (seeds 2 and 3 of the few-shot sample: +3.2, +3.3 points).
+  # Measured 92.17% -> 95.50% (seeds 2 and 3 of the few-shot sample: +4.5, +3.5 points).
   assert metrics["trained"]["accuracy"] > metrics["zero_shot"]["accuracy"] + 0.02
-  # Measured 0.815: the class's colour/pattern/shape words outweigh the size and background
+  # Measured 0.898: the class's colour/pattern/shape words outweigh the size and background
   # words its prompts state wrongly for half its images.
-  assert metrics["word_rank_auc"]["nuisance"] > 0.7, metrics["word_rank_auc"]
-  # The misleading words are the ones turned down most (median 0.16; next lowest: shape 0.43).
+  assert metrics["word_rank_auc"]["nuisance"] > 0.8, metrics["word_rank_auc"]
+  # The misleading words are the ones turned down most (median 0.69; colour 0.81).
   medians = metrics["median_word_weight"]
-  assert min(medians, key=medians.get) == "nuisance" and medians["nuisance"] < 0.5, medians
+  assert min(medians, key=medians.get) == "nuisance" and medians["nuisance"] < 0.8, medians
+  # Issue 17: the weights read as an explanation, a discriminating word among the 3
+  # top-weighted words of at least 10 of the 12 classes (measured 12, 12, 10 for seeds 1-3;
+  # 3 of 12 without the log-weight prior).
+  assert len(metrics["classes_with_discriminating_top3"]) >= 10, metrics["top_words"]
   # The metrics agree with the weights file the report is drawn from.
   records = json.loads((tmp_path / "weights.json").read_text())
   recomputed = synthetic_tasks.word_rank_auc(

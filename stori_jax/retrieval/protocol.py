@@ -130,6 +130,20 @@ def _k(labels: np.ndarray, precision_k: int | None) -> int | None:
   return None if precision_k is None else min(int(precision_k), len(labels))
 
 
+def single_attribute_rows(
+  tasks: Sequence[RetrievalTask], weights: Sequence[float]
+) -> list[np.ndarray]:
+  """Per task, float [A * W, A] weight rows: attribute a at each of the W weights (the others
+  1), attribute-major; reshape scores to [A, W, N]."""
+  out = []
+  for task in tasks:
+    rows = np.ones((task.n_attributes, len(weights), task.n_attributes))
+    for a in range(task.n_attributes):
+      rows[a, :, a] = weights
+    out.append(rows.reshape(-1, task.n_attributes))
+  return out
+
+
 def emphasis(
   bundle,
   embeddings: np.ndarray,
@@ -153,13 +167,9 @@ def emphasis(
   """
   weights = [float(w) for w in weights]
   keys = [repr(w) for w in weights]
-  rows_per_task = []
-  for task in tasks:
-    rows = np.ones((task.n_attributes, len(weights), task.n_attributes))
-    for a in range(task.n_attributes):
-      rows[a, :, a] = weights
-    rows_per_task.append(rows.reshape(-1, task.n_attributes))
-  scores = score_tasks(bundle, embeddings, tasks, rows_per_task, setting, batch_size)
+  scores = score_tasks(
+    bundle, embeddings, tasks, single_attribute_rows(tasks, weights), setting, batch_size
+  )
   ap, pk, details = [], [], []
   for task, s in zip(tasks, scores):
     s = s.reshape(task.n_attributes, len(weights), -1)

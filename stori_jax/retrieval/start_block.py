@@ -70,13 +70,8 @@ def block_response(
   """
   setting = protocol.Setting(method=method, start_block=int(start_block))
   weights = list(PROBE_WEIGHTS)
-  rows_per_task = []
-  for task in tasks:
-    rows = np.ones((task.n_attributes, len(weights), task.n_attributes))
-    for a in range(task.n_attributes):
-      rows[a, :, a] = weights
-    rows_per_task.append(rows.reshape(-1, task.n_attributes))
-  scores = protocol.score_tasks(bundle, embeddings, tasks, rows_per_task, setting, batch_size)
+  rows = protocol.single_attribute_rows(tasks, weights)
+  scores = protocol.score_tasks(bundle, embeddings, tasks, rows, setting, batch_size)
   one, low, high, zero = (weights.index(w) for w in (1.0, 0.5, 1.5, 0.0))
   records = []
   for task, s in zip(tasks, scores):
