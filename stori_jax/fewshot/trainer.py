@@ -356,7 +356,12 @@ def log_weight_penalty(classifier: WeightedTextClassifier, strength: float):
   along the sign of a small gradient; the prior keeps a word's weight at 1 unless the data
   keep pushing it, so the words that decide the classes are the ones that move.
   """
-  masks = [np.asarray(b.ids != 0, np.float32) for b in classifier.bank.buckets]
+  # The learned tokens of real prompts: padding rows (added so prompts split evenly over the
+  # devices) must not count, or the penalty would depend on the number of devices.
+  masks = [
+    np.asarray(b.trainable & (b.prompt_index >= 0)[:, None], np.float32)
+    for b in classifier.bank.buckets
+  ]
   count = max(sum(float(m.sum()) for m in masks), 1.0)
 
   def penalty(log_weights):
