@@ -33,16 +33,6 @@ FAVOURED = "red, checkered, heart"
 MIN_REPLACED = 4
 
 
-@pytest.fixture(scope="module")
-def explorer():
-  return explore.build_explorer("tiny-synthetic", cache_dir=None, images_per_combination=1)
-
-
-@pytest.fixture(scope="module")
-def client(explorer):
-  return explore.create_app(explorer).test_client()
-
-
 def _words(explorer, prompt):
   return [(w["text"], w["weight"]) for w in explorer.parse(prompt)]
 

@@ -43,16 +43,6 @@ def _load_the_model_once():
     yield
 
 
-@pytest.fixture(scope="module")
-def explorer():
-  return explore.build_explorer("tiny-synthetic", cache_dir=None, images_per_combination=1)
-
-
-@pytest.fixture(scope="module")
-def client(explorer):
-  return explore.create_app(explorer).test_client()
-
-
 def _error(response, status):
   assert response.status_code == status, (response.status_code, response.data[:300])
   assert response.mimetype == "application/json"
