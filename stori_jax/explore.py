@@ -67,6 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stori_jax.errors import InputError, NonFiniteError, UserError
+from stori_jax.models.text import default_start_block
 from stori_jax.retrieval import metrics
 from stori_jax.tokenizer import WeightedPromptError, check_weight, parse_weighted, tokenize_weighted
 
@@ -110,14 +111,6 @@ def _top_k(embeddings: jax.Array, text: jax.Array, k: int):
   first, ties by lower index (XLA's TopK is stable)."""
   scores = embeddings @ text
   return (scores, *jax.lax.top_k(scores, k))
-
-
-def model_default_start_block(config) -> int:
-  """The first reweighted block (1-indexed) of a model: the one its config stores, else the
-  paper's relative depth (`models.text.default_start_block`)."""
-  from stori_jax.models.text import default_start_block  # pylint: disable=import-outside-toplevel
-
-  return default_start_block(config.text)
 
 
 class Explorer:
@@ -178,7 +171,7 @@ class Explorer:
     self.default_prompt = default_prompt
     self.layers = int(bundle.config.text.layers)
     self.start_block = (
-      model_default_start_block(bundle.config) if start_block is None else int(start_block)
+      default_start_block(bundle.config.text) if start_block is None else int(start_block)
     )
     self.stop_block = self.layers if stop_block is None else int(stop_block)
     reweighted_block_indices(self.layers, self.start_block, self.stop_block)
@@ -911,7 +904,7 @@ def build_explorer(
   _check_options(images, images_per_combination, batch_size)
   bundle = stori_jax.load(source)
   # The blocks are checked before the index is built (minutes for a large folder).
-  start = model_default_start_block(bundle.config) if start_block is None else start_block
+  start = default_start_block(bundle.config.text) if start_block is None else start_block
   try:
     reweighted_block_indices(bundle.config.text.layers, start, stop_block)
   except ValueError as e:

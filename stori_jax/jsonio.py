@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from typing import Any
 
 from stori_jax.errors import NonFiniteError
@@ -25,14 +25,12 @@ def dumps_strict(obj: Any, **kwargs) -> str:
 
 def write_text_atomic(path: str, text: str) -> None:
   """Writes `text` to `path` through a temporary file in the same folder and os.replace."""
-  folder = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+  folder, name = os.path.split(os.path.abspath(path))
+  # A unique name opened exclusively ("x"), not mkstemp: the file gets the mode a plain open()
+  # gives (mkstemp's are private, 0600).
+  tmp = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
   try:
-    # mkstemp makes the file private (0600); give it the mode a plain open() would.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    with open(tmp, "x", encoding="utf-8") as f:
       f.write(text)
       f.flush()
       os.fsync(f.fileno())

@@ -274,6 +274,4 @@ def _base_metadata(source: str) -> dict[str, Any]:
   """The metadata of a checkpoint in this project's format (e.g. its pretraining config),
   carried over to the model trained from it; empty for other formats."""
   directory = os.path.join(ASSETS_DIR, source) if source in named_checkpoints() else source
-  if os.path.isdir(directory) and native.is_native_dir(directory):
-    return dict(native.load(directory)[3])
-  return {}
+  return native.read_metadata(directory) if native.is_native_dir(directory) else {}

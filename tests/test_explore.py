@@ -23,6 +23,7 @@ import pytest
 from stori_jax.models.config import TextConfig
 
 from stori_jax import explore
+from stori_jax.models.text import default_start_block
 from stori_jax.retrieval import metrics
 
 CHROMIUM = "/usr/bin/chromium"
@@ -154,7 +155,7 @@ def test_categories_follow_the_prompts_words(explorer):
 
 def test_blocks_are_chosen_and_validated(client, explorer):
   layers = explorer.bundle.config.text.layers
-  default = explore.model_default_start_block(explorer.bundle.config)
+  default = default_start_block(explorer.bundle.config.text)
   assert (explorer.layers, explorer.start_block, explorer.stop_block) == (layers, default, layers)
   words = [("a photo of a ", 1.0), ("red ", 0.0), ("checkered heart", 1.0)]
   answer = client.post("/api/rank", json=_body(words, k=5)).get_json()
@@ -188,7 +189,7 @@ def test_blocks_are_chosen_and_validated(client, explorer):
   stub = types.SimpleNamespace(
     config=types.SimpleNamespace(text=TextConfig(layers=12, default_start_block=3))
   )
-  assert explore.model_default_start_block(stub.config) == 3
+  assert default_start_block(stub.config.text) == 3
   assert explore.Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"]).start_block == 3
   stub.config.text = TextConfig(layers=12)
   assert explore.Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"]).start_block == 7

@@ -68,3 +68,24 @@ def test_sweep_table_and_plot(probe, tmp_path):
   assert (tmp_path / "start_block.png").stat().st_size > 10_000
   with pytest.raises(ValueError, match="1..6"):
     start_block.start_block_sweep(bundle, embeddings, tasks, start_blocks=(0,))
+
+
+def test_cli_refuses_a_missing_probe_config_in_one_paragraph(tmp_path):
+  import subprocess
+  import sys
+
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "stori_jax.start_block",
+      "--data_config=nowhere.py",
+      f"--workdir={tmp_path / 'w'}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "error: --data_config: no config file nowhere.py" in result.stderr
+  assert "Traceback" not in result.stderr and not (tmp_path / "w").exists()

@@ -26,6 +26,7 @@ import pytest
 from PIL import Image
 
 from stori_jax import explore
+from stori_jax.models.text import default_start_block
 from stori_jax.errors import InputError
 from stori_jax.retrieval import index as index_lib
 from stori_jax.tokenizer import Tokenizer
@@ -322,7 +323,7 @@ def test_bad_options_are_user_errors():
       explore.build_explorer("tiny-synthetic", images_per_combination=count, cache_dir=None)
   # the blocks are checked before the index is built, against the model's text tower
   config = stori_jax.load("tiny-synthetic").config
-  layers, start = config.text.layers, explore.model_default_start_block(config)
+  layers, start = config.text.layers, default_start_block(config.text)
   with pytest.raises(InputError, match=f"^--start_block 99: Reweighting blocks 99..{layers} are "):
     explore.build_explorer("tiny-synthetic", start_block=99, cache_dir=None)
   with pytest.raises(InputError, match=f"^--stop_block 99: Reweighting blocks {start}..99 are "):

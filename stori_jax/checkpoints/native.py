@@ -122,6 +122,14 @@ def params_path(directory: str | os.PathLike) -> str:
   return os.path.join(directory, name)
 
 
+def read_metadata(directory: str | os.PathLike) -> dict[str, Any]:
+  """The free-form metadata of a checkpoint in this format (where its weights came from), without
+  reading its params."""
+  path = os.path.join(os.path.abspath(directory), CONFIG_FILE)
+  meta = read_json(path, "checkpoint config", error=CheckpointError)
+  return dict(meta.get("metadata", {})) if isinstance(meta, dict) else {}
+
+
 def load(directory: str | os.PathLike):
   """-> (CLIPConfig, params, PreprocessConfig, metadata dict).
 

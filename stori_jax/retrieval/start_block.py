@@ -210,11 +210,19 @@ def measure(
 
   Returns the sweep with "data" (the probe set's name) and "n_images", "n_tasks" added.
   """
+  from stori_jax.errors import InputError, UserError  # pylint: disable=import-outside-toplevel
   from stori_jax.retrieval import datasets, index  # pylint: disable=import-outside-toplevel
 
-  data = datasets.build_data(data_config, int(bundle.config.vision.image_size))
+  try:
+    data = datasets.build_data(data_config, int(bundle.config.vision.image_size))
+  except UserError:
+    raise
+  except (ValueError, FileNotFoundError, KeyError) as e:
+    raise InputError(
+      f"the probe set (the data config's `data` block) cannot be read: {e}"
+    ) from None
   if not data.tasks:
-    raise ValueError(f"the probe data {data.name!r} defines no prompts (tasks)")
+    raise InputError(f"the probe data {data.name!r} defines no prompts (tasks)")
   idx = index.build_index(bundle, data, cache_dir, batch_size)
   sweep = start_block_sweep(bundle, idx.embeddings, data.tasks, start_blocks, batch_size=batch_size)
   return {**sweep, "data": data.name, "n_images": len(data.keys), "n_tasks": len(data.tasks)}
