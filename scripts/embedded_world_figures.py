@@ -13,9 +13,10 @@ from __future__ import annotations
 import tempfile
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 import stori_jax
+from stori_jax import cli
 from stori_jax.config_files import load_config
 from stori_jax.evaluation import synthetic_world as sw
 from stori_jax.models import default_start_block
@@ -87,4 +88,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)
