@@ -1,12 +1,12 @@
 """SToRI few-shot on flowers102 with the paper's hyperparameters (App. A.1).
 
-python -m stori_jax.train --config configs/flowers102.py:16          # 16 shots, CLIP ViT-L/14
-python -m stori_jax.train --config configs/flowers102.py:4,metaclip  # 4 shots, MetaCLIP ViT-L/14
+python -m stori_jax.train --config configs/flowers102.py:shots=16                   # 16 shots, CLIP ViT-L/14
+python -m stori_jax.train --config configs/flowers102.py:shots=4,backbone=metaclip  # 4 shots, MetaCLIP ViT-L/14
 """
 
 from stori_jax.fewshot.paper_config import fewshot_config, parse_argument
 
 
 def get_config(argument=None):
-  shots, backbone = parse_argument(argument)
+  shots, backbone = parse_argument(argument, __file__)
   return fewshot_config("flowers102", shots, backbone)

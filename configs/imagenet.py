@@ -1,12 +1,12 @@
 """SToRI few-shot on imagenet with the paper's hyperparameters (App. A.1).
 
-python -m stori_jax.train --config configs/imagenet.py:16          # 16 shots, CLIP ViT-L/14
-python -m stori_jax.train --config configs/imagenet.py:4,metaclip  # 4 shots, MetaCLIP ViT-L/14
+python -m stori_jax.train --config configs/imagenet.py:shots=16                   # 16 shots, CLIP ViT-L/14
+python -m stori_jax.train --config configs/imagenet.py:shots=4,backbone=metaclip  # 4 shots, MetaCLIP ViT-L/14
 """
 
 from stori_jax.fewshot.paper_config import fewshot_config, parse_argument
 
 
 def get_config(argument=None):
-  shots, backbone = parse_argument(argument)
+  shots, backbone = parse_argument(argument, __file__)
   return fewshot_config("imagenet", shots, backbone)

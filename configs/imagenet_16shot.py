@@ -2,7 +2,7 @@
 
   python -m stori_jax.train --config configs/imagenet_16shot.py
   python -m stori_jax.train --config configs/imagenet_16shot.py --config.method=taskres
-(configs/imagenet.py:SHOTS[,metaclip] covers the other settings.)
+(configs/imagenet.py:shots=N,backbone=metaclip covers the other settings.)
 """
 
 from stori_jax.fewshot.paper_config import fewshot_config

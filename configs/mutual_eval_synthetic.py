@@ -18,10 +18,10 @@ import ml_collections
 from mutual.paper_config import (
   analysis_config,
   baselines_config,
-  config_arguments,
   evaluation_config,
   protocols_config,
 )
+from stori_jax.config_files import config_arguments
 
 
 def get_config(argument=None):

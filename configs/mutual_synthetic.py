@@ -14,7 +14,8 @@ command, quickly (the tests' run).
 
 import ml_collections
 
-from mutual.paper_config import analysis_config, config_arguments
+from mutual.paper_config import analysis_config
+from stori_jax.config_files import config_arguments
 
 
 def get_config(argument=None):

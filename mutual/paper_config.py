@@ -9,18 +9,15 @@ overridden from the command line (--config.analysis.top_k=...).
   baselines_config     config.baselines: the trained baselines of App. D
   protocols_config     config.protocols: Table 2, App. A.3 and A.4's settings
   sweep_config         the sweep over models (Table 3, Figure 3) around an analysis config
-  config_arguments     the named values of a config file's argument (`file.py:name=value`)
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Mapping
+from typing import Mapping
 
 import ml_collections
 
 from mutual import data, xai
-from stori_jax.config_files import ConfigError
 from stori_jax.models import registry
 
 #: The paper's protocols run by mutual.evaluate (Table 2, App. A.2, A.3, A.4; mutual.protocols).
@@ -226,78 +223,3 @@ def sweep_config(
 
 # ---------------------------------------------------------------------------------------------
 # Config-file arguments.
-
-
-def _signature(fields: Mapping[str, Any]) -> str:
-  return ",".join(
-    f"{name}={'|'.join(map(str, default)) if isinstance(default, tuple) else default}"
-    for name, default in fields.items()
-  )
-
-
-def _typed(name: str, text: str, default: Any, problem) -> Any:
-  if isinstance(default, tuple):
-    if text not in default:
-      problem(f"{name} must be one of {', '.join(repr(c) for c in default)}, got {text!r}")
-    return text
-  if isinstance(default, bool):
-    if text.lower() not in ("true", "false"):
-      problem(f"{name} must be True or False, got {text!r}")
-    return text.lower() == "true"
-  if isinstance(default, (int, float)):
-    try:
-      return type(default)(text)
-    except ValueError:
-      problem(
-        f"{name} must be {'an integer' if isinstance(default, int) else 'a number'}, got {text!r}"
-      )
-  return text
-
-
-def config_arguments(argument: str | None, config_file: str, **fields) -> dict[str, Any]:
-  """The values of a config file's argument (`--config file.py:ARGUMENT`, `get_config(ARGUMENT)`).
-
-  ARGUMENT is comma-separated `name=value` items; leading items may leave out `name=` and then
-  fill the fields in order (configs/mutual_sweep.py's `:random` is `:variant=random`). Each
-  field's default gives its type (str, int, float or bool); a tuple default lists the allowed
-  strings, its first being the default.
-
-  Args:
-    argument: the text after ':' (None or "": every default).
-    config_file: the config file's path (pass `__file__`), for messages.
-    **fields: name -> default, in positional order.
-
-  Returns:
-    {name: value} for every field.
-
-  Raises:
-    ConfigError: an unknown or repeated name, a positional value after a named one or beyond the
-      fields, a value of the wrong type or not allowed (all named in one message).
-  """
-  where = f"configs/{os.path.basename(config_file)}"
-  problems: list[str] = []
-  values = {n: d[0] if isinstance(d, tuple) else d for n, d in fields.items()}
-  given: set[str] = set()
-  names = list(fields)
-  named = False
-  for position, item in enumerate(i.strip() for i in (argument or "").split(",") if i.strip()):
-    name, eq, text = item.partition("=")
-    if eq:
-      named, name, text = True, name.strip(), text.strip()
-    elif named or position >= len(names):
-      problems.append(f"{item!r} needs a name (name=value)")
-      continue
-    else:
-      name, text = names[position], item
-    if name not in fields:
-      problems.append(f"unknown name {name!r}")
-      continue
-    if name in given:
-      problems.append(f"{name} is given twice")
-    given.add(name)
-    values[name] = _typed(name, text, fields[name], problems.append)
-  if problems:
-    raise ConfigError(
-      f"{where} takes :{_signature(fields)}, got {argument!r}: " + "; ".join(problems) + "."
-    )
-  return values

@@ -9,7 +9,7 @@ import importlib.util
 import math
 import numbers
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import ml_collections
 
@@ -40,6 +40,81 @@ def sibling_config(config_file: str, name: str, argument: str | None = None):
   """The config `name`.py in the folder of `config_file` (pass `__file__`)."""
   folder = os.path.dirname(os.path.abspath(config_file))
   return load_config(os.path.join(folder, f"{name}.py"), argument)
+
+
+def _signature(fields: Mapping[str, Any]) -> str:
+  return ",".join(
+    f"{name}={'|'.join(map(str, default)) if isinstance(default, tuple) else default}"
+    for name, default in fields.items()
+  )
+
+
+def _typed(name: str, text: str, default: Any, problem) -> Any:
+  if isinstance(default, tuple):
+    if text not in default:
+      problem(f"{name} must be one of {', '.join(repr(c) for c in default)}, got {text!r}")
+    return text
+  if isinstance(default, bool):
+    if text.lower() not in ("true", "false"):
+      problem(f"{name} must be True or False, got {text!r}")
+    return text.lower() == "true"
+  if isinstance(default, (int, float)):
+    try:
+      return type(default)(text)
+    except ValueError:
+      problem(
+        f"{name} must be {'an integer' if isinstance(default, int) else 'a number'}, got {text!r}"
+      )
+  return text
+
+
+def config_arguments(argument: str | None, config_file: str, **fields) -> dict[str, Any]:
+  """The values of a config file's argument (`--config file.py:ARGUMENT`, `get_config(ARGUMENT)`).
+
+  ARGUMENT is comma-separated `name=value` items; leading items may leave out `name=` and then
+  fill the fields in order (configs/mutual_sweep.py's `:random` is `:variant=random`). Each
+  field's default gives its type (str, int, float or bool); a tuple default lists the allowed
+  strings, its first being the default.
+
+  Args:
+    argument: the text after ':' (None or "": every default).
+    config_file: the config file's path (pass `__file__`), for messages.
+    **fields: name -> default, in positional order.
+
+  Returns:
+    {name: value} for every field.
+
+  Raises:
+    ConfigError: an unknown or repeated name, a positional value after a named one or beyond the
+      fields, a value of the wrong type or not allowed (all named in one message).
+  """
+  where = f"configs/{os.path.basename(config_file)}"
+  problems: list[str] = []
+  values = {n: d[0] if isinstance(d, tuple) else d for n, d in fields.items()}
+  given: set[str] = set()
+  names = list(fields)
+  named = False
+  for position, item in enumerate(i.strip() for i in (argument or "").split(",") if i.strip()):
+    name, eq, text = item.partition("=")
+    if eq:
+      named, name, text = True, name.strip(), text.strip()
+    elif named or position >= len(names):
+      problems.append(f"{item!r} needs a name (name=value)")
+      continue
+    else:
+      name, text = names[position], item
+    if name not in fields:
+      problems.append(f"unknown name {name!r}")
+      continue
+    if name in given:
+      problems.append(f"{name} is given twice")
+    given.add(name)
+    values[name] = _typed(name, text, fields[name], problems.append)
+  if problems:
+    raise ConfigError(
+      f"{where} takes :{_signature(fields)}, got {argument!r}: " + "; ".join(problems) + "."
+    )
+  return values
 
 
 def _is_number(value: Any) -> bool:

@@ -15,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mutual import crf, data, foreground, paper_config, pipeline, report, sweep
+from mutual import crf, data, foreground, pipeline, report, sweep
 from stori_jax.checkpoints import CheckpointError, hub
+from stori_jax import config_files
 from stori_jax.config_files import ConfigError, load_config
 from stori_jax.models import registry
 
@@ -393,9 +394,9 @@ def test_config_arguments_are_named_or_positional():
   assert _config("variant=random").to_dict() == _config("random").to_dict()
   assert _config(None).to_dict() == _config("imagenet").to_dict()  # the default
   fields = dict(variant=("full", "smoke"), shots=16, scale=1.0, quick=False)
-  values = paper_config.config_arguments("smoke,4", "configs/x.py", **fields)
+  values = config_files.config_arguments("smoke,4", "configs/x.py", **fields)
   assert values == dict(variant="smoke", shots=4, scale=1.0, quick=False)
-  values = paper_config.config_arguments(" quick=true , scale=0.5", "configs/x.py", **fields)
+  values = config_files.config_arguments(" quick=true , scale=0.5", "configs/x.py", **fields)
   assert values == dict(variant="full", shots=16, scale=0.5, quick=True)
   for argument, expected in (
     ("shot=4", "unknown name 'shot'"),
@@ -405,7 +406,7 @@ def test_config_arguments_are_named_or_positional():
     ("quick=maybe", "quick must be True or False"),
   ):
     with pytest.raises(ConfigError, match=expected) as error:
-      paper_config.config_arguments(argument, "configs/x.py", **fields)
+      config_files.config_arguments(argument, "configs/x.py", **fields)
     assert "configs/x.py takes :variant=full|smoke,shots=16,scale=1.0,quick=False" in str(
       error.value
     )

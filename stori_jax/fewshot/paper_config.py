@@ -6,8 +6,11 @@ overridden from the command line (--config.optim.lr=...).
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 
+from stori_jax.config_files import ConfigError, config_arguments
 from stori_jax.fewshot.prompts import CUPL_FILES
 
 DATASETS = ("imagenet", "dtd", "sun397", "flowers102", "caltech101", "food101")
@@ -86,9 +89,13 @@ def fewshot_config(
   return config
 
 
-def parse_argument(argument: str | None, default_shots: int = 16):
-  """'16' or '16,metaclip' (config_flags' `file.py:ARG`) -> (shots, backbone)."""
-  parts = [p for p in (argument or "").split(",") if p]
-  shots = int(parts[0]) if parts else default_shots
-  backbone = parts[1] if len(parts) > 1 else "clip"
-  return shots, backbone
+def parse_argument(argument: str | None, config_file: str) -> tuple[int, str]:
+  """`file.py:shots=4,backbone=metaclip` (config_flags' `file.py:ARG`; `:4,metaclip` also
+  works, positional values filling shots then backbone) -> (shots, backbone).
+
+  Raises ConfigError naming the accepted values when the argument is not understood.
+  """
+  values = config_arguments(argument, config_file, shots=16, backbone=tuple(BACKBONES))
+  if values["shots"] not in SHOTS:
+    raise ConfigError(f"configs/{os.path.basename(config_file)}: shots must be one of {SHOTS}.")
+  return values["shots"], values["backbone"]
