@@ -22,5 +22,4 @@ def get_config():
     {"source": "synthetic", "n_triples": 24, "images_per_category": 8, "seed": EMPHASIS_SEED}
   )
   config.sweep.attributes = (1, 0)
-  config.table_digits = 4  # the tiny model's effects are a few thousandths
   return config

@@ -92,10 +92,14 @@ def write_interpretability(
   bank: PromptBank,
   words: Sequence[Sequence[tuple[str, float]]],
   per_class: int = 4,
+  max_classes: int = 12,
 ) -> str:
-  """interpretability.html and .png: prompts with every word shaded by its trained weight.
+  """interpretability.html (every prompt) and .png (the prompts that matter): prompts with every
+  word shaded by its trained weight.
 
-  words: per trainable prompt, (word, weight) pairs (see prompt_word_weights).
+  words: per trainable prompt, (word, weight) pairs (see prompt_word_weights). The PNG shows, for
+  at most `max_classes` classes, the `per_class` prompts whose weights moved most from 1; a task
+  with more classes shows those whose prompts moved most (the HTML has them all).
   """
   values = [w for prompt in words for _, w in prompt] or [1.0]
   low, high = min(values), max(values)
@@ -122,21 +126,84 @@ def write_interpretability(
   path = os.path.join(workdir, "interpretability.html")
   jsonio.write_text_atomic(path, "\n".join(parts))
   _interpretability_png(
-    os.path.join(workdir, "interpretability.png"), bank, words, low, high, per_class
+    os.path.join(workdir, "interpretability.png"),
+    bank,
+    words,
+    (low, high),
+    per_class,
+    max_classes,
   )
   return path
 
 
-def _interpretability_png(path, bank, words, low, high, per_class):
+def _movement(prompt_words: Sequence[tuple[str, float]]) -> float:
+  """How far a prompt's weights moved from 1: the largest |log w| of its words."""
+  return max((abs(np.log(max(w, 1e-6))) for _, w in prompt_words), default=0.0)
+
+
+def _rgba(color: str) -> tuple[float, float, float, float]:
+  """'rgba(r, g, b, a)' (0-255 channels) -> matplotlib's 0-1 tuple."""
+  r, g, b, a = (float(v) for v in color[5:-1].split(","))
+  return r / 255, g / 255, b / 255, a
+
+
+def interpretability_rows(
+  bank: PromptBank,
+  words: Sequence[Sequence[tuple[str, float]]],
+  per_class: int,
+  max_classes: int,
+) -> tuple[list[int], list[tuple[str | None, Sequence[tuple[str, float]] | None]]]:
+  """What the PNG shows: (the classes shown, in task order; rows of (class name, None) or
+  (None, a prompt's (word, weight) pairs)). Per class the `per_class` prompts whose weights
+  moved most; of more than `max_classes` classes those whose shown prompts moved most."""
+  by_class = [
+    sorted((w for w, cls in zip(words, bank.text_class) if cls == c), key=_movement, reverse=True)[
+      :per_class
+    ]
+    for c in range(len(bank.class_names))
+  ]
+  classes = list(range(len(bank.class_names)))
+  if len(classes) > max_classes:
+    classes = sorted(classes, key=lambda c: -max(map(_movement, by_class[c]), default=0.0))
+    classes = sorted(classes[:max_classes])
+  rows: list = []
+  for c in classes:
+    rows.append((bank.class_names[c], None))
+    rows += [(None, w) for w in by_class[c]]
+  return classes, rows
+
+
+def _interpretability_png(path, bank, words, value_range, per_class, max_classes):
   plt = pyplot()
-  rows = []
-  for c, name in enumerate(bank.class_names):
-    rows.append((name, None))
-    rows += [(None, w) for w, cls in zip(words, bank.text_class) if cls == c][:per_class]
-  fig = plt.figure(figsize=(12, 0.32 * len(rows) + 0.5))
+  from matplotlib.colors import ListedColormap, Normalize  # pylint: disable=import-outside-toplevel
+
+  low, high = value_range
+  classes, rows = interpretability_rows(bank, words, per_class, max_classes)
+  header = 1.4  # inches for the title and the colour bar
+  height = 0.3 * len(rows) + header + 0.25  # and a bottom margin
+  fig = plt.figure(figsize=(12, height))
+  shown = (
+    f"{len(classes)} of {len(bank.class_names)} classes, "
+    if len(classes) < len(bank.class_names)
+    else ""
+  )
+  fig.suptitle(
+    "SToRI trained token weights: red = emphasised (w > 1), blue = turned down (w < 1)\n"
+    f"{shown}the {per_class} prompts per class whose weights moved most "
+    "(every prompt: interpretability.html)",
+    fontsize=11,
+    y=1 - 0.1 / height,
+    va="top",
+  )
+  samples = np.linspace(low, high, 256)
+  colormap = ListedColormap([_rgba(_shade(float(v), low, high)) for v in samples])
+  bar = fig.add_axes((0.3, 1 - 1.05 / height, 0.4, 0.18 / height))
+  fig.colorbar(
+    plt.cm.ScalarMappable(Normalize(low, high), colormap), cax=bar, orientation="horizontal"
+  ).set_label("trained weight w (1: unchanged)", fontsize=9)
   renderer = fig.canvas.get_renderer()
-  y = 1.0
-  step = 1.0 / (len(rows) + 1)
+  step = 0.3 / height
+  y = 1 - header / height
   for title, prompt_words in rows:
     y -= step
     if title is not None:
@@ -144,17 +211,13 @@ def _interpretability_png(path, bank, words, low, high, per_class):
       continue
     x = 0.03
     for word, weight in prompt_words:
-      color = _shade(weight, low, high)
-      rgba = [float(v) for v in color[5:-1].split(",")]
       text = fig.text(
         x,
         y,
         word,
         fontsize=9,
         va="center",
-        bbox=dict(
-          boxstyle="round,pad=0.15", lw=0, fc=(rgba[0] / 255, rgba[1] / 255, rgba[2] / 255, rgba[3])
-        ),
+        bbox=dict(boxstyle="round,pad=0.15", lw=0, fc=_rgba(_shade(weight, low, high))),
       )
       x += text.get_window_extent(renderer).width / fig.bbox.width + 0.006
   fig.savefig(path, dpi=110)
