@@ -25,8 +25,9 @@ EXTRAS = {
   # PyTorch references for parity checks and for reading torch pickles
   # (.bin/.pt). Everything else (safetensors, HF directories) loads without it.
   "torch": ["torch>=2.1", "transformers>=4.40", "open_clip_torch>=2.24"],
-  # The interactive retrieval explorer (`python -m stori_jax.explore`).
-  "explore": ["flask>=2.3"],
+  # The interactive retrieval explorer (`python -m stori_jax.explore`): flask, and werkzeug,
+  # which flask brings and the server imports itself (make_server, HTTPException).
+  "explore": ["flask>=2.3", "werkzeug>=2.3"],
   # Reference implementations the mutual-knowledge stages are compared against (a C++ dense
   # CRF; OpenCV, the reference pipeline's library, for the benchmark) and the sentence encoder of the descriptor-bank diversity check (App. A.4; ships its weights).
   "mutual": [
@@ -50,7 +51,9 @@ setuptools.setup(
   long_description_content_type="text/markdown",
   python_requires=">=3.10",
   packages=setuptools.find_packages(include=["stori_jax", "stori_jax.*", "mutual", "mutual.*"]),
-  package_data={"stori_jax": ["tokenizer/*.gz", "tokenizer/LICENSE*", "assets/**/*"]},
+  package_data={
+    "stori_jax": ["tokenizer/*.gz", "tokenizer/LICENSE*", "assets/**/*", "explorer/*.html"]
+  },
   install_requires=CORE,
   extras_require=EXTRAS,
 )

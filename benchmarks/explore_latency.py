@@ -27,11 +27,13 @@ import numpy as np
 from absl import flags
 
 import stori_jax
-from stori_jax import explore, jsonio
+from stori_jax import jsonio
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.data import synthetic
-from stori_jax.encoding import encode_images
+from stori_jax.encoding import encode_images, l2_normalize
+from stori_jax.explorer.app import create_app
+from stori_jax.explorer.ranking import Explorer
 from stori_jax.models import init_params
 
 flags.DEFINE_integer("images", 10_000, "Indexed images.")
@@ -58,14 +60,14 @@ def _tiny_index(bundle, n: int) -> np.ndarray:
 
 def _random_index(n: int, dim: int) -> np.ndarray:
   x = np.random.default_rng(0).normal(size=(n, dim)).astype(np.float32)
-  return x / np.linalg.norm(x, axis=1, keepdims=True)
+  return l2_normalize(x, axis=1)
 
 
-def time_changes(explorer: explore.Explorer, changes: int, k: int) -> dict:
+def time_changes(explorer: Explorer, changes: int, k: int) -> dict:
   words = [(w["text"], w["weight"]) for w in explorer.parse(PROMPT)]
   rng = np.random.default_rng(1)
   explorer.rank(words, k)  # compile
-  client = explore.create_app(explorer).test_client()
+  client = create_app(explorer).test_client()
   rank_ms, http_ms = [], []
   for _ in range(changes):
     i = int(rng.integers(len(words)))
@@ -104,7 +106,7 @@ def main(argv):
       config = architecture_config(name)
       bundle = CLIPBundle(config=config, params=init_params(config), source=f"{name} (random)")
       embeddings = _random_index(FLAGS.images, config.embed_dim)
-    explorer = explore.Explorer(bundle, embeddings, [str(i) for i in range(len(embeddings))])
+    explorer = Explorer(bundle, embeddings, [str(i) for i in range(len(embeddings))])
     timing = time_changes(explorer, FLAGS.changes, FLAGS.k)
     results["models"][name] = {
       "text_layers": bundle.config.text.layers,

@@ -20,9 +20,11 @@ import urllib.request
 import numpy as np
 import pytest
 
+from stori_jax.explorer.app import create_app
+from stori_jax.explorer.index import build_explorer
+from stori_jax.explorer.ranking import Explorer
+from stori_jax.explorer.world import WORLD_FAMILIES, world_data
 from stori_jax.models.config import TextConfig
-
-from stori_jax import explore
 from stori_jax.models.text import default_start_block
 from stori_jax.retrieval import metrics
 
@@ -43,15 +45,15 @@ def _body(words, **extra):
 
 
 def test_parse_splits_words_and_keeps_weights():
-  words = explore.Explorer.parse("a photo of a (red star:1.5) please")
+  words = Explorer.parse("a photo of a (red star:1.5) please")
   assert "".join(w["text"] for w in words) == "a photo of a red star please"
   assert [w["weight"] for w in words] == [1, 1, 1, 1, 1.5, 1.5, 1]
   with pytest.raises(ValueError, match="unbalanced parentheses"):
-    explore.Explorer.parse("(red:abc")
+    Explorer.parse("(red:abc")
   with pytest.raises(ValueError, match="not a number"):
-    explore.Explorer.parse("(red:abc)")
+    Explorer.parse("(red:abc)")
   with pytest.raises(ValueError, match="empty"):
-    explore.Explorer.parse("   ")
+    Explorer.parse("   ")
 
 
 def test_top_k_is_the_head_of_the_full_ranking(explorer):
@@ -61,14 +63,14 @@ def test_top_k_is_the_head_of_the_full_ranking(explorer):
   np.testing.assert_array_equal(indices, metrics.ranking(explorer.embeddings @ text)[:10])
   assert np.all(np.diff(scores) <= 0)
   # ties are broken by index, as metrics.ranking does
-  tied = explore.Explorer(explorer.bundle, np.ones((6, 4), np.float32) / 2, list("abcdef"))
+  tied = Explorer(explorer.bundle, np.ones((6, 4), np.float32) / 2, list("abcdef"))
   np.testing.assert_array_equal(tied.top_k(np.ones(4, np.float32) / 2, 3)[0], [0, 1, 2])
 
 
 def test_world_index_holds_every_combination(explorer):
   from stori_jax.data import synthetic
 
-  families = [explorer.attributes[f] for f in explore.WORLD_FAMILIES]
+  families = [explorer.attributes[f] for f in WORLD_FAMILIES]
   combinations = set(zip(*families))
   assert len(explorer.keys) == 8 * 4 * 8 == len(combinations)
   assert {c for c, _, _ in combinations} == set(synthetic.COLOURS)
@@ -78,7 +80,7 @@ def test_world_index_holds_every_combination(explorer):
     "8 colours x 4 patterns x 8 shapes, 1 image each, 256 images, synthetic world"
   )
   # the ground truth is what the images show: one thumbnail per colour, the object's pixels
-  data, attributes = explore.world_data(1, 64)
+  data, attributes = world_data(1, 64)
   image = data.load(np.asarray([0]), 64)[0]
   assert attributes["colour"][0] == "red" and image.shape == (64, 64, 3)
 
@@ -190,11 +192,11 @@ def test_blocks_are_chosen_and_validated(client, explorer):
     config=types.SimpleNamespace(text=TextConfig(layers=12, default_start_block=3))
   )
   assert default_start_block(stub.config.text) == 3
-  assert explore.Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"]).start_block == 3
+  assert Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"]).start_block == 3
   stub.config.text = TextConfig(layers=12)
-  assert explore.Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"]).start_block == 7
+  assert Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"]).start_block == 7
   with pytest.raises(ValueError, match="outside the text tower's blocks 1..12"):
-    explore.Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"], stop_block=13)
+    Explorer(stub, np.eye(2, dtype=np.float32), ["a", "b"], stop_block=13)
 
 
 def test_json_api_validates_input(client, explorer):
@@ -251,7 +253,7 @@ def _free_port() -> int:
 def server(explorer):
   from werkzeug.serving import make_server
 
-  httpd = make_server("127.0.0.1", _free_port(), explore.create_app(explorer), threaded=True)
+  httpd = make_server("127.0.0.1", _free_port(), create_app(explorer), threaded=True)
   thread = threading.Thread(target=httpd.serve_forever, daemon=True)
   thread.start()
   yield f"http://127.0.0.1:{httpd.server_port}"
@@ -470,18 +472,18 @@ def test_explorer_on_an_image_folder(tmp_path):
   for i, colour in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200)]):
     (tmp_path / "sub").mkdir(exist_ok=True)
     Image.new("RGB", (80, 50), colour).save(tmp_path / ("sub" if i else ".") / f"im{i}.png")
-  folder = explore.build_explorer("tiny-synthetic", images=str(tmp_path), cache_dir=None)
+  folder = build_explorer("tiny-synthetic", images=str(tmp_path), cache_dir=None)
   assert folder.keys == ["im0.png", "sub/im1.png", "sub/im2.png"]
   result = folder.rank([("a red circle", 1.0)], 3)
   assert result["bars"] is None and len(result["results"]) == 3
   assert result["curves"] is None and "needs attribute labels" in result["curves_note"]
-  page = explore.create_app(folder).test_client().get("/").get_data(as_text=True)
+  page = create_app(folder).test_client().get("/").get_data(as_text=True)
   assert f"index: 3 images from {tmp_path} (an image folder, without labels)" in page
   assert "The category chart needs the images' attributes, and this index has no labels" in page
   png = folder.thumbnail(2)
   assert png[:4] == b"\x89PNG"
   with pytest.raises(ValueError, match="not a folder of images"):
-    explore.build_explorer("tiny-synthetic", images=str(tmp_path / "none"), cache_dir=None)
+    build_explorer("tiny-synthetic", images=str(tmp_path / "none"), cache_dir=None)
   (tmp_path / "empty").mkdir()
   with pytest.raises(ValueError, match="no images"):
-    explore.build_explorer("tiny-synthetic", images=str(tmp_path / "empty"), cache_dir=None)
+    build_explorer("tiny-synthetic", images=str(tmp_path / "empty"), cache_dir=None)

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stori_jax import explore
+from stori_jax.explorer import limits as explorer_limits
+from stori_jax.explorer.ranking import Explorer
 from stori_jax.tokenizer import (
   MAX_WEIGHT,
   Segment,
@@ -80,11 +81,11 @@ def test_any_string_parses_to_its_plain_ids_or_raises_the_parse_error(prompt):
   _check_prompt(tok, prompt, 8)  # "too long" on the way
   # the explorer's parser (slider range [0, 5]) obeys the same rule
   try:
-    words = explore.Explorer.parse(prompt)
+    words = Explorer.parse(prompt)
   except WeightedPromptError:
     return
   assert "".join(w["text"] for w in words) == strip_weights(prompt)
-  assert all(0 <= w["weight"] <= explore.MAX_WEIGHT for w in words)
+  assert all(0 <= w["weight"] <= explorer_limits.MAX_WEIGHT for w in words)
 
 
 @st.composite

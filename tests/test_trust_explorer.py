@@ -25,9 +25,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from stori_jax import explore
-from stori_jax.models.text import default_start_block
 from stori_jax.errors import InputError
+from stori_jax.explorer import folder as explorer_folder
+from stori_jax.explorer.app import create_app, host_is_local
+from stori_jax.explorer.index import build_explorer
+from stori_jax.explorer.limits import MAX_BODY_BYTES, MAX_PROMPT_CHARS
+from stori_jax.explorer.world import MAX_IMAGES_PER_COMBINATION
+from stori_jax.models.text import default_start_block
 from stori_jax.retrieval import index as index_lib
 from stori_jax.tokenizer import Tokenizer
 
@@ -60,7 +64,7 @@ def test_body_over_the_limit_is_413_before_it_is_read(client):
   response = client.post("/api/parse", json={"prompt": prompt})
   message = _error(response, 413)
   assert time.perf_counter() - start < 5
-  assert f"at most {explore.MAX_BODY_BYTES} bytes" in message
+  assert f"at most {MAX_BODY_BYTES} bytes" in message
   assert len(response.data) < 500 and "red red red" not in message
   # one 64 KB word to /api/rank (issue row 4): refused by size, no BPE run
   word = "a" * 65536
@@ -83,7 +87,7 @@ def test_prompt_length_is_checked_before_tokenizing(client, monkeypatch):
     start = time.perf_counter()
     message = _error(client.post(path, json=body), 400)
     assert time.perf_counter() - start < 1, path
-    assert f"at most {explore.MAX_PROMPT_CHARS}" in message or "at most 200" in message, message
+    assert f"at most {MAX_PROMPT_CHARS}" in message or "at most 200" in message, message
     assert word[:100] not in message
 
 
@@ -161,10 +165,10 @@ def test_cross_origin_requests_are_refused(client):
 
 
 def test_host_is_local():
-  assert explore.host_is_local("127.0.0.1:65535") and explore.host_is_local("[::1]")
-  assert not explore.host_is_local("") and not explore.host_is_local(None)
-  assert not explore.host_is_local("[::1") and not explore.host_is_local("[::1]x")
-  assert not explore.host_is_local("localhost:80:80")
+  assert host_is_local("127.0.0.1:65535") and host_is_local("[::1]")
+  assert not host_is_local("") and not host_is_local(None)
+  assert not host_is_local("[::1") and not host_is_local("[::1]x")
+  assert not host_is_local("localhost:80:80")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +241,7 @@ def test_truncated_jpeg_is_skipped_and_named(tmp_path, caplog, monkeypatch):
   calls = _count_encodes(monkeypatch)
   cache = tmp_path / "cache"
   with caplog.at_level(logging.WARNING):
-    folder = explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
+    folder = build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
   assert folder.keys == ["a.png", "b.jpg"] and calls == [2]
   warning = "\n".join(r.getMessage() for r in caplog.records)
   assert "Skipping 3 of the 5 images" in warning
@@ -247,9 +251,11 @@ def test_truncated_jpeg_is_skipped_and_named(tmp_path, caplog, monkeypatch):
   assert folder.rank([("a red circle", 1.0)], 2)["results"][0]["key"] in ("a.png", "b.jpg")
   # the next start reuses the check and the index: no image decoded, nothing encoded
   caplog.clear()
-  monkeypatch.setattr(explore, "_image_problem", lambda path: pytest.fail("decoded " + path))
+  monkeypatch.setattr(
+    explorer_folder, "_image_problem", lambda path: pytest.fail("decoded " + path)
+  )
   with caplog.at_level(logging.WARNING):
-    again = explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
+    again = build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
   assert again.keys == folder.keys and calls == [2]
   assert "broken.jpg" in caplog.text
   np.testing.assert_array_equal(again.embeddings, folder.embeddings)
@@ -260,26 +266,26 @@ def test_folder_without_readable_images(tmp_path):
   root.mkdir()
   (root / "x.jpg").write_bytes(b"\xff\xd8\xff")
   with pytest.raises(InputError, match=r"none of the 1 images under .*bad can be read: x.jpg"):
-    explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=None)
+    build_explorer("tiny-synthetic", images=str(root), cache_dir=None)
   with pytest.raises(InputError, match="not a folder of images"):
-    explore.build_explorer("tiny-synthetic", images=str(tmp_path / "none"), cache_dir=None)
+    build_explorer("tiny-synthetic", images=str(tmp_path / "none"), cache_dir=None)
 
 
 def test_replaced_image_rebuilds_the_index(tmp_path, monkeypatch):
   root = _folder(tmp_path / "images", {"a.png": (200, 0, 0), "b.png": (0, 0, 200)})
   cache = tmp_path / "cache"
   calls = _count_encodes(monkeypatch)
-  first = explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
-  same = explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
+  first = build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
+  same = build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
   assert calls == [2]  # the second start used the cache
   np.testing.assert_array_equal(same.embeddings, first.embeddings)
   # the issue's reproducer: another image under the same name (same size, same mtime even)
   stat = os.stat(root / "a.png")
   Image.new("RGB", (40, 30), (0, 200, 0)).save(root / "a.png")
   os.utime(root / "a.png", ns=(stat.st_atime_ns, stat.st_mtime_ns))
-  replaced = explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
+  replaced = build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
   assert calls == [2, 2]
-  fresh = explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=None)
+  fresh = build_explorer("tiny-synthetic", images=str(root), cache_dir=None)
   np.testing.assert_allclose(replaced.embeddings, fresh.embeddings, atol=1e-6)
   assert not np.allclose(replaced.embeddings[0], first.embeddings[0], atol=1e-3)
   np.testing.assert_allclose(replaced.embeddings[1], first.embeddings[1], atol=1e-6)
@@ -291,26 +297,26 @@ def test_truncated_index_cache_is_rebuilt_with_a_warning(tmp_path, caplog, monke
   root = _folder(tmp_path / "images", {"a.png": (200, 0, 0), "b.png": (0, 0, 200)})
   cache = tmp_path / "cache"
   calls = _count_encodes(monkeypatch)
-  first = explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
+  first = build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
   (npz,) = [cache / p for p in os.listdir(cache) if p.endswith(".npz")]
   for corrupt in [npz.read_bytes()[: npz.stat().st_size // 2], b"", b"not a zip file"]:
     npz.write_bytes(corrupt)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-      again = explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
+      again = build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
     assert f"The index cache {npz} is unusable" in caplog.text and "rebuilding it" in caplog.text
     np.testing.assert_allclose(again.embeddings, first.embeddings, atol=1e-6)
   assert calls == [2, 2, 2, 2]
   # the rebuilt file is good again: the next start reads it, silently
   caplog.clear()
   with caplog.at_level(logging.WARNING):
-    explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
+    build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
   assert calls == [2, 2, 2, 2] and "unusable" not in caplog.text
   # a corrupt record of the image check is redone, with a warning
   (record,) = [cache / p for p in os.listdir(cache) if p.endswith(".images.json")]
   record.write_text('{"images": 2, "unread')
   with caplog.at_level(logging.WARNING):
-    explore.build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
+    build_explorer("tiny-synthetic", images=str(root), cache_dir=str(cache))
   assert f"The image check record {record} is unusable" in caplog.text
   assert json.loads(record.read_text())["unreadable"] == {}
 
@@ -318,18 +324,18 @@ def test_truncated_index_cache_is_rebuilt_with_a_warning(tmp_path, caplog, monke
 def test_bad_options_are_user_errors():
   import stori_jax
 
-  for count in [0, explore.MAX_IMAGES_PER_COMBINATION + 1]:
+  for count in [0, MAX_IMAGES_PER_COMBINATION + 1]:
     with pytest.raises(InputError, match=r"--images_per_combination must lie in \[1, 16\]"):
-      explore.build_explorer("tiny-synthetic", images_per_combination=count, cache_dir=None)
+      build_explorer("tiny-synthetic", images_per_combination=count, cache_dir=None)
   # the blocks are checked before the index is built, against the model's text tower
   config = stori_jax.load("tiny-synthetic").config
   layers, start = config.text.layers, default_start_block(config.text)
   with pytest.raises(InputError, match=f"^--start_block 99: Reweighting blocks 99..{layers} are "):
-    explore.build_explorer("tiny-synthetic", start_block=99, cache_dir=None)
+    build_explorer("tiny-synthetic", start_block=99, cache_dir=None)
   with pytest.raises(InputError, match=f"^--stop_block 99: Reweighting blocks {start}..99 are "):
-    explore.build_explorer("tiny-synthetic", stop_block=99, cache_dir=None)
+    build_explorer("tiny-synthetic", stop_block=99, cache_dir=None)
   with pytest.raises(InputError, match="^--start_block 5 --stop_block 4: Reweighting blocks 5..4"):
-    explore.build_explorer("tiny-synthetic", start_block=5, stop_block=4, cache_dir=None)
+    build_explorer("tiny-synthetic", start_block=5, stop_block=4, cache_dir=None)
 
 
 def test_cli_port_out_of_range_exits_2():
@@ -344,6 +350,29 @@ def test_cli_port_out_of_range_exits_2():
   assert result.returncode == 2, result.stderr
   assert "error: --port must lie in [0, 65535] (0 picks a free port), got 99999" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("missing", ["werkzeug", "flask"])
+def test_cli_without_the_explore_extra_exits_2(missing):
+  """`pip install -e .` has no flask: the command names the extra to install, no traceback."""
+  # None in sys.modules makes `import <missing>` fail as if it were not installed.
+  program = (
+    f"import runpy, sys; sys.modules[{missing!r}] = None; "
+    "sys.argv = ['explore', '--cache_dir=']; "
+    "runpy.run_module('stori_jax.explore', run_name='__main__')"
+  )
+  result = subprocess.run(
+    [sys.executable, "-c", program],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=300,
+    check=False,
+  )
+  assert result.returncode == 2, result.stderr
+  assert f"({missing} is not installed)" in result.stderr
+  assert 'pip install "stori-jax[explore]"' in result.stderr
+  assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,7 +400,7 @@ def _load_run() -> dict:
   from werkzeug.serving import make_server
 
   logging.getLogger("werkzeug").setLevel(logging.WARNING)  # as the command line sets it
-  explorer = explore.build_explorer("tiny-synthetic", cache_dir=None, images_per_combination=1)
+  explorer = build_explorer("tiny-synthetic", cache_dir=None, images_per_combination=1)
   reference = [("a photo of a ", 1.0), ("red ", 2.0), ("striped circle", 1.0)]
   expected_reference = [r["index"] for r in explorer.rank(reference, 12)["results"]]
   # the well-formed requests: 10 weightings of the default prompt, with their answers
@@ -385,7 +414,7 @@ def _load_run() -> dict:
     body = {"words": [{"text": t, "weight": w} for t, w in weighted], "k": k}
     good.append((body, [r["index"] for r in expected], [r["score"] for r in expected]))
   parse_expected = explorer.parse("a (red:2) striped circle")
-  big = json.dumps({"prompt": "x" * (explore.MAX_BODY_BYTES + 10)})
+  big = json.dumps({"prompt": "x" * (MAX_BODY_BYTES + 10)})
   bad = [  # (method, path, body, headers, status, fragment of the error)
     ("POST", "/api/rank", big, None, 413, "at most 65536 bytes"),
     ("POST", "/api/parse", '{"prompt": "a (red:abc)"}', None, 400, "not a number"),
@@ -431,7 +460,7 @@ def _load_run() -> dict:
     np.testing.assert_allclose([r["score"] for r in results], scores, atol=1e-6)
     return "rank"
 
-  httpd = make_server("127.0.0.1", 0, explore.create_app(explorer), threaded=True)
+  httpd = make_server("127.0.0.1", 0, create_app(explorer), threaded=True)
   port = httpd.port
   thread = threading.Thread(target=httpd.serve_forever, daemon=True)
   thread.start()

@@ -1,0 +1,102 @@
+"""What an explorer request may ask for, and the check of a /api/rank body.
+
+Every limit is checked before the model runs: a weight outside [0, MAX_WEIGHT], a prompt over
+MAX_PROMPT_CHARS characters (before tokenizing), over MAX_WORDS words, a k outside
+[1, MAX_K], a body over MAX_BODY_BYTES. Error messages quote the user's prompt, so they are
+cut to MAX_ERROR_CHARS (`shorten`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stori_jax.tokenizer import check_weight
+
+#: Slider range; weights outside are refused by the API (the parser and /api/rank alike).
+MAX_WEIGHT = 5.0
+MAX_K = 100
+#: Prompt length limits, checked before any tokenizing. CLIP reads 75 tokens, a few hundred
+#: characters; anything longer cannot be encoded, and only costs the server work.
+MAX_PROMPT_CHARS = 2000
+MAX_WORDS = 200
+#: Request bodies beyond this are refused with 413 before they are read.
+MAX_BODY_BYTES = 64 * 1024
+#: Error messages are cut to this many characters (they quote the user's prompt).
+MAX_ERROR_CHARS = 2000
+
+
+def too_long(n: int) -> str:
+  """The message for a prompt of n characters, over MAX_PROMPT_CHARS."""
+  return (
+    f"the prompt has {n} characters; the explorer takes at most {MAX_PROMPT_CHARS} (CLIP reads "
+    "only its first 75 tokens, a few hundred characters): shorten it"
+  )
+
+
+def body_too_large(length: int | None) -> str:
+  """The message for a request body of `length` bytes (None: unknown), over MAX_BODY_BYTES."""
+  size = f"{length} bytes" if length is not None else "over the limit"
+  return (
+    f"the request body is {size}; the explorer takes at most {MAX_BODY_BYTES} bytes "
+    f"(prompts of at most {MAX_PROMPT_CHARS} characters)"
+  )
+
+
+def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+  """`text` cut to `limit` characters, saying how long it was."""
+  return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters in all)"
+
+
+def validate_rank(
+  payload: Any, layers: int, default_blocks: tuple[int, int]
+) -> tuple[list[tuple[str, float]], int, tuple[int, int]]:
+  """Checks a /api/rank body; returns ([(text, weight)], k, (start_block, stop_block)) or
+  raises ValueError.
+
+  Weights go through the same rule as the prompt syntax of /api/parse (`check_weight` with
+  the slider's MAX_WEIGHT), so both routes accept and refuse the same weights. The blocks are
+  integers, each defaulting to `default_blocks`, with 1 <= start <= stop <= layers
+  (`models.text.reweighted_block_indices`, which the encoder applies).
+  """
+  from stori_jax.models.text import reweighted_block_indices  # pylint: disable=import-outside-toplevel
+
+  if not isinstance(payload, dict):
+    raise ValueError("the body must be a JSON object {words: [...], k: int}")
+  words = payload.get("words")
+  if not isinstance(words, list) or not words:
+    raise ValueError("words must be a non-empty list of {text, weight}")
+  if len(words) > MAX_WORDS:
+    raise ValueError(f"{len(words)} words; the explorer takes at most {MAX_WORDS}")
+  for i, word in enumerate(words):
+    if not isinstance(word, dict) or not isinstance(word.get("text"), str):
+      raise ValueError(f"words[{i}] must be {{text: str, weight: number}}")
+  chars = sum(len(word["text"]) for word in words)
+  if chars > MAX_PROMPT_CHARS:
+    raise ValueError(too_long(chars))
+  out = []
+  for i, word in enumerate(words):
+    text = word["text"]
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    out.append((text, check_weight(word.get("weight"), f"words[{i}] {shown!r}", MAX_WEIGHT)))
+  if not "".join(t for t, _ in out).strip():
+    raise ValueError("the prompt is empty; type a few words")
+  k = payload.get("k", 12)
+  if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+    raise ValueError(f"k must be an integer in [1, {MAX_K}]")
+  blocks = []
+  for name, default in zip(("start_block", "stop_block"), default_blocks):
+    block = payload.get(name)
+    if block is None:
+      block = default
+    elif isinstance(block, bool) or not isinstance(block, int):
+      raise ValueError(
+        f"{name} must be an integer, a block of the text tower in [1, {layers}], got "
+        f"{shorten(json.dumps(block), 40)}"
+      )
+    blocks.append(block)
+  try:
+    reweighted_block_indices(layers, *blocks)
+  except ValueError as e:
+    raise ValueError(f"start_block {blocks[0]}, stop_block {blocks[1]}: {e}") from None
+  return out, k, (blocks[0], blocks[1])
