@@ -31,7 +31,7 @@ def get_config():
   # A quarter of each batch: single objects whose colour and pattern take only two values
   # (colour alone cannot match them); half: groups of four objects that differ only in pattern
   # (pattern is what a tiny ViT learns last); the rest: the world's usual one- and two-object
-  # scenes (see stori_jax.pretrain.batch_for_step).
+  # scenes (see stori_jax.pretraining.batch_for_step).
   config.data = ml_collections.ConfigDict(
     dict(
       max_objects=2,

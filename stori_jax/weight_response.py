@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import sys
 from typing import Any
 
 import jax
@@ -33,21 +32,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from tqdm import tqdm
 
-from stori_jax import metrics_log, run_identity
+from stori_jax import metrics_log, run_identity, training_loop
 from stori_jax.bundle import CLIPBundle
-from stori_jax.checkpointing import (
-  NonFiniteWatch,
-  TrainCheckpointer,
-  nonfinite_code,
-  require_finite_checkpoint,
-)
+from stori_jax.checkpointing import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.checkpoints import native
 from stori_jax.config_files import ConfigChecks
 from stori_jax.data import synthetic
 from stori_jax.loading import ASSETS_DIR, load, named_checkpoints
 from stori_jax.models import CLIP, reweighted_block_indices
+from stori_jax.pretraining import export_path
 from stori_jax.tokenizer import default_tokenizer
 from stori_jax.tokenizer.weighted import tokenize_weighted
 
@@ -176,7 +170,7 @@ def train(config, workdir: str, restart: bool = False):
   """Runs (or resumes) weight-response training; returns the trained model as a bundle.
 
   Raises ConfigError / WorkdirMismatchError before any work, NonFiniteError on divergence
-  (the last good checkpoint kept), as `stori_jax.pretrain.train` does.
+  (the last good checkpoint kept), as `stori_jax.pretraining.train` does.
   """
   validate_config(config)
   base = load(config.init_from)
@@ -213,35 +207,32 @@ def train(config, workdir: str, restart: bool = False):
   )
   text = jax.tree_util.tree_map(jnp.copy, teacher["text"])
   state = {"text": text, "opt_state": optimizer.init(text), "step": jnp.zeros((), jnp.int32)}
-  if checkpointer.latest_step() is not None:
-    state = checkpointer.restore(state)
-    watch.last_saved = int(state["step"])
-    require_finite_checkpoint(state["text"], watch.last_saved, checkpointer.directory)
-    print(f"Resumed from step {watch.last_saved} in {workdir}", file=sys.stderr)
-  first_step = int(state["step"])
+  state, first_step = training_loop.resume(
+    checkpointer,
+    state,
+    watch,
+    trained=lambda state: state["text"],
+    total_steps=config.total_steps,
+    workdir=workdir,
+  )
   metrics_path = os.path.join(workdir, "metrics.jsonl")
-  metrics_log.read_records(metrics_path, up_to_step=first_step)
+  metrics_log.read_records(metrics_path, up_to_step=first_step)  # drop what the resume redoes
   pool = caption_pool(config)
-  done = first_step
-  bar = tqdm(total=config.total_steps, initial=first_step, desc="weight response", unit="step")
-  for step in range(first_step, config.total_steps):
-    state, metrics = train_step(state, batch_for_step(config, pool, step))
-    done = step + 1
-    watch.add(done, metrics["nonfinite"])
-    bar.update(1)
-    last = done == config.total_steps
-    if done % config.log_every == 0 or last:
-      watch.check(config.total_steps, workdir)
-      record = {"step": done, **{k: float(metrics[k]) for k in ("loss", "keep", "respond")}}
-      bar.set_postfix(keep=f"{record['keep']:.4f}", respond=f"{record['respond']:.4f}")
-      metrics_log.append_record(metrics_path, record)
-    if done % config.checkpoint_every == 0 or last:
-      watch.check(config.total_steps, workdir)
-      checkpointer.save(done, state)
-      watch.last_saved = done
-  bar.close()
-  checkpointer.wait()
-  checkpointer.close()
+  state = training_loop.train_loop(
+    train_step,
+    state,
+    lambda step: batch_for_step(config, pool, step),
+    first_step=first_step,
+    total_steps=config.total_steps,
+    checkpointer=checkpointer,
+    watch=watch,
+    workdir=workdir,
+    log_every=config.log_every,
+    checkpoint_every=config.checkpoint_every,
+    log=lambda record: metrics_log.append_record(metrics_path, record),
+    desc="weight response",
+    postfix=("keep", "respond"),
+  )
   params = jax.device_get({**teacher, "text": state["text"]})
   clip_config = base.config.replace(
     text=dataclasses.replace(base.config.text, default_start_block=int(config.default_start_block))
@@ -249,11 +240,7 @@ def train(config, workdir: str, restart: bool = False):
   bundle = CLIPBundle(
     clip_config, params, preprocess_config=base.preprocess_config, source=os.path.abspath(workdir)
   )
-  export = (
-    config.export_dir
-    if os.path.isabs(config.export_dir)
-    else os.path.join(workdir, config.export_dir)
-  )
+  export = export_path(config, workdir)
   metadata = _base_metadata(config.init_from)
   metadata.update(
     trained_by="python -m stori_jax.pretrain (weight-response stage)",

@@ -16,23 +16,16 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from stori_jax import cli, jsonio, metrics_log, pretrain, retrieve
-from stori_jax.checkpoints import native
+from stori_jax import cli, jsonio, metrics_log, pretraining, retrieve, train
 from stori_jax.config_files import ConfigChecks, ConfigError, load_config
 from stori_jax.errors import NonFiniteError, UserError
 from stori_jax.fewshot import trainer
-from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
 from stori_jax.run_identity import WorkdirMismatchError, claim_workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.py")
 PRETRAIN = os.path.join(REPO, "configs", "tiny_clip_pretrain.py")
 RETRIEVAL = os.path.join(REPO, "configs", "retrieval_synthetic.py")
-TINY = CLIPConfig(
-  embed_dim=32,
-  text=TextConfig(context_length=64, width=32, layers=4, heads=2),
-  vision=VisionConfig(image_size=64, patch_size=16, width=32, layers=1, heads=2),
-)
 #: The few-shot runs here: 4 shots of the demo's 12 classes (one step per epoch), checkpoints
 #: every 2 steps.
 OVERRIDES = {
@@ -47,13 +40,6 @@ OVERRIDES = {
 
 
 # Helpers ------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("model")
-  native.save(directory, TINY, init_params(TINY, seed=0))
-  return str(directory)
 
 
 def _set(config, key, value):
@@ -106,7 +92,8 @@ def assert_strict_json(folder) -> int:
   return count
 
 
-def _run_cli(*args, timeout=300):
+def _run_program(*args, timeout=300):
+  """`python -m *args` in a subprocess, from the repository root."""
   return subprocess.run(
     [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
   )
@@ -124,10 +111,10 @@ def assert_user_error(done, *phrases):
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, random_model):
-  """A few-shot run of demo_config(random_model) trained to its end: (workdir, metrics)."""
+def finished_run(tmp_path_factory, tiny_random_model):
+  """A few-shot run of demo_config(tiny_random_model) trained to its end: (workdir, metrics)."""
   workdir = str(tmp_path_factory.mktemp("finished") / "run")
-  metrics = trainer.run(demo_config(random_model), workdir)
+  metrics = trainer.run(demo_config(tiny_random_model), workdir)
   return workdir, metrics
 
 
@@ -250,11 +237,11 @@ def test_another_config_never_resumes_a_finished_run(tmp_path, monkeypatch, chan
 
 
 @pytest.mark.slow
-def test_the_same_config_resumes_and_reports_the_same_result(finished_run, random_model):
+def test_the_same_config_resumes_and_reports_the_same_result(finished_run, tiny_random_model):
   workdir, metrics = finished_run
   weights = snapshot(workdir)["weights.json"]
   # log_every only chooses which steps are logged: it may change on resume
-  again = trainer.run(demo_config(random_model, log_every=2), workdir)
+  again = trainer.run(demo_config(tiny_random_model, log_every=2), workdir)
   assert again["trained"] == metrics["trained"] and again["steps"] == metrics["steps"]
   assert snapshot(workdir)["weights.json"] == weights
   assert assert_strict_json(workdir) >= 4  # run.json, metrics.json, weights.json, history
@@ -313,7 +300,7 @@ def nan_from_update(first_bad: int) -> optax.GradientTransformation:
 
 @pytest.mark.slow
 def test_a_diverged_run_stops_at_its_first_nan_and_keeps_the_last_good_checkpoint(
-  tmp_path, monkeypatch, random_model
+  tmp_path, monkeypatch, tiny_random_model
 ):
   workdir = str(tmp_path / "run")
   stori_method = trainer.stori_method
@@ -325,7 +312,7 @@ def test_a_diverged_run_stops_at_its_first_nan_and_keeps_the_last_good_checkpoin
     return dataclasses.replace(method, optimizer=optax.chain(method.optimizer, nan))
 
   monkeypatch.setattr(trainer, "stori_method", diverging)
-  config = demo_config(random_model, epochs=6)
+  config = demo_config(tiny_random_model, epochs=6)
   with pytest.raises(NonFiniteError) as error:
     trainer.run(config, workdir)
   message = str(error.value)
@@ -354,10 +341,12 @@ def test_a_diverged_run_stops_at_its_first_nan_and_keeps_the_last_good_checkpoin
 
 
 @pytest.mark.slow
-def test_an_absurd_learning_rate_stops_at_the_first_step_with_the_cause(tmp_path, random_model):
+def test_an_absurd_learning_rate_stops_at_the_first_step_with_the_cause(
+  tmp_path, tiny_random_model
+):
   workdir = str(tmp_path / "run")
   with pytest.raises(NonFiniteError) as error:
-    trainer.run(demo_config(random_model, **{"optim.lr": 1000.0}), workdir)
+    trainer.run(demo_config(tiny_random_model, **{"optim.lr": 1000.0}), workdir)
   message = str(error.value)
   # log w = +-1000 overflows w = exp(log w): the weights that weights.json would hold
   assert "stopped at step 1 of 4" in message and "config.optim.lr = 1000" in message
@@ -402,15 +391,15 @@ def test_pretraining_stops_at_its_first_nan(tmp_path, monkeypatch):
   config = small_config()
   config.total_steps, config.checkpoint_every, config.log_every = 6, 2, 1
   config.eval_every = 1000
-  make_optimizer = pretrain.make_optimizer
+  make_optimizer = pretraining.make_optimizer
   monkeypatch.setattr(
-    pretrain,
+    pretraining,
     "make_optimizer",
     lambda c: optax.chain(make_optimizer(c), nan_from_update(4)),
   )
   workdir = str(tmp_path / "pretrain")
   with pytest.raises(NonFiniteError, match="pretraining stopped at step 4 of 6") as error:
-    pretrain.train(config, workdir)
+    pretraining.train(config, workdir)
   assert "config.learning_rate" in str(error.value)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
   records = metrics_log.read_records(os.path.join(workdir, "metrics.jsonl"))
@@ -438,7 +427,7 @@ def test_pretraining_config_values_are_checked(key, value, expected):
   config = load_config(PRETRAIN)
   _set(config, key, value)
   with pytest.raises(ConfigError) as error:
-    pretrain.validate_config(config)
+    pretraining.validate_config(config)
   assert expected in str(error.value)
 
 
@@ -448,15 +437,15 @@ def test_pretraining_refuses_a_workdir_of_another_config(tmp_path, monkeypatch):
   claim_workdir(workdir, {"config": config})
   (tmp_path / "pretrain" / "metrics.jsonl").write_text('{"step": 50, "loss": 1.0}\n')
   before = snapshot(workdir)
-  monkeypatch.setattr(pretrain, "make_optimizer", lambda c: pytest.fail("the run started"))
+  monkeypatch.setattr(pretraining, "make_optimizer", lambda c: pytest.fail("the run started"))
   config.learning_rate = 3e-3
   with pytest.raises(WorkdirMismatchError, match="config.learning_rate: 0.0015 then, 0.003 now"):
-    pretrain.train(config, workdir)
+    pretraining.train(config, workdir)
   assert snapshot(workdir) == before
   config.learning_rate, config.log_every = 1.5e-3, 7  # the log cadence may change on resume
-  monkeypatch.setattr(pretrain, "make_optimizer", _not_reached)
+  monkeypatch.setattr(pretraining, "make_optimizer", _not_reached)
   with pytest.raises(_NotReached):
-    pretrain.train(config, workdir)
+    pretraining.train(config, workdir)
 
 
 @pytest.mark.parametrize(
@@ -499,13 +488,11 @@ def test_retrieval_refuses_results_of_another_config(tmp_path, monkeypatch):
     retrieve.run(config, out)
 
 
-def test_retrieval_block_numbers_are_checked_against_the_model(tmp_path):
-  import stori_jax
-
+def test_retrieval_block_numbers_are_checked_against_the_model(tmp_path, tiny_synthetic):
   config = load_config(RETRIEVAL)
   config.sweep.start_blocks = "(1,9)"
   with pytest.raises(ConfigError, match=r"config.sweep.start_blocks: blocks \[9\] are outside"):
-    retrieve.run(config, str(tmp_path / "out"), bundle=stori_jax.load("tiny-synthetic"))
+    retrieve.run(config, str(tmp_path / "out"), bundle=tiny_synthetic)
   assert os.listdir(tmp_path / "out") == ["run.json"]  # no index, no result
 
 
@@ -551,19 +538,17 @@ def test_nearest_config_key_is_suggested():
   assert cli._nearest_keys("epoch", known) == ["epochs"]
 
 
-def test_train_cli_names_an_unknown_key_and_its_nearest(tmp_path):
-  done = _run_cli(
-    "stori_jax.train", f"--config={DEMO}", f"--workdir={tmp_path / 'run'}", "--config.lr=abc"
-  )
+def test_train_cli_names_an_unknown_key_and_its_nearest(tmp_path, run_command):
+  done = run_command(train, f"--config={DEMO}", f"--workdir={tmp_path / 'run'}", "--config.lr=abc")
   assert_user_error(done, "--config.lr=abc", "no key 'lr'", "did you mean --config.optim.lr")
   assert not (tmp_path / "run").exists()
 
 
-def test_train_cli_refuses_the_readme_seed_command_on_a_finished_run(tmp_path):
+def test_train_cli_refuses_the_readme_seed_command_on_a_finished_run(tmp_path, run_command):
   workdir = fake_finished_run(str(tmp_path / "run"), demo_config("tiny-synthetic"))
   before = snapshot(workdir)
-  done = _run_cli(
-    "stori_jax.train",
+  done = run_command(
+    train,
     f"--config={DEMO}",
     f"--workdir={workdir}",
     *_flags("tiny-synthetic"),
@@ -571,6 +556,11 @@ def test_train_cli_refuses_the_readme_seed_command_on_a_finished_run(tmp_path):
   )
   assert_user_error(done, "config.seed: 1 then, 2 now", "--restart", "another --workdir")
   assert snapshot(workdir) == before
+
+
+#: Commands run as programs below (synthetic_world's one run as a program), the others in this
+#: process.
+AS_PROGRAM = {"stori_jax.evaluation.synthetic_world"}
 
 
 @pytest.mark.parametrize(
@@ -619,11 +609,17 @@ def test_train_cli_refuses_the_readme_seed_command_on_a_finished_run(tmp_path):
     "synthetic-eval",
   ],
 )
-def test_cli_user_errors_are_one_paragraph_and_exit_2(tmp_path, args, phrases):
+def test_cli_user_errors_are_one_paragraph_and_exit_2(tmp_path, run_command, args, phrases):
   afile = tmp_path / "a_file"
   afile.write_text("keep me")
-  args = [a.replace("WORKDIR", str(tmp_path / "run")).replace("FILE", str(afile)) for a in args]
-  assert_user_error(_run_cli(*args), *phrases)
+  name, *args = [
+    a.replace("WORKDIR", str(tmp_path / "run")).replace("FILE", str(afile)) for a in args
+  ]
+  if name in AS_PROGRAM:
+    done = _run_program(name, *args)
+  else:
+    done = run_command(name, *args)
+  assert_user_error(done, *phrases)
   assert afile.read_text() == "keep me"
   assert not (tmp_path / "run").exists() or os.listdir(tmp_path / "run") == []
 

@@ -5,13 +5,24 @@ import json
 import os
 import shutil
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from safetensors.numpy import load_file
 
 from stori_jax import weight_response
 from stori_jax.config_files import ConfigError, load_config
 from stori_jax.loading import ASSETS_DIR
+from stori_jax.models import (
+  CLIP,
+  CLIPConfig,
+  TextConfig,
+  VisionConfig,
+  init_params,
+  reweighted_block_indices,
+)
 from stori_jax.tokenizer import default_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,8 +32,16 @@ CONFIG_FILE = os.path.join(REPO, "configs", "tiny_clip_weight_response.py")
 def small_config(**changes):
   config = load_config(CONFIG_FILE)
   config.update(
-    dict(captions=300, batch_size=8, total_steps=4, warmup_steps=1, log_every=1,
-         checkpoint_every=2, export_dtype="float32", **changes)
+    dict(
+      captions=300,
+      batch_size=8,
+      total_steps=4,
+      warmup_steps=1,
+      log_every=1,
+      checkpoint_every=2,
+      export_dtype="float32",
+      **changes,
+    )
   )
   return config
 
@@ -59,6 +78,28 @@ def test_bad_values_are_refused_before_any_work(tmp_path):
   del error
 
 
+def test_the_step_donates_its_state():
+  tiny = CLIPConfig(
+    embed_dim=16,
+    text=TextConfig(context_length=64, width=16, layers=2, heads=2),
+    vision=VisionConfig(image_size=32, patch_size=16, width=16, layers=1, heads=2),
+  )
+  teacher = init_params(tiny, seed=0)
+  config = small_config()
+  config.batch_size = 2
+  optimizer = optax.adam(1e-3)
+  step = weight_response.make_train_step(
+    config, CLIP(tiny), teacher, reweighted_block_indices(2, 2), optimizer
+  )
+  text = jax.tree_util.tree_map(jnp.copy, teacher["text"])
+  state = {"text": text, "opt_state": optimizer.init(text), "step": jnp.zeros((), jnp.int32)}
+  batch = weight_response.batch_for_step(config, weight_response.caption_pool(config), 0)
+  new_state, _ = step(state, batch)
+  first = lambda tree: jax.tree_util.tree_leaves(tree)[0]
+  assert first(state["text"]).is_deleted() and not first(new_state["text"]).is_deleted()
+  assert not first(teacher["text"]).is_deleted()  # the teacher is a constant of the step
+
+
 @pytest.mark.slow
 def test_short_run_is_deterministic_and_resumes_to_the_same_weights(tmp_path):
   config = small_config()
@@ -79,8 +120,12 @@ def test_short_run_is_deterministic_and_resumes_to_the_same_weights(tmp_path):
     np.testing.assert_array_equal(a[key], b[key])
   # Only the text tower trains; the export stores the configured default start block.
   base = load_file(os.path.join(ASSETS_DIR, "tiny-synthetic-base", "params.safetensors"))
-  assert all(np.array_equal(a[k], base[k].astype(np.float32)) for k in a if not k.startswith("text"))
-  assert any(not np.array_equal(a[k], base[k].astype(np.float32)) for k in a if k.startswith("text"))
+  assert all(
+    np.array_equal(a[k], base[k].astype(np.float32)) for k in a if not k.startswith("text")
+  )
+  assert any(
+    not np.array_equal(a[k], base[k].astype(np.float32)) for k in a if k.startswith("text")
+  )
   assert first.config.text.default_start_block == config.default_start_block
 
 
@@ -89,7 +134,9 @@ def test_shipped_checkpoint_was_made_by_the_weight_response_config():
   tiny-synthetic-base): `python -m stori_jax.pretrain` with each reproduces it."""
   with open(os.path.join(ASSETS_DIR, "tiny-synthetic", "stori_config.json"), encoding="utf-8") as f:
     shipped = json.load(f)
-  with open(os.path.join(ASSETS_DIR, "tiny-synthetic-base", "stori_config.json"), encoding="utf-8") as f:
+  with open(
+    os.path.join(ASSETS_DIR, "tiny-synthetic-base", "stori_config.json"), encoding="utf-8"
+  ) as f:
     base = json.load(f)
   config = json.loads(load_config(CONFIG_FILE).to_json_best_effort())
   assert shipped["metadata"]["weight_response_config"] == config
