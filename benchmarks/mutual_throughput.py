@@ -34,6 +34,7 @@ import stori_jax
 from mutual import pipeline, report
 from mutual.paper_config import analysis_config
 from stori_jax.data import synthetic
+from stori_jax.encoding import l2_normalize
 from stori_jax.parity import random_pair
 
 flags.DEFINE_string("arch", "", "open_clip architecture; empty: the tiny-synthetic model's config.")
@@ -180,10 +181,6 @@ def reference_class(model, images, mean, std, desc, classes, k, u):
 # ---------------------------------------------------------------------------------------------
 
 
-def _unit(x):
-  return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
-
-
 def main(argv):
   del argv
   if FLAGS.arch:
@@ -195,8 +192,10 @@ def main(argv):
   size = int(bundle.config.vision.image_size)
   embed = int(bundle.config.embed_dim)
   rng = np.random.default_rng(0)
-  desc = _unit(rng.normal(size=(FLAGS.descriptors, embed)))
-  classes = _unit(rng.normal(size=(FLAGS.classes, embed)))
+  # Normalised in float64, as drawn, then stored as float32.
+  desc = l2_normalize(rng.normal(size=(FLAGS.descriptors, embed)), dtype=np.float64)
+  classes = l2_normalize(rng.normal(size=(FLAGS.classes, embed)), dtype=np.float64)
+  desc, classes = desc.astype(np.float32), classes.astype(np.float32)
   bank = pipeline.TextBank(
     tuple(f"d{i}" for i in range(len(desc))),
     desc,

@@ -80,6 +80,7 @@ from absl import app, flags
 from jax.sharding import NamedSharding, PartitionSpec
 
 from stori_jax.bundle import CLIPBundle
+from stori_jax.encoding import l2_normalize_jax
 from stori_jax.fewshot import prompts as prompt_lib
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
 from stori_jax.fewshot.text_classifier import (
@@ -231,10 +232,6 @@ def from_buckets(bank, parts) -> np.ndarray:
   return full
 
 
-def _normalize(x):
-  return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-
-
 def _schedule(total_steps: int):
   return optax.cosine_decay_schedule(FLAGS.lr, total_steps)
 
@@ -248,11 +245,11 @@ def make_naive_step(model: CLIP, blocks, num_classes: int, logit_scale: float, o
   def loss_fn(log_w, params, ids, trainable, text_class, pixels, labels):
     log_w = jnp.where(trainable, log_w, 0.0)
     text = model.apply({"params": params}, ids, log_w, blocks, method=CLIP.encode_text)
-    text = _normalize(text)
+    text = l2_normalize_jax(text)
     sums = jax.ops.segment_sum(text, text_class, num_segments=num_classes)
     counts = jax.ops.segment_sum(jnp.ones(len(ids)), text_class, num_segments=num_classes)
-    embeddings = _normalize(sums / counts[:, None])
-    image = _normalize(model.apply({"params": params}, pixels, method=CLIP.encode_image))
+    embeddings = l2_normalize_jax(sums / counts[:, None])
+    image = l2_normalize_jax(model.apply({"params": params}, pixels, method=CLIP.encode_image))
     loss, _ = cross_entropy_loss(embeddings, image, labels, logit_scale)
     return loss, embeddings
 
@@ -443,7 +440,7 @@ def benchmark():
   jax.block_until_ready(classifier.prefix)
   prefix_s = time.perf_counter() - start
   start = time.perf_counter()
-  features = np.asarray(_normalize(bundle.encode_image(pixels)))
+  features = np.asarray(l2_normalize_jax(bundle.encode_image(pixels)))
   image_s = time.perf_counter() - start
   opt_config = ml_collections.ConfigDict({"optim": {"lr": FLAGS.lr}})
   method = stori_method(opt_config, classifier, total_steps)

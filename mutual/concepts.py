@@ -13,6 +13,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from stori_jax.encoding import l2_normalize_jax
+
 
 def _flatten(features, mask, n_concepts: int):
   features, mask = jnp.asarray(features, jnp.float32), jnp.asarray(mask, bool)
@@ -165,6 +167,6 @@ def kmeans_concepts(
     int32 [B, h, w]: cluster index in [0, n_concepts), -1 on background.
   """
   x, fg = _flatten(features, mask, n_concepts)
-  x = x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+  x = l2_normalize_jax(x, axis=1)
   _, labels = kmeans(jax.random.PRNGKey(seed), x, fg, n_concepts, n_init, max_iter)
   return jnp.where(fg, labels, -1).reshape(jnp.shape(mask))

@@ -7,6 +7,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from stori_jax.encoding import l2_normalize_jax
+
 FEATURE_KINDS = ("tokens", "keys")
 
 
@@ -48,5 +50,5 @@ def image_embeddings(bundle, images, normalize: bool = True) -> jax.Array:
   unless normalize=False."""
   embeddings = bundle.encode_image(images)
   if normalize:
-    embeddings = embeddings / jnp.linalg.norm(embeddings, axis=-1, keepdims=True)
+    embeddings = l2_normalize_jax(embeddings)
   return embeddings

@@ -13,6 +13,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from stori_jax.encoding import l2_normalize_jax
+
 
 def _check_features(features) -> jax.Array:
   features = jnp.asarray(features)
@@ -42,7 +44,7 @@ def fiedler_vector(features: jax.Array, center: bool = False) -> jax.Array:
   flat = features.reshape(-1, dim)
   if center:
     flat = flat - jnp.mean(flat, axis=0)
-  flat = flat / jnp.maximum(jnp.linalg.norm(flat, axis=-1, keepdims=True), 1e-12)
+  flat = l2_normalize_jax(flat)
   u, _, _ = jnp.linalg.svd(flat, full_matrices=False)
   second = u[:, 1]
   positive = jnp.mean(second > 0)

@@ -25,7 +25,7 @@ import numpy as np
 from mutual import concepts, crf, descriptors, features, foreground, information, transport
 from mutual import visual_prompts
 from stori_jax.data import synthetic_tasks
-from stori_jax.encoding import encode_texts
+from stori_jax.encoding import encode_texts, l2_normalize
 from stori_jax.preprocess import normalize
 
 METHODS = ("pca", "kmeans")
@@ -98,8 +98,7 @@ def encode_bank(
   )
   bounds = np.cumsum([0] + [len(g) for g in prompts])
   classes = np.stack([encoded[a:b].mean(axis=0) for a, b in zip(bounds[:-1], bounds[1:])])
-  classes /= np.linalg.norm(classes, axis=-1, keepdims=True)
-  return TextBank(tuple(bank), bank_embeddings, tuple(class_names), classes.astype(np.float32))
+  return TextBank(tuple(bank), bank_embeddings, tuple(class_names), l2_normalize(classes))
 
 
 def bank_descriptors(config, per_class: Mapping[str, Sequence[str]]) -> list[str]:

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mutual import visual_prompts
+from stori_jax import encoding
 
 #: CLIPScore's weight (Hessel et al. 2021), which App. E's Fig. 7 applies to the class score.
 SCORE_SCALE = 2.5
@@ -120,25 +121,13 @@ def clip_scorer(
   """A score_fn for a CLIP bundle: images float [N, S, S, 3] in [0, 1] -> float32 [N, C],
   scale x cosine(image embedding, unit class embeddings [C, E]). Chunks of `batch_size` are
   padded to a fixed shape so that the tower compiles once."""
-  classes = jnp.asarray(class_embeddings, jnp.float32)
-  classes = classes / jnp.linalg.norm(classes, axis=-1, keepdims=True)
-  mean = jnp.asarray(bundle.preprocess_config.mean, jnp.float32)
-  std = jnp.asarray(bundle.preprocess_config.std, jnp.float32)
+  classes = encoding.l2_normalize_jax(jnp.asarray(class_embeddings, jnp.float32))
 
   def score(images) -> np.ndarray:
-    images = jnp.asarray(images, jnp.float32)
-    n = images.shape[0]
-    chunk = min(batch_size, n)
-    out = []
-    for start in range(0, n, chunk):
-      part = images[start : start + chunk]
-      real = part.shape[0]
-      if real < chunk:
-        part = jnp.concatenate([part, jnp.zeros((chunk - real, *part.shape[1:]), part.dtype)])
-      embedded = bundle.encode_image((part - mean) / std)[:real]
-      embedded = embedded / jnp.linalg.norm(embedded, axis=-1, keepdims=True)
-      out.append(np.asarray(scale * embedded @ classes.T))
-    return np.concatenate(out) if out else np.zeros((0, classes.shape[0]), np.float32)
+    if not len(images):
+      return np.zeros((0, classes.shape[0]), np.float32)
+    embedded = encoding.encode_images_on_device(bundle, images, batch_size)
+    return np.asarray(scale * embedded @ classes.T)
 
   return score
 
@@ -279,18 +268,8 @@ def region_embeddings(
     repeated, maps, 1, thickness, blur_size, largest_region
   )
   flat = prompted.reshape(-1, *prompted.shape[3:])  # [B L 3, S, S, 3]
-  mean = jnp.asarray(bundle.preprocess_config.mean, jnp.float32)
-  std = jnp.asarray(bundle.preprocess_config.std, jnp.float32)
-  chunk = min(batch_size, flat.shape[0])
-  out = []
-  for start in range(0, flat.shape[0], chunk):
-    part = flat[start : start + chunk]
-    real = part.shape[0]
-    if real < chunk:
-      part = jnp.concatenate([part, jnp.zeros((chunk - real, *part.shape[1:]), part.dtype)])
-    e = bundle.encode_image((part - mean) / std)[:real]
-    out.append(e / jnp.linalg.norm(e, axis=-1, keepdims=True))
-  embedded = jnp.concatenate(out).reshape(batch, n, len(visual_prompts.VARIANTS), -1).mean(axis=2)
+  embedded = encoding.encode_images_on_device(bundle, flat, batch_size)
+  embedded = embedded.reshape(batch, n, len(visual_prompts.VARIANTS), -1).mean(axis=2)
   return np.asarray(jnp.where(ok.reshape(batch, n)[..., None], embedded, 0.0))
 
 
@@ -313,9 +292,7 @@ def importance(
      invalid.)
   """
 
-  def unit(x):
-    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
+  unit = encoding.l2_normalize_jax
   image = unit(image_embeddings)[:, None]
   score = jnp.sum(image * unit(concept_embeddings), -1) * jnp.sum(
     image * unit(descriptor_embeddings), -1

@@ -1,19 +1,27 @@
 """Batched encoding of images and texts by a CLIP bundle, and L2 normalisation.
 
-`encode_images` and `encode_texts` return unit rows (float32 [N, E]) for any number of inputs:
-they run the bundle's encoders on fixed-size batches (the last one padded by repeating its last
-row, then cut), so that one compiled function serves every call; texts are also cut to their
-longest tokenized length rounded up to a bucket of tokens, which is exact because the text
-mask is causal. They use only `bundle.tokenize(texts, with_weights=...)`,
-`bundle.encode_text(ids, weights=None, start_block=..., method=...)`, `bundle.encode_image` and
-`bundle.preprocess_config.mean / std`, so any object with those (a CLIPBundle, a test stub)
-works.
+`encode_images`, `encode_texts` and `encode_tokens` return unit rows (float32 [N, E]) for any
+number of inputs: they run the bundle's encoders on fixed-size batches (the last one padded by
+repeating its last row, then cut), so that one compiled function serves every call; token rows
+are also cut to their longest text rounded up to a bucket of tokens, which is exact because the
+text mask is causal. `encode_pixels` does the same for preprocessed images arriving in chunks of any
+size (an image set larger than memory streams through), and `encode_images_on_device` for float
+images already on the device, returning a jax.Array for callers that go on computing there.
+`l2_normalize` (numpy) and `l2_normalize_jax` (traceable) are the one normalisation of the
+project's embeddings.
+
+They use only `bundle.tokenize(texts, with_weights=...)`,
+`bundle.encode_text(ids, weights=None, start_block=..., stop_block=..., method=...)`,
+`bundle.encode_image` and `bundle.preprocess_config.mean / std`, so any object with those (a
+CLIPBundle, a test stub) works.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -28,19 +36,41 @@ LENGTH_BUCKET = 16
 NORM_EPSILON = 1e-12
 
 
-def l2_normalize(x, axis: int = -1, eps: float = NORM_EPSILON) -> np.ndarray:
-  """float32 `x` divided by its L2 norm along `axis` (at least `eps`).
+def l2_normalize(x, axis: int = -1, eps: float = NORM_EPSILON, dtype=np.float32) -> np.ndarray:
+  """`x` as `dtype` divided by its L2 norm along `axis` (at least `eps`).
 
   Args:
     x: array-like [..., E].
     axis: the axis normalised.
     eps: the smallest norm divided by.
+    dtype: the floating dtype computed in and returned (float64 for statistics that need it).
 
   Returns:
-    float32, the shape of `x`.
+    `dtype`, the shape of `x`.
   """
-  x = np.asarray(x, np.float32)
-  return x / np.maximum(np.linalg.norm(x, axis=axis, keepdims=True), np.float32(eps))
+  x = np.asarray(x, dtype)
+  return x / np.maximum(np.linalg.norm(x, axis=axis, keepdims=True), np.asarray(eps, x.dtype))
+
+
+def l2_normalize_jax(x: jax.Array, axis: int = -1, eps: float | None = NORM_EPSILON) -> jax.Array:
+  """`x` divided by its L2 norm along `axis` (at least `eps`), traceable and differentiable.
+
+  Wherever the norm exceeds `eps` the values and the gradients are those of x / ||x||; the
+  floor keeps a zero row's value zero instead of NaN (its gradient stays undefined).
+
+  Args:
+    x: float [..., E], any float dtype.
+    axis: the axis normalised.
+    eps: the smallest norm divided by (a Python float, so that it takes x's dtype). None: no
+      floor, for compiled code whose rounding must not move: XLA rewrites x / sqrt(s) as
+      x * rsqrt(s) only when nothing stands between them, so under jit the floor changes
+      results by an ulp.
+
+  Returns:
+    x's dtype and shape.
+  """
+  norm = jnp.linalg.norm(x, axis=axis, keepdims=True)
+  return x / (norm if eps is None else jnp.maximum(norm, eps))
 
 
 def batch_rows(n: int, batch_size: int) -> int:
@@ -81,6 +111,24 @@ def _padded(rows: np.ndarray, size: int) -> np.ndarray:
   return np.concatenate([rows, np.repeat(rows[-1:], size - len(rows), axis=0)])
 
 
+def _packed(chunks: Iterable[np.ndarray], size: int) -> Iterator[tuple[np.ndarray, int]]:
+  """(batch [size, ...], real rows) over the rows of `chunks`, in order; the last batch is
+  padded by `_padded`. Holds at most one batch of rows beyond the current chunk."""
+  pending, count = [], 0
+  for chunk in chunks:
+    start = 0
+    while start < len(chunk):
+      take = chunk[start : start + size - count]
+      start += len(take)
+      pending.append(take)
+      count += len(take)
+      if count == size:
+        yield (pending[0] if len(pending) == 1 else np.concatenate(pending)), size
+        pending, count = [], 0
+  if count:
+    yield _padded(np.concatenate(pending), size), count
+
+
 def _batches(n: int, size: int, desc: str | None) -> Iterator[slice]:
   """Slices of `size` rows over n rows, with a progress bar when there are several (desc None:
   no bar; a single batch finishes before a bar is useful)."""
@@ -95,6 +143,31 @@ def _batches(n: int, size: int, desc: str | None) -> Iterator[slice]:
   )
   for start in bar:
     yield slice(start, start + size)
+
+
+def encode_pixels(bundle, chunks: Iterable[np.ndarray], batch_size: int = BATCH_SIZE) -> np.ndarray:
+  """L2-normalised image embeddings of preprocessed images that arrive in chunks.
+
+  Args:
+    bundle: a CLIPBundle (or anything with encode_image).
+    chunks: float32 [n_i, S, S, 3] normalised images, chunks of any size (also 0), read lazily.
+    batch_size: the rows of every encode call (exactly: the rows are packed across chunks and
+      the last batch is padded), so one compiled function serves every call. A row's embedding
+      does not depend on the other rows of its batch.
+
+  Returns:
+    float32 [sum n_i, E], unit rows in input order.
+
+  Raises:
+    ValueError: the chunks held no image.
+  """
+  out = [
+    np.asarray(bundle.encode_image(batch), np.float32)[:count]
+    for batch, count in _packed(chunks, batch_size)
+  ]
+  if not out:
+    raise ValueError("encode_pixels got no images")
+  return l2_normalize(np.concatenate(out))
 
 
 def encode_images(
@@ -119,11 +192,88 @@ def encode_images(
     )
   mean, std = bundle.preprocess_config.mean, bundle.preprocess_config.std
   chunk = batch_rows(len(images), batch_size)
+  # Normalised one batch at a time: float32 pixels take 4x the memory of the uint8 images.
+  pixels = (normalize(images[rows], mean, std) for rows in _batches(len(images), chunk, desc))
+  return encode_pixels(bundle, pixels, chunk)
+
+
+def encode_images_on_device(bundle, images, batch_size: int = BATCH_SIZE) -> jax.Array:
+  """L2-normalised image embeddings of float images, computed and kept on the device.
+
+  For callers that go on computing with the embeddings in JAX (the mutual-knowledge analysis
+  scores perturbed and visually prompted images this way).
+
+  Args:
+    bundle: a CLIPBundle (or anything with encode_image and preprocess_config).
+    images: float [N>0, S, S, 3] RGB in [0, 1] (jax or numpy); normalised here with the
+      bundle's mean and std.
+    batch_size: at most this many images per encode call: min(batch_size, N) rows, the last
+      call padded by repeating its last image, so one compiled function serves a call.
+
+  Returns:
+    float32 jax.Array [N, E], unit rows.
+  """
+  images = jnp.asarray(images, jnp.float32)
+  n = images.shape[0]
+  if not n:
+    raise ValueError("encode_images_on_device got no images")
+  mean = jnp.asarray(bundle.preprocess_config.mean, jnp.float32)
+  std = jnp.asarray(bundle.preprocess_config.std, jnp.float32)
+  chunk = min(int(batch_size), n)
   out = []
-  for rows in _batches(len(images), chunk, desc):
-    part = normalize(images[rows], mean, std)
-    count = len(part)
-    out.append(np.asarray(bundle.encode_image(_padded(part, chunk)), np.float32)[:count])
+  for start in range(0, n, chunk):
+    part = images[start : start + chunk]
+    real = part.shape[0]
+    if real < chunk:
+      part = jnp.concatenate([part, jnp.repeat(part[-1:], chunk - real, axis=0)])
+    out.append(l2_normalize_jax(bundle.encode_image((part - mean) / std)[:real]))
+  return out[0] if len(out) == 1 else jnp.concatenate(out)
+
+
+def encode_tokens(
+  bundle,
+  ids,
+  weights=None,
+  method: str = "stori",
+  start_block: int | None = None,
+  stop_block: int | None = None,
+  batch_size: int = BATCH_SIZE,
+  desc: str | None = None,
+) -> np.ndarray:
+  """L2-normalised text embeddings of tokenized texts.
+
+  Args:
+    bundle: a CLIPBundle (or anything with encode_text).
+    ids: int [N>0, T] token ids, padded with id 0 after the end-of-text token.
+    weights: float32 [N, T] token weights, passed to the encoder as they are (all ones too:
+      the weighted encoders may round differently from the plain one), or None: plain CLIP.
+    method: "stori" or "prompt_weighting" (see CLIPBundle.encode_text).
+    start_block, stop_block: the reweighted blocks (1-indexed, inclusive; stop_block only for
+      "stori"); None: the bundle's defaults.
+    batch_size: texts per encode call; rows are cut to the longest text rounded up to a
+      multiple of 16 tokens (`trim_tokens`) and the last batch is padded, so one compiled
+      function serves every call.
+    desc: progress-bar label (None: no bar).
+
+  Returns:
+    float32 [N, E], unit rows.
+  """
+  ids, weights = trim_tokens(ids, None if weights is None else np.asarray(weights, np.float32))
+  if not len(ids):
+    raise ValueError("encode_tokens needs at least one text")
+  blocks = {"start_block": start_block, "method": method}
+  if stop_block is not None:  # prompt weighting takes none (and test stubs may not either)
+    blocks["stop_block"] = stop_block
+  chunk = batch_rows(len(ids), batch_size)
+  out = []
+  for rows in _batches(len(ids), chunk, desc):
+    part_ids = _padded(ids[rows], chunk)
+    count = min(len(ids), rows.stop) - rows.start
+    if weights is None:
+      features = bundle.encode_text(part_ids)
+    else:
+      features = bundle.encode_text(part_ids, _padded(weights[rows], chunk), **blocks)
+    out.append(np.asarray(features, np.float32)[:count])
   return l2_normalize(np.concatenate(out))
 
 
@@ -144,11 +294,9 @@ def encode_texts(
     weighted: parse the weight syntax and pass the token weights to the encoder. Plain texts
       (captions may hold ':') are tokenized literally.
     method: "stori" or "prompt_weighting" (see CLIPBundle.encode_text); used only when some
-      token weight differs from 1.
+      token weight differs from 1 (all ones: the plain encoder, one compilation less).
     start_block: first reweighted block (1-indexed); None: the bundle's default.
-    batch_size: texts per encode call; rows are cut to the longest tokenized text rounded
-      up to a multiple of 16 tokens (`trim_tokens`) and the last batch is padded, so one
-      compiled function serves every call.
+    batch_size: texts per encode call (see `encode_tokens`).
     desc: progress-bar label (None: no bar).
 
   Returns:
@@ -164,16 +312,12 @@ def encode_texts(
       weights = None
   else:
     ids, weights = bundle.tokenize(texts), None
-  ids, weights = trim_tokens(ids, weights)
-  chunk = batch_rows(len(texts), batch_size)
-  out = []
-  for rows in _batches(len(texts), chunk, desc):
-    part_ids = _padded(ids[rows], chunk)
-    count = min(len(texts), rows.stop) - rows.start
-    if weights is None:
-      features = bundle.encode_text(part_ids)
-    else:
-      part_weights = _padded(weights[rows], chunk)
-      features = bundle.encode_text(part_ids, part_weights, start_block=start_block, method=method)
-    out.append(np.asarray(features, np.float32)[:count])
-  return l2_normalize(np.concatenate(out))
+  return encode_tokens(
+    bundle,
+    ids,
+    weights,
+    method=method,
+    start_block=start_block,
+    batch_size=batch_size,
+    desc=desc,
+  )

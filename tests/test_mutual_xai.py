@@ -192,6 +192,26 @@ def test_region_embeddings_match_the_analysis_concept_embeddings(tiny):
   assert not valid[:, 2].any() and not got[:, 2].any()
 
 
+def test_clip_scorer_does_not_depend_on_its_batches(tiny):
+  """The scores are scale x cosine with the unit class embeddings, whatever the batching (the
+  last batch is padded; all rows are scored in one product): equal to float32 rounding."""
+  bundle, cls = tiny
+  classes = np.random.default_rng(0).normal(size=(3, bundle.config.embed_dim)) * 4.0
+  images = cls.images[:7].astype(np.float32) / 255
+  got = xai.clip_scorer(bundle, classes, batch_size=3)(images)
+  assert got.shape == (7, 3) and got.dtype == np.float32
+  np.testing.assert_allclose(
+    got, xai.clip_scorer(bundle, classes, batch_size=16)(images), atol=1e-6
+  )
+  pre = bundle.preprocess_config
+  mean, std = np.asarray(pre.mean, np.float32), np.asarray(pre.std, np.float32)
+  image = np.asarray(bundle.encode_image((images - mean) / std), np.float64)
+  image /= np.linalg.norm(image, axis=1, keepdims=True)
+  unit = classes / np.linalg.norm(classes, axis=1, keepdims=True)
+  np.testing.assert_allclose(got, xai.SCORE_SCALE * image @ unit.T, atol=1e-6)
+  assert xai.clip_scorer(bundle, classes)(images[:0]).shape == (0, 3)
+
+
 def test_tiny_clip_object_explanation_beats_background_explanation(tiny):
   """On the tiny CLIP, blurring the ground-truth object lowers the predicted class's score more
   than blurring the background, and restoring it raises the score more."""

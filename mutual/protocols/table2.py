@@ -14,6 +14,7 @@ import numpy as np
 from mutual import paper_config
 from mutual.protocols.analysis_pass import ConceptPass
 from mutual.protocols.zero_shot import hits_at_k, percent, prompt_sums, topk_hits
+from stori_jax.encoding import l2_normalize
 
 RECIPIENTS = ("prediction", "neighbours")
 
@@ -21,10 +22,9 @@ RECIPIENTS = ("prediction", "neighbours")
 def nearest_classes(class_weights, n: int = 2) -> np.ndarray:
   """int [C, n]: each class's n most similar other classes (cosine of the class embeddings),
   most similar first; ties go to the lower index."""
-  w = np.asarray(class_weights, np.float32)
+  w = l2_normalize(class_weights, axis=1)
   if not 1 <= n < len(w):
     raise ValueError(f"need 1 <= neighbours < number of classes ({len(w)}), got {n}")
-  w = w / np.maximum(np.linalg.norm(w, axis=1, keepdims=True), 1e-12)
   sim = w @ w.T
   np.fill_diagonal(sim, -np.inf)
   return np.argsort(-sim, axis=1, kind="stable")[:, :n]

@@ -83,7 +83,7 @@ class PromptSums:
       raise ValueError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}.")
     mean = self.sums / np.maximum(self.counts, 1)[:, None]
     if aggregate == "embedding":
-      mean = mean / np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
+      mean = encoding.l2_normalize(mean, axis=1, dtype=mean.dtype)
     return mean.astype(np.float32)
 
   def __add__(self, other: PromptSums) -> PromptSums:

@@ -21,8 +21,6 @@ _EXPORTS = (
   "emphasis_prompt",
   "emphasis_scenes",
   "emphasis_triples",
-  "encode_images",
-  "encode_texts",
   "evaluate",
   "markdown_tables",
   "retrieval_batch",

@@ -25,19 +25,20 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from stori_jax.bundle import CLIPBundle
+from stori_jax.encoding import l2_normalize_jax
 from stori_jax.fewshot.prompt_bank import Bucket, PromptBank
 from stori_jax.models import CLIP, reweighted_block_indices
 
 AXIS = "prompts"
+#: No norm floor in the classifier's normalisations (text features are never zero): under jit
+#: a floor moves results by an ulp (see l2_normalize_jax), and trained weights would no longer
+#: reproduce earlier runs bit for bit.
+NORM_EPS = None
 
 
 def prompt_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A 1-D mesh over all devices of all hosts (or the given ones)."""
   return Mesh(np.asarray(devices if devices is not None else jax.devices()), (AXIS,))
-
-
-def _normalize(x: jax.Array) -> jax.Array:
-  return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
 class WeightedTextClassifier:
@@ -129,7 +130,7 @@ class WeightedTextClassifier:
     sums = np.zeros((self.num_classes, self.bundle.config.embed_dim), np.float32)
     counts = np.zeros(self.num_classes, np.float32)
     if len(bank.fixed_ids):
-      features = np.asarray(_normalize(self.bundle.encode_text(bank.fixed_ids)))
+      features = np.asarray(l2_normalize_jax(self.bundle.encode_text(bank.fixed_ids), eps=NORM_EPS))
       np.add.at(sums, bank.fixed_class, features)
       np.add.at(counts, bank.fixed_class, 1.0)
     return (jax.device_put(sums, self._replicated), jax.device_put(counts, self._replicated))
@@ -176,7 +177,9 @@ class WeightedTextClassifier:
             {"params": params}, h, i, first, lw, blocks, method=CLIP.encode_text_from
           )
         )
-        features = _normalize(self._map_chunks(encode, chunk, prefix, ids, log_w))
+        features = l2_normalize_jax(
+          self._map_chunks(encode, chunk, prefix, ids, log_w), eps=NORM_EPS
+        )
         valid = class_index >= 0
         features = jnp.where(valid[:, None], features, 0.0)
         segment = jnp.where(valid, class_index, 0)
@@ -194,7 +197,7 @@ class WeightedTextClassifier:
         out_specs=(PartitionSpec(), PartitionSpec()),
       )(data["params"], prefix, ids, class_index, trainable, log_w)
       sums, counts = sums + bucket_sums, counts + bucket_counts
-    return _normalize(sums / counts[:, None])
+    return l2_normalize_jax(sums / counts[:, None], eps=NORM_EPS)
 
   def embed(self, log_weights: Sequence[jax.Array]) -> jax.Array:
     """Eager convenience: class_embeddings under jit with self.data passed in."""

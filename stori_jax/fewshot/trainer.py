@@ -15,9 +15,9 @@ infinity in the loss, the gradients or the weights stops the run at that step
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
-import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -30,14 +30,9 @@ from absl import logging
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
-from stori_jax import jsonio, run_identity
+from stori_jax import encoding, jsonio, run_identity, training_loop
 from stori_jax.bundle import CLIPBundle
-from stori_jax.checkpointing import (
-  NonFiniteWatch,
-  TrainCheckpointer,
-  nonfinite_code,
-  require_finite_checkpoint,
-)
+from stori_jax.checkpointing import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.config_files import ConfigChecks, ConfigError
 from stori_jax.data import synthetic_tasks
 from stori_jax.fewshot import augment, datasets, prompts
@@ -223,7 +218,11 @@ def encode_images(
   batch_size: int = 256,
   desc: str = "images",
 ) -> np.ndarray:
-  """Normalised image features float32 [N, views, E] (augmented when augment_seed is set)."""
+  """Normalised image features float32 [N, views, E] (augmented when augment_seed is set).
+
+  sources: N image paths or PIL images; views: augmented views per image (with augment_seed;
+  without it, one centre view and the result is [N, 1, E]); batch_size: images per encode call.
+  """
   size = bundle.config.vision.image_size
   preprocess = bundle.preprocess_config
 
@@ -240,29 +239,12 @@ def encode_images(
       ]
     )
 
-  out, pending = [], []
-
-  def flush():
-    stacked = np.concatenate(pending)
-    real = len(stacked)
-    if real < batch_size:  # One compiled shape for every call.
-      stacked = np.concatenate(
-        [stacked, np.zeros((batch_size - real,) + stacked.shape[1:], stacked.dtype)]
-      )
-    features = np.asarray(bundle.encode_image(stacked))[:real]
-    out.append(features / np.linalg.norm(features, axis=-1, keepdims=True))
-    pending.clear()
-
   per_image = views if augment_seed is not None else 1
-  for index, source in enumerate(
-    tqdm(sources, desc=desc, unit="img", leave=False, disable=len(sources) < 64)
-  ):
-    pending.append(pixels(index, source))
-    if sum(len(p) for p in pending) + per_image > batch_size:
-      flush()
-  if pending:
-    flush()
-  features = np.concatenate(out)
+  bar = tqdm(sources, desc=desc, unit="img", leave=False, disable=len(sources) < 64)
+  # Streamed: the views of a large training set need not fit in memory at once. Every encode
+  # call has batch_size rows (one compiled shape), whatever the number of images.
+  chunks = (pixels(index, source) for index, source in enumerate(bar))
+  features = encoding.encode_pixels(bundle, chunks, batch_size)
   return features.reshape(len(sources), per_image, -1)
 
 
@@ -420,13 +402,15 @@ def epoch_batches(num_images: int, batch_size: int, seed: int, epoch: int):
 
 
 def make_train_step(method: Method, logit_scale: float):
+  """The jitted step (state, context, features [B, E], labels int32 [B]) -> (state, metrics)
+  over state {"params", "opt_state", "step"}; donates the state."""
+
   def loss_fn(params, context, features, labels):
     embeddings = method.class_embeddings(params, context)
     loss, accuracy = cross_entropy_loss(embeddings, features, labels, logit_scale)
     # The history reports the cross-entropy; the gradient also follows the penalty.
     return loss + method.penalty(params), (loss, accuracy)
 
-  @jax.jit
   def train_step(state, context, features, labels):
     (_, (loss, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
       state["params"], context, features, labels
@@ -442,7 +426,7 @@ def make_train_step(method: Method, logit_scale: float):
       },
     )
 
-  return train_step
+  return jax.jit(train_step, donate_argnums=0)
 
 
 def accuracy_report(
@@ -539,57 +523,68 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
     f"0.1): lower it.",
   )
   checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=2)
-  # The step is counted on the host: reading it back from the device every step would stall
-  # the pipeline of dispatched steps.
-  step = 0
-  if checkpointer.latest_step() is not None:
-    state = checkpointer.restore(state)
-    step = watch.last_saved = int(state["step"])
-    require_finite_checkpoint(state["params"], step, checkpointer.directory)
-    if is_main:  # said whatever the log level: a user must know that this run continues another
-      print(f"Resumed {workdir} from step {step} of {total_steps}", file=sys.stderr)
-  history = report.read_history(workdir, step) if is_main else []
-  rng_views = lambda epoch: np.random.default_rng((config.seed, epoch, 1))
-  bar = tqdm(
-    total=total_steps,
-    initial=step,
-    desc=f"train {method.name}",
-    unit="step",
-    dynamic_ncols=True,
+  state, first_step = training_loop.resume(
+    checkpointer,
+    state,
+    watch,
+    trained=lambda state: state["params"],
+    total_steps=total_steps,
+    workdir=workdir,
+    announce=is_main,
   )
-  first_epoch, skip = divmod(step, steps_per_epoch)
-  try:
-    for epoch in range(first_epoch, config.epochs):
-      views = rng_views(epoch).integers(0, train_features.shape[1], len(train_labels))
-      for index in epoch_batches(len(train_labels), config.batch_size, config.seed, epoch)[skip:]:
-        features = classifier.replicate(train_features[index, views[index]])
-        labels = classifier.replicate(train_labels[index])
-        state, metrics = train_step(state, method.context, features, labels)
-        step += 1
-        watch.add(step, metrics.pop("nonfinite"))
-        bar.update(1)
-        if step % config.log_every == 0 or step == total_steps:
-          watch.check(total_steps, workdir)  # nothing non-finite reaches the history
-          record = {"step": step, "epoch": epoch + 1, **{k: float(v) for k, v in metrics.items()}}
-          if step % config.eval_every == 0 or step == total_steps:
-            emb = embed(state["params"], method.context)
-            record["test_accuracy"] = accuracy_report(
-              emb, test_features, test_labels, split.class_names
-            )["accuracy"]
-          bar.set_postfix(loss=f"{record['loss']:.3f}")
-          history.append(record)
-          if is_main:
-            report.append_history(workdir, record)
-        if step % config.checkpoint_every == 0 or step == total_steps:
-          watch.check(total_steps, workdir)  # a checkpoint is always a good one
-          checkpointer.save(step, state)
-          watch.last_saved = step
-      skip = 0
-    watch.check(total_steps, workdir)
-  finally:
-    bar.close()
-    checkpointer.wait()
-    checkpointer.close()
+  history = report.read_history(workdir, first_step) if is_main else []
+
+  @functools.lru_cache(maxsize=1)
+  def epoch_plan(epoch):
+    """The epoch's index batches, and the augmented view each training image shows in it."""
+    views = np.random.default_rng((config.seed, epoch, 1)).integers(
+      0, train_features.shape[1], len(train_labels)
+    )
+    return epoch_batches(len(train_labels), config.batch_size, config.seed, epoch), views
+
+  def batch_for_step(step):
+    epoch, index = divmod(step, steps_per_epoch)
+    batches, views = epoch_plan(epoch)
+    index = batches[index]
+    return (
+      classifier.replicate(train_features[index, views[index]]),
+      classifier.replicate(train_labels[index]),
+    )
+
+  def evaluate(state, step):
+    del step
+    emb = embed(state["params"], method.context)
+    return {
+      "test_accuracy": accuracy_report(emb, test_features, test_labels, split.class_names)[
+        "accuracy"
+      ]
+    }
+
+  def log(record):
+    epoch = (record["step"] - 1) // steps_per_epoch + 1
+    record = {"step": record["step"], "epoch": epoch, **record}
+    history.append(record)
+    if is_main:
+      report.append_history(workdir, record)
+
+  state = training_loop.train_loop(
+    # The context is an argument, not a constant of the step: multi-host JAX forbids closing
+    # over global arrays.
+    lambda state, batch: train_step(state, method.context, *batch),
+    state,
+    batch_for_step,
+    first_step=first_step,
+    total_steps=total_steps,
+    checkpointer=checkpointer,
+    watch=watch,
+    workdir=workdir,
+    log_every=config.log_every,
+    checkpoint_every=config.checkpoint_every,
+    eval_every=config.eval_every,
+    evaluate=evaluate,
+    log=log,
+    desc=f"train {method.name}",
+  )
 
   final = to_host(embed(state["params"], method.context))
   trained_report = accuracy_report(final, test_features, test_labels, split.class_names)

@@ -24,13 +24,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from stori_jax import encoding
+from stori_jax.encoding import BATCH_SIZE
 from stori_jax.retrieval.datasets import RetrievalTask
 from stori_jax.retrieval.metrics import average_precision, category_auc, precision_at_k
 
-#: Texts per encode call.
-BATCH_SIZE = 256
-#: Token rows are cut to the longest prompt rounded up to this (exact: causal text mask).
-_LENGTH_BUCKET = 16
 REFERENCE_WEIGHT = 1.0
 
 
@@ -61,28 +59,17 @@ def encode_prompts(
   if not prompts:
     raise ValueError("no prompts to encode")
   ids, weights = bundle.tokenize(prompts, with_weights=True)
-  ids, weights = np.asarray(ids), np.asarray(weights, np.float32)
-  length = int((ids != 0).sum(axis=1).max())  # padding (id 0) follows end-of-text
-  length = min(ids.shape[1], -(-length // _LENGTH_BUCKET) * _LENGTH_BUCKET)
-  ids, weights = ids[:, :length], weights[:, :length]
-  chunk = min(batch_size, max(8, 1 << (len(prompts) - 1).bit_length()))
-  out = []
-  for start in range(0, len(prompts), chunk):
-    part_ids, part_weights = ids[start : start + chunk], weights[start : start + chunk]
-    count = len(part_ids)
-    pad = chunk - count
-    part_ids = np.concatenate([part_ids, np.repeat(part_ids[-1:], pad, axis=0)])
-    part_weights = np.concatenate([part_weights, np.repeat(part_weights[-1:], pad, axis=0)])
-    features = bundle.encode_text(
-      part_ids,
-      part_weights,
-      start_block=setting.start_block,
-      stop_block=setting.stop_block,
-      method=setting.method,
-    )
-    out.append(np.asarray(features, np.float32)[:count])
-  out = np.concatenate(out)
-  return out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+  # The weights go in even when all are 1: the w = 1 reference is encoded like the other
+  # weights of its method (prompt weighting at w = 1 rounds differently from plain CLIP).
+  return encoding.encode_tokens(
+    bundle,
+    ids,
+    weights,
+    method=setting.method,
+    start_block=setting.start_block,
+    stop_block=setting.stop_block,
+    batch_size=batch_size,
+  )
 
 
 def score_tasks(
