@@ -29,6 +29,7 @@ from stori_jax.checkpointing import NonFiniteWatch, TrainCheckpointer, nonfinite
 from stori_jax.checkpoints import native
 from stori_jax.config_files import ConfigChecks
 from stori_jax.data import synthetic
+from stori_jax.encoding import l2_normalize_jax
 from stori_jax.models import CLIP, CLIPConfig, init_params
 from stori_jax.plotting import pyplot
 from stori_jax.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
@@ -209,8 +210,8 @@ def make_train_step(config, model: CLIP, optimizer):
   def loss_fn(params, images, ids):
     image = model.apply({"params": params}, images, method=CLIP.encode_image)
     text = model.apply({"params": params}, ids, method=CLIP.encode_text)
-    image = image / jnp.linalg.norm(image, axis=-1, keepdims=True)
-    text = text / jnp.linalg.norm(text, axis=-1, keepdims=True)
+    # No floor: the shipped model was trained with exactly this rounding (l2_normalize_jax).
+    image, text = l2_normalize_jax(image, eps=None), l2_normalize_jax(text, eps=None)
     logits = jnp.exp(params["logit_scale"]) * image @ text.T
     loss = contrastive_loss(logits)
     accuracy = jnp.mean(jnp.argmax(logits, axis=1) == jnp.arange(logits.shape[0]))

@@ -39,6 +39,7 @@ from stori_jax.checkpointing import NonFiniteWatch, TrainCheckpointer, nonfinite
 from stori_jax.checkpoints import native
 from stori_jax.config_files import ConfigChecks
 from stori_jax.data import synthetic
+from stori_jax.encoding import l2_normalize_jax
 from stori_jax.loading import ASSETS_DIR, load, named_checkpoints
 from stori_jax.models import CLIP, reweighted_block_indices
 from stori_jax.pretraining import export_path
@@ -128,15 +129,16 @@ def batch_for_step(config, pool: list[str], step: int) -> dict[str, np.ndarray]:
   }
 
 
-def _unit(x: jax.Array) -> jax.Array:
-  return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+def _unit_features(x: jax.Array) -> jax.Array:
+  # No floor: the shipped model was trained with exactly this rounding (see l2_normalize_jax).
+  return l2_normalize_jax(x, eps=None)
 
 
 def make_train_step(config, model: CLIP, teacher: dict, blocks: tuple[int, ...], optimizer):
   """The jitted step over state {"text": params, "opt_state", "step"}; donates the state."""
 
   def encode(params, ids, log_weights=None):
-    return _unit(
+    return _unit_features(
       model.apply(
         {"params": params},
         ids,
@@ -149,7 +151,7 @@ def make_train_step(config, model: CLIP, teacher: dict, blocks: tuple[int, ...],
   def loss_fn(text_params, batch):
     student = {**teacher, "text": text_params}
     full, without = encode(teacher, batch["ids"]), encode(teacher, batch["ids_without"])
-    target = _unit(without + batch["weights"][:, None] * (full - without))
+    target = _unit_features(without + batch["weights"][:, None] * (full - without))
     keep = jnp.mean(1 - jnp.sum(encode(student, batch["ids"]) * full, -1))
     respond = jnp.mean(
       1 - jnp.sum(encode(student, batch["ids"], batch["log_weights"]) * target, -1)

@@ -296,7 +296,7 @@ def select_prompts(
   if len(texts) <= count:
     return list(texts)
   features = np.asarray(bundle.encode_text(bundle.tokenize(list(texts))))
-  features /= np.linalg.norm(features, axis=1, keepdims=True)
+  features = encoding.l2_normalize(features, axis=1)
   order = np.argsort(-(features @ image_mean), kind="stable")[:count]
   return [texts[i] for i in sorted(order)]
 
@@ -380,7 +380,7 @@ def taskres_method(config, zero_shot: jax.Array, total_steps: int) -> Method:
 
   def class_embeddings(residual, base):
     emb = base + alpha * residual
-    return emb / jnp.linalg.norm(emb, axis=-1, keepdims=True)
+    return encoding.l2_normalize_jax(emb, eps=None)  # no floor: the old rounding under jit
 
   optimizer = optax.adamw(
     _schedule(config.taskres.lr, total_steps), weight_decay=config.taskres.weight_decay
