@@ -1,0 +1,607 @@
+r"""Re-measures the README's embedded-world figures and rewrites them in place.
+
+  python scripts/readme_figures.py                      # every section (minutes on 2 CPU cores)
+  python scripts/readme_figures.py --only demo,world    # some sections
+  python scripts/readme_figures.py --check              # measure, print the diff, exit 1 if any
+  python scripts/readme_figures.py --list               # the sections and their regions
+  make readme-figures [FIGURES_FLAGS=--check]
+
+Each figure region of README.md lies between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->`
+(HTML comments: invisible on GitHub). A section measures once and returns the markdown of its
+regions; only the text between a region's markers is replaced, the whitespace next to the
+markers kept (a marker inside a paragraph must not start a line, or GitHub ends the paragraph
+there). Every number comes from the library functions the commands call, on the configs the
+README names; timings are of this run, rounded ("about N s"), since the machine is noisy.
+
+Sections:
+  demo             the few-shot demo's table (configs/demo.py, seeds 1-3) and the paper
+                   objective's figures (log_weight_penalty = 0) after it
+  world            the tiny CLIPs' zero-shot table, Table 3 with the base model's column, and
+                   what weight 0 and the Fig. 5 sweep do (scripts/embedded_world_figures.py)
+  mutual_analyze   mutual.analyze on configs/mutual_synthetic.py, plus the concept pixels on
+                   objects and descriptors naming attributes (a second pass, as the test does)
+  mutual_evaluate  mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1 and protocols
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import os
+import re
+import sys
+import tempfile
+import textwrap
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from absl import flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `python scripts/readme_figures.py` puts only scripts/ on the path
+  sys.path.insert(0, ROOT)
+
+from stori_jax import cli  # noqa: E402
+from stori_jax.errors import UserError  # noqa: E402
+
+README = os.path.join(ROOT, "README.md")
+CONFIGS = os.path.join(ROOT, "configs")
+OPEN, CLOSE = "<!-- figures:{} -->", "<!-- /figures:{} -->"
+MINUS = "\u2212"  # the README's minus sign in signed figures
+
+
+# ---------------------------------------------------------------------------------------------
+# Regions.
+
+
+class MarkerError(UserError):
+  """A region's markers are missing, repeated or out of order in the README."""
+
+
+def region_span(text: str, name: str) -> tuple[int, int]:
+  """(start, end) of the text between region `name`'s markers; MarkerError naming it if the
+  markers are not there exactly once each, opening before closing."""
+  opening, closing = OPEN.format(name), CLOSE.format(name)
+  counts = (text.count(opening), text.count(closing))
+  if counts != (1, 1):
+    raise MarkerError(
+      f"README region {name!r}: expected one {opening} and one {closing}, found "
+      f"{counts[0]} and {counts[1]}; wrap the region's figures in them."
+    )
+  start = text.index(opening) + len(opening)
+  end = text.index(closing)
+  if end < start:
+    raise MarkerError(f"README region {name!r}: {closing} comes before {opening}.")
+  return start, end
+
+
+def check_regions(text: str, names: Sequence[str]) -> None:
+  """MarkerError naming every region of `names` whose markers are not in `text` as they must."""
+  problems = []
+  for name in names:
+    try:
+      region_span(text, name)
+    except MarkerError as error:
+      problems.append(str(error))
+  if problems:
+    raise MarkerError(" ".join(problems))
+
+
+def replace_region(text: str, name: str, body: str) -> str:
+  """`text` with region `name`'s content replaced by `body`; the whitespace just inside the
+  markers (newlines for a block, none inside a sentence) is kept, everything else untouched."""
+  start, end = region_span(text, name)
+  inner = text[start:end]
+  lead = inner[: len(inner) - len(inner.lstrip())]
+  trail = inner[len(inner.rstrip()) :]
+  return text[:start] + lead + body.strip() + trail + text[end:]
+
+
+def replace_regions(text: str, bodies: Mapping[str, str]) -> str:
+  """replace_region for every {name: body}; all markers are checked first."""
+  check_regions(text, list(bodies))
+  for name, body in bodies.items():
+    text = replace_region(text, name, body)
+  return text
+
+
+def unified_diff(old: str, new: str, path: str) -> str:
+  """The unified diff from `old` to `new` ('' when equal), labelled with `path`."""
+  return "".join(
+    difflib.unified_diff(
+      old.splitlines(keepends=True),
+      new.splitlines(keepends=True),
+      fromfile=f"{path} (now)",
+      tofile=f"{path} (measured)",
+    )
+  )
+
+
+def write_atomic(path: str, text: str) -> None:
+  """Replaces the file in one step: a reader (or another editor) never sees half of it."""
+  folder = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".readme_figures.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+      f.write(text)
+    os.chmod(tmp, os.stat(path).st_mode & 0o777)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting.
+
+
+def about(seconds: float) -> str:
+  """A measured time as the README states it: 'about N s', N rounded to about 2 significant
+  figures (one run on a shared machine is not more precise than that)."""
+  if seconds < 10:
+    n = max(1, round(seconds))
+  elif seconds < 100:
+    n = 5 * round(seconds / 5)
+  elif seconds < 600:
+    n = 10 * round(seconds / 10)
+  else:
+    return f"about {round(seconds / 60)} minutes"
+  return f"about {n} s"
+
+
+def machine() -> str:
+  """What the timings ran on, as the README says it ("2 CPU cores")."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  if jax.default_backend() == "cpu":
+    return f"{len(os.sched_getaffinity(0))} CPU cores"
+  return f"{jax.device_count()} {jax.devices()[0].device_kind}"
+
+
+def signed(x: float, digits: int = 3) -> str:
+  """+0.045 / −0.123, with the README's minus sign."""
+  return f"{x:+.{digits}f}".replace("-", MINUS)
+
+
+def slashed(values: Sequence[Any], fmt: str) -> str:
+  """'a / b / c' of values formatted with `fmt` ("{:.3f}")."""
+  return " / ".join(fmt.format(v) for v in values)
+
+
+def percent2(x: float) -> str:
+  """A percentage as the protocols print it, 100 without decimals."""
+  return "100" if round(x, 2) == 100 else f"{x:.2f}"
+
+
+#: What markdown would read as a list item, quote, heading, table row or HTML at a line start.
+_BLOCK_START = re.compile(r"^(([-+*>#|]|\d{1,9}[.)])(\s|$)|<)")
+
+
+def fill(text: str, width: int = 100) -> str:
+  """`text` as one paragraph wrapped at `width` columns (narrower if a line would otherwise
+  start with something markdown reads as a new block)."""
+  for w in range(width, width - 20, -1):
+    lines = textwrap.wrap(text, w, break_long_words=False, break_on_hyphens=False)
+    if not any(_BLOCK_START.match(line) for line in lines):
+      return "\n".join(lines)
+  raise ValueError(f"cannot wrap without a line that starts a markdown block: {text!r}")
+
+
+def seed_range(seeds: Sequence[int]) -> str:
+  return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+
+
+@contextlib.contextmanager
+def quiet():
+  """Everything a measurement prints (progress bars, logs, XLA's own warnings) goes to a
+  temporary file at the descriptor level; shown only if the measurement fails."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  with tempfile.TemporaryFile() as log:
+    saved = os.dup(1), os.dup(2)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    failed = False
+    try:
+      yield
+    except BaseException:
+      failed = True
+      raise
+    finally:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os.dup2(saved[0], 1)
+      os.dup2(saved[1], 2)
+      os.close(saved[0])
+      os.close(saved[1])
+      if failed:
+        log.seek(0)
+        sys.stderr.write(log.read().decode("utf-8", "replace")[-20000:])
+        sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections: each measures once and returns {region name: markdown}.
+
+
+def _ewf():
+  """scripts/embedded_world_figures.py, imported on first use (it imports JAX and the models,
+  which the region logic and its tests do not need)."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  if here not in sys.path:
+    sys.path.insert(0, here)
+  import embedded_world_figures  # pylint: disable=import-outside-toplevel
+
+  return embedded_world_figures
+
+
+DEMO_SEEDS = (1, 2, 3)
+
+
+def demo_figures() -> dict[str, str]:
+  """configs/demo.py over seeds 1-3 with its log-weight prior (timed), then with the paper's
+  objective (log_weight_penalty = 0)."""
+  ewf = _ewf()
+  start = time.perf_counter()
+  runs = ewf.demo_runs(DEMO_SEEDS)
+  seconds = time.perf_counter() - start
+  paper = ewf.demo_runs(DEMO_SEEDS, penalty=0.0)
+  first = runs[0]
+  lines = [
+    f"On the shipped tiny CLIP ({machine()}, {about(seconds)} in all), "
+    f"{first['test_images']} test images, {first['shots']} shots:",
+    "",
+    "| seed | zero-shot | SToRI | word-rank AUC vs stated size/background | vs every other word "
+    "| classes with a discriminating word in their top 3 |",
+    "|---|---|---|---|---|---|",
+  ]
+  for r in runs:
+    lines.append(
+      f"| {r['seed']} | {r['zero_shot']:.2%} | {r['stori']:.2%} | {r['auc_nuisance']:.3f} | "
+      f"{r['auc_other']:.3f} | {r['top3']} of {r['classes']} |"
+    )
+  paper_text = (
+    f"seeds {seed_range(DEMO_SEEDS)} give SToRI\n"
+    f"{slashed([100 * r['stori'] for r in paper], '{:.2f}')}%, AUC vs stated size/background "
+    f"{slashed([r['auc_nuisance'] for r in paper], '{:.3f}')}, vs every other\n"
+    f"word {slashed([r['auc_other'] for r in paper], '{:.3f}')}, and a discriminating word in "
+    f"the top 3 of {slashed([r['top3'] for r in paper], '{}')} of {paper[0]['classes']} classes."
+  )
+  return {"demo": "\n".join(lines), "demo.paper": paper_text}
+
+
+WORLD_MODELS = ("tiny-synthetic-base", "tiny-synthetic")
+
+
+def world_figures() -> dict[str, str]:
+  """Zero-shot quality of both tiny CLIPs; Table 3, weight 0 and Fig. 5 on the held-out probe
+  set (scripts/embedded_world_figures.py), the shipped model's with the base model's beside."""
+  import stori_jax  # pylint: disable=import-outside-toplevel
+
+  ewf, m = _ewf(), {}
+  for name in WORLD_MODELS:
+    bundle = stori_jax.load(name)
+    embeddings, tasks = ewf.probe_set(bundle)
+    m[name] = dict(
+      quality=ewf.zero_shot_quality(bundle),
+      table3=ewf.table3(bundle, embeddings, tasks),
+      shares=ewf.colour_shares(bundle, embeddings, tasks),
+      focus=ewf.fig5_focus(bundle, embeddings, tasks),
+    )
+  zero_shot = [
+    "| model | colour | shape | pattern | size | position | R@1 text→image | R@1 image→text |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for name in WORLD_MODELS:
+    q = m[name]["quality"]
+    cells = [f"{q[k]:.3f}" for k in (*ewf.ZERO_SHOT_FAMILIES, "t2i", "i2t")]
+    zero_shot.append(f"| {name} | " + " | ".join(cells) + " |")
+  base, shipped = (m[name] for name in WORLD_MODELS)
+  table = [
+    "| emphasised word | AP w=0.5 | AP w=1.0 | AP w=1.5 | ΔAP 0.5 | ΔAP 1.5 | "
+    f"{WORLD_MODELS[0]} ΔAP 0.5 / 1.5 |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for family, row in shipped["table3"].items():
+    ap, delta = row["ap"], row["delta"]
+    b = base["table3"][family]["delta"]
+    table.append(
+      f"| {family} | {ap[0]:.3f} | {ap[1]:.3f} | {ap[2]:.3f} | {signed(delta[0])} | "
+      f"{signed(delta[1])} | {signed(b[0])} / {signed(b[1])} |"
+    )
+
+  def ends(focus):
+    a, b = f"{focus[0]:.3f}", f"{focus[-1]:.3f}"
+    return f"{a} at both\nends" if a == b else f"{a} to\n{b}"
+
+  s, sb = shipped["shares"], base["shares"]
+  effects = (
+    "Weight 0 on the colour word drops the share of the prompt's colour among the top 16 "
+    f"images from\n{s[0]:.1%} to {s[1]:.1%} ({WORLD_MODELS[0]}: {sb[0]:.1%} to {sb[1]:.1%}), "
+    "and the Fig. 5 sweep (pattern w, colour\n1 − w) moves the favoured category's AUC from "
+    f"{shipped['focus'][0]:.3f} to {shipped['focus'][-1]:.3f} ({WORLD_MODELS[0]}: "
+    f"{ends(base['focus'])})."
+  )
+  return {
+    "world.zero_shot": "\n".join(zero_shot),
+    "world.table3": "\n".join(table) + "\n\n" + effects,
+  }
+
+
+def _analysis_command():
+  """The library function `python -m mutual.analyze` runs: run(config, workdir, progress)."""
+  from mutual import analyze  # pylint: disable=import-outside-toplevel
+
+  return analyze.run
+
+
+def concept_ground_truth(config) -> dict[str, Any]:
+  """The analysis again, class by class, scored against the generator's ground truth as
+  tests/test_mutual_pipeline.py scores it: the share of concept pixels on objects (and the
+  objects' share of the image), and how often a concept's descriptors name its object's
+  attributes per method (and the bank's share of such descriptors: chance)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  import stori_jax  # pylint: disable=import-outside-toplevel
+  from mutual import data, pipeline  # pylint: disable=import-outside-toplevel
+
+  dataset = data.prepare(config)
+  bundle = stori_jax.load(config.model.source)
+  bank = pipeline.encode_config_bank(bundle, config, dataset, progress=False)
+  methods = tuple(config.analysis.methods)
+  overlap, hits, chance = [], {m: [] for m in methods}, []
+  for cls in dataset.classes(int(bundle.config.vision.image_size)):
+    result = pipeline.analyze_class(bundle, cls.images, bank, config.analysis, methods)
+    for method in methods:
+      r = result[method]
+      overlap.append(data.object_overlap(cls.truth, r["pixel_maps"]))
+      hit, hit_chance = data.descriptor_hits(
+        cls.truth, bank.descriptors, r["visual_ids"], r["visual_valid"]
+      )
+      hits[method].append(hit)
+      chance.append(hit_chance)
+  on_object, cover = np.mean(overlap, axis=0)
+  return dict(
+    on_object=float(on_object),
+    cover=float(cover),
+    hits={m: float(np.mean(h)) for m, h in hits.items()},
+    chance=float(np.mean(chance)),
+  )
+
+
+def mutual_analyze_figures() -> dict[str, str]:
+  """mutual.analyze on configs/mutual_synthetic.py (timed), its results.json's dataset row,
+  and the ground-truth scores of its concepts."""
+  import json  # pylint: disable=import-outside-toplevel
+
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+
+  config = load_config(os.path.join(CONFIGS, "mutual_synthetic.py"))
+  run = _analysis_command()
+  with tempfile.TemporaryDirectory() as workdir:
+    start = time.perf_counter()
+    run(config, workdir, progress=False)
+    seconds = time.perf_counter() - start
+    with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+      results = json.load(f)
+  truth = concept_ground_truth(config)
+  ds = results["dataset"]
+  pca, kmeans = ds["pca"], ds["kmeans"]
+  n_classes, per_class = len(results["classes"]), int(config.data.images_per_class)
+  text = (
+    f"On the embedded world (tiny CLIP, {n_classes} classes × {per_class} images, per-image "
+    "spectral split since the tiny\nmodel's joint split separates backgrounds; "
+    f"{about(seconds)} on {machine()}): Top-1 {ds['top1']:.2f}, MI {pca['mi']:.3f}\n"
+    f"(PCA) / {kmeans['mi']:.3f} (K-means), AUC {pca['auc']:.3f} / {kmeans['auc']:.3f}. "
+    f"{100 * truth['on_object']:.1f}% of the concept pixels lie on objects (objects\ncover "
+    f"{100 * truth['cover']:.1f}% of the image), and a concept's descriptors name its object's "
+    f"attributes {100 * truth['hits']['pca']:.0f}% (PCA) /\n{100 * truth['hits']['kmeans']:.0f}% "
+    f"(K-means) of the time against {100 * truth['chance']:.1f}% by chance (asserted)."
+  )
+  return {"mutual_analyze": text}
+
+
+METRIC_NAMES = {
+  "deletion": "Deletion",
+  "insertion": "Insertion",
+  "acc_drop": "AccDrop",
+  "acc_increase": "AccIncrease",
+}
+METHOD_NAMES = {"Ours (PCA)": "PCA", "Ours (K-means)": "K-means"}
+
+
+def _beats_random(beats: Mapping[str, Mapping[str, bool]]) -> str:
+  """Where the method's concept order beats a random order of the same concepts: "on all four
+  metrics", else per concept method ("on Deletion and Insertion for K-means")."""
+  if all(all(v.values()) for v in beats.values()):
+    return "on all four metrics"
+  parts = []
+  for method, v in beats.items():
+    won = [METRIC_NAMES.get(k, k) for k, ok in v.items() if ok]
+    if len(won) == len(v):
+      what = "all four metrics"
+    elif won:
+      what = " and ".join([", ".join(won[:-1]), won[-1]]) if len(won) > 1 else won[0]
+    else:
+      what = "no metric"
+    parts.append(f"on {what} for {METHOD_NAMES.get(method, method)}")
+  return " and ".join(parts)
+
+
+def _table2(table2: Mapping[str, Any]) -> str:
+  """Table 2's sentence: the change of top-1 when the nearest classes' concepts are added."""
+  # Rounded first: -0.001 and +0.001 both read "+0.00", one value.
+  deltas = {m: round(r["delta"], 2) + 0.0 for m, r in table2["methods"].items()}
+  shown = {f"{d:+.2f}".replace("-", MINUS) for d in deltas.values()}
+  if len(shown) == 1:
+    change = shown.pop()
+  else:
+    names = {"pca": "PCA", "kmeans": "K-means"}
+    change = " / ".join(f"{signed(d, 2)} ({names.get(m, m)})" for m, d in deltas.items())
+  if max(deltas.values()) <= 0:
+    return (
+      f"Table 2 does not reproduce on this world ({change}: the tiny model's concepts are less "
+      "similar to the images than the classes' own descriptors)."
+    )
+  return f"Table 2's gain shows on this world ({change} top-1 with the added concepts)."
+
+
+def mutual_evaluate_figures() -> dict[str, str]:
+  """mutual.evaluate on configs/mutual_eval_synthetic.py (timed): Table 1 (table1.json's
+  explanations) and the protocols (protocols.json)."""
+  from mutual import evaluate, xai  # pylint: disable=import-outside-toplevel
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+
+  config = load_config(os.path.join(CONFIGS, "mutual_eval_synthetic.py"))
+  with tempfile.TemporaryDirectory() as workdir:
+    start = time.perf_counter()
+    # The returned results are table1.json's before its rounding for the file.
+    results = evaluate.run(config, workdir, progress=False)
+    seconds = time.perf_counter() - start
+  n_classes = results["images"] // int(config.data.images_per_class)
+  lines = [
+    fill(
+      f"On the embedded world ({n_classes} classes × {config.data.images_per_class} images; "
+      f"baselines trained on {config.baselines.data.images_per_class} other images per class; "
+      f"{about(seconds)} on {machine()}):"
+    ),
+    "",
+    "| Explanation | Delet.↓ | Insert.↑ | AccDrop↓ | AccInc↑ |",
+    "|---|---|---|---|---|",
+  ]
+  for name, s in results["explanations"].items():
+    lines.append(f"| {name} | " + " | ".join(f"{s[m]:.3f}" for m in xai.METRICS) + " |")
+  top1 = results["top1"]
+  p = results["protocols"]
+  pca, kmeans = p["ot_entropy"]["methods"]["pca"], p["ot_entropy"]["methods"]["kmeans"]
+  blur, bank = p["blur"], p["bank_quality"]
+  prose = (
+    f"The method beats a random order of its concepts {_beats_random(results['beats_random'])} "
+    "(Deletion and Insertion asserted) but by small margins: the tiny model's class score moves "
+    "little when one region is blurred, and its baselines reach only "
+    f"{top1['MM-CBM']:.0f}% (MM-CBM) and {top1['MM-ProtoSim']:.0f}% (MM-ProtoSim) top-1 against "
+    f"{top1['zero-shot']:.2f}% zero-shot. Protocols: OT raises the descriptor entropy from "
+    f"{pca['without_ot']:.2f} to {pca['with_ot']:.2f} (PCA) / {kmeans['without_ot']:.2f} to "
+    f"{kmeans['with_ot']:.2f} (K-means) (paper: 1.70 → 2.33); A.3 base "
+    f"{blur['base']['top1']:.2f}, NN {blur['nn']['top1']:.2f}, +component "
+    f"{blur['fcc']['top1']:.2f}, +CRF {blur['crf']['top1']:.2f} (the reference's CRF "
+    "parameters, set for 224-px photos, shrink the kept area of these 64-px drawings from "
+    f"{100 * blur['kept']['fcc']:.0f}% to {100 * blur['kept']['crf']:.0f}%); A.4 top-1 "
+    f"{percent2(bank['top1'])}, top-5 {percent2(bank['top5'])}, InterDiv "
+    f"{bank['inter_div']:.3f}, IntraDiv {bank['intra_div']:.3f}. " + _table2(p["table2"])
+  )
+  return {"mutual_evaluate": "\n".join(lines) + "\n\n" + fill(prose)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+  """A measurement and the README regions it rewrites."""
+
+  measure: Callable[[], dict[str, str]]
+  regions: tuple[str, ...]
+  what: str
+
+
+SECTIONS: dict[str, Section] = {
+  "demo": Section(
+    demo_figures,
+    ("demo", "demo.paper"),
+    "few-shot demo, seeds 1-3, with the prior and with the paper's objective",
+  ),
+  "world": Section(
+    world_figures,
+    ("world.zero_shot", "world.table3"),
+    "tiny CLIPs' zero-shot quality, Table 3, weight 0, Fig. 5",
+  ),
+  "mutual_analyze": Section(
+    mutual_analyze_figures,
+    ("mutual_analyze",),
+    "mutual.analyze on configs/mutual_synthetic.py",
+  ),
+  "mutual_evaluate": Section(
+    mutual_evaluate_figures,
+    ("mutual_evaluate",),
+    "mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1, protocols",
+  ),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The command.
+
+
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """The script's flags, on `values`."""
+  flags.DEFINE_list(
+    "only",
+    [],
+    "Sections to measure, comma-separated (default: all; see --list).",
+    flag_values=values,
+  )
+  flags.DEFINE_bool(
+    "check",
+    False,
+    "Measure and print the diff against the README; exit 1 if anything differs. Writes nothing.",
+    flag_values=values,
+  )
+  flags.DEFINE_bool(
+    "list", False, "List the sections and their regions, and exit.", flag_values=values
+  )
+  flags.DEFINE_string("readme", README, "The README to rewrite.", flag_values=values)
+
+
+def selected(only: Sequence[str]) -> list[str]:
+  """The sections named by --only (all when empty), in SECTIONS' order."""
+  unknown = [name for name in only if name not in SECTIONS]
+  if unknown:
+    raise UserError(f"--only: unknown sections {unknown}; known: {', '.join(SECTIONS)}.")
+  return [name for name in SECTIONS if not only or name in only]
+
+
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Measures the chosen sections and rewrites (or, with --check, diffs) their README regions."""
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}; the script takes flags only.")
+  names = selected(values.only)
+  if values.list:
+    for name, section in SECTIONS.items():
+      print(f"{name:16s} regions {', '.join(section.regions)}: {section.what}")
+    return
+  path = values.readme
+  with open(path, encoding="utf-8") as f:
+    check_regions(f.read(), [r for n in names for r in SECTIONS[n].regions])  # before any work
+  bodies: dict[str, str] = {}
+  total = time.perf_counter()
+  for i, name in enumerate(names, 1):
+    section = SECTIONS[name]
+    print(f"[{i}/{len(names)}] {name}: {section.what} ...", end="", flush=True)
+    start = time.perf_counter()
+    with quiet():
+      measured = section.measure()
+    if set(measured) != set(section.regions):
+      raise AssertionError(f"section {name} returned {sorted(measured)}, not {section.regions}")
+    bodies.update(measured)
+    print(f" {time.perf_counter() - start:.0f} s", flush=True)
+  # Read again: the README may have been edited meanwhile, and only the regions are ours.
+  with open(path, encoding="utf-8") as f:
+    old = f.read()
+  new = replace_regions(old, bodies)
+  diff = unified_diff(old, new, os.path.relpath(path))
+  sys.stdout.write(diff)
+  changed = sum(replace_region(old, r, b) != old for r, b in bodies.items())
+  summary = f"{changed} of {len(bodies)} regions differ ({time.perf_counter() - total:.0f} s)"
+  if values.check:
+    print(f"{summary}; --check: nothing written.")
+    if diff:
+      sys.exit(1)
+    return
+  if diff:
+    write_atomic(path, new)
+  print(f"{summary}; {'rewrote' if diff else 'left'} {os.path.relpath(path)}.")
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main)
