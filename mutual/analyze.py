@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 
-from absl import logging
+from absl import flags, logging
 from tqdm import tqdm
 
 import stori_jax
@@ -99,14 +99,20 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   return results
 
 
-def main(argv):
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  cli.define_run_flags("Analysis", values)
+
+
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Analyses the config's images in its workdir and prints the table."""
   config, workdir, results = cli.run_from_flags(
-    argv, run, "python -m mutual.analyze --config configs/mutual_synthetic.py --workdir DIR"
+    argv, values, run, "python -m mutual.analyze --config configs/mutual_synthetic.py --workdir DIR"
   )
   print(report.markdown_table(results["dataset"], results["model"], tuple(config.analysis.methods)))
   print(f"Wrote {os.path.join(workdir, 'results.json')}")
 
 
 if __name__ == "__main__":
-  cli.define_flags("Analysis")
+  define_flags()
   stori_cli.run(main)

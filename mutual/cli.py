@@ -1,5 +1,8 @@
 """Command-line plumbing shared by `python -m mutual.analyze / evaluate / sweep`.
 
+Each command module defines its flags with `define_run_flags` in its own `define_flags(values)`
+(the convention of `stori_jax.cli`) and runs through `run_from_flags`.
+
 Each runs under `stori_jax.cli.run`: a user's mistake (a missing or malformed file, classes that
 do not match, a bad config value, a workdir made by another run) prints one paragraph and exits
 2; the project's own bugs keep their traceback. A workdir belongs to the run that made it
@@ -14,7 +17,7 @@ import os
 from typing import Any, Callable
 
 import ml_collections
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from stori_jax import run_identity
@@ -22,17 +25,18 @@ from stori_jax.cli import require_flags
 from stori_jax.errors import UserError
 
 
-def define_flags(kind: str) -> None:
-  """--config (a config file, locked), --workdir and --restart. Called only when run as a
-  program: tests and other code import the command modules (for `run`), and importing must not
-  claim flags."""
-  config_flags.DEFINE_config_file("config", None, f"{kind} config file.", lock_config=True)
-  flags.DEFINE_string("workdir", None, "Output directory.")
+def define_run_flags(kind: str, values: flags.FlagValues) -> None:
+  """--config (a `kind` config file, locked), --workdir and --restart on `values`: the flags
+  of every mutual command (their `define_flags`)."""
+  fv = {"flag_values": values}
+  config_flags.DEFINE_config_file("config", None, f"{kind} config file.", lock_config=True, **fv)
+  flags.DEFINE_string("workdir", None, "Output directory.", **fv)
   flags.DEFINE_bool(
     "restart",
     False,
     "If the workdir holds a run with other settings, move it aside (to <workdir>.old-<time>) "
     "and start afresh instead of stopping.",
+    **fv,
   )
 
 
@@ -64,20 +68,25 @@ def claim_workdir(config: ml_collections.ConfigDict, workdir: str, restart: bool
 
 def run_from_flags(
   argv: list[str],
+  values: flags.FlagValues,
   run: Callable[..., Any],
   usage: str,
 ) -> tuple[ml_collections.ConfigDict, str, Any]:
-  """Runs `run(config, workdir, restart=...)` from the flags; returns (config, workdir, results).
+  """Runs `run(config, workdir, restart=...)` from the flags in `values`; returns (config,
+  workdir, results).
 
-  Missing flags are a user error naming an example command; a missing optional dependency
-  (ImportError) is reported as one too, with the message that says what to install.
+  Stray arguments and missing flags are user errors naming an example command; a missing
+  optional dependency (ImportError) is reported as one too, with the message that says what to
+  install.
   """
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  require_flags("config", "workdir", example=usage)
-  config, workdir = flags.FLAGS.config, os.path.expanduser(flags.FLAGS.workdir)
+    raise UserError(
+      f"unexpected arguments {argv[1:]}; flags are written --name=value, e.g. {usage}"
+    )
+  require_flags("config", "workdir", example=usage, values=values)
+  config, workdir = values.config, os.path.expanduser(values.workdir)
   try:
-    results = run(config, workdir, restart=flags.FLAGS.restart)
+    results = run(config, workdir, restart=values.restart)
   except ImportError as error:
     raise UserError(str(error)) from None
   return config, workdir, results

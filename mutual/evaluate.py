@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import jax
 import ml_collections
 import numpy as np
-from absl import logging
+from absl import flags, logging
 from tqdm import tqdm
 
 import stori_jax
@@ -420,9 +420,18 @@ def _check_config(config) -> None:
     )
 
 
-def main(argv):
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  cli.define_run_flags("Evaluation", values)
+
+
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Runs the config's evaluation in its workdir and prints Table 1 and the protocols."""
   _, workdir, results = cli.run_from_flags(
-    argv, run, "python -m mutual.evaluate --config configs/mutual_eval_synthetic.py --workdir DIR"
+    argv,
+    values,
+    run,
+    "python -m mutual.evaluate --config configs/mutual_eval_synthetic.py --workdir DIR",
   )
   with open(os.path.join(workdir, "table1.md"), encoding="utf-8") as f:
     print(f.read())
@@ -433,5 +442,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.define_flags("Evaluation")
+  define_flags()
   stori_cli.run(main)

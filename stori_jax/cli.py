@@ -1,5 +1,17 @@
 """Command-line plumbing shared by every `python -m stori_jax.X` / `mutual.X` entry point.
 
+Every command module follows one convention:
+
+  def define_flags(values: flags.FlagValues = flags.FLAGS) -> None: ...  # its flags, on `values`
+  def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None: ...  # reads `values`
+  if __name__ == "__main__":
+    define_flags()
+    cli.run(main)
+
+Importing a command module defines no flag, so that commands with flags of the same name
+(`--config`, `--workdir`) live in one process; `run_in_process(module, args)` runs one there
+on fresh flags, with the same handling as `run`.
+
 `run(main)` runs an absl main: a `UserError` (bad config, missing or malformed file, a workdir
 made by another run, a prompt syntax error) prints `error: <message>` as one paragraph on stderr
 and exits 2; any other exception is the project's own bug and keeps its traceback. Mistakes on
@@ -10,11 +22,13 @@ named). Library INFO logs (orbax, JAX's backend probe) are off unless `--verbosi
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import re
 import sys
-from typing import Any, Callable, Iterator
+from types import ModuleType
+from typing import Any, Callable, Iterator, Sequence
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -31,16 +45,16 @@ def user_error_exit(error: BaseException) -> "SystemExit":
   return SystemExit(EXIT_USER_ERROR)
 
 
-def _verbosity_given(argv: list[str]) -> bool:
+def _verbosity_given(argv: Sequence[str]) -> bool:
   return any(a == "-v" or a.startswith(("--verbosity", "-v=", "--v=")) for a in argv[1:])
 
 
-def _config_flags() -> list[Any]:
-  """The ml_collections config-file flags (--config and the like) defined in this program."""
+def _config_flags(values: flags.FlagValues) -> list[Any]:
+  """The ml_collections config-file flags (--config and the like) defined in `values`."""
   # is_config_flag is meant for users but not re-exported by the package.
   from ml_collections.config_flags import config_flags  # pylint: disable=import-outside-toplevel
 
-  found = [flags.FLAGS[name] for name in flags.FLAGS]
+  found = [values[name] for name in values]
   return [
     f
     for f in found
@@ -48,7 +62,7 @@ def _config_flags() -> list[Any]:
   ]
 
 
-def _flag_argument(argv: list[str], name: str) -> str | None:
+def _flag_argument(argv: Sequence[str], name: str) -> str | None:
   """The value given to --name (as --name=VALUE or --name VALUE), the last one wins."""
   value = None
   for i, arg in enumerate(argv[1:], start=1):
@@ -80,11 +94,11 @@ def _nearest_keys(key: str, known: list[str]) -> list[str]:
   return sorted(ranked, key=lambda k: -difflib.SequenceMatcher(None, key, k).ratio())[:2]
 
 
-def _unknown_config_key(argv: list[str]) -> str | None:
+def _unknown_config_key(argv: Sequence[str], values: flags.FlagValues) -> str | None:
   """The message for an override of a config key that does not exist, if there is one."""
   from ml_collections.config_flags import config_path  # pylint: disable=import-outside-toplevel
 
-  for flag in _config_flags():
+  for flag in _config_flags(values):
     source = _flag_argument(argv, flag.name)
     if source is None:
       continue
@@ -117,9 +131,9 @@ def _unknown_config_key(argv: list[str]) -> str | None:
   return None
 
 
-def _missing_config_file(argv: list[str]) -> str | None:
+def _missing_config_file(argv: Sequence[str], values: flags.FlagValues) -> str | None:
   """The message for a config flag naming a file that does not exist, if there is one."""
-  for flag in _config_flags():
+  for flag in _config_flags(values):
     source = _flag_argument(argv, flag.name)
     path = None if source is None else source.split(":", 1)[0]
     if path is not None and not os.path.isfile(path):
@@ -127,13 +141,15 @@ def _missing_config_file(argv: list[str]) -> str | None:
   return None
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with command-line mistakes as one paragraph and exit code 2."""
-  missing = _missing_config_file(argv)
+def parse_flags(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> list[str]:
+  """absl's flag parsing of `argv` (program name first) into `values`, returning the other
+  arguments, with command-line mistakes as one paragraph on stderr and exit code 2."""
+  argv = list(argv)
+  missing = _missing_config_file(argv, values)
   if missing:
     raise user_error_exit(UserError(missing))
   try:
-    return flags.FLAGS(argv)
+    return values(argv)
   except flags.Error as error:
     # A config file's get_config raising (e.g. a bad `file.py:ARG`) arrives with the traceback
     # in the message: its last line names the problem.
@@ -144,30 +160,76 @@ def _parse_flags(argv: list[str]) -> list[str]:
       message = f"{flag}: the config file refused its argument: {lines[-1]}"
     raise user_error_exit(UserError(f"{message} (see --helpshort)")) from None
   except (AttributeError, KeyError, IndexError) as error:
-    message = _unknown_config_key(argv)
+    message = _unknown_config_key(argv, values)
     if message is None:
       raise
     raise user_error_exit(UserError(message)) from error
 
 
+def _call_main(main: Callable[[list[str]], object], args: list[str], quiet: bool) -> object:
+  """main(args) with library INFO logs off when `quiet`, and a UserError as exit code 2."""
+  if quiet:
+    absl_logging.set_verbosity(absl_logging.WARNING)
+  try:
+    return main(args)
+  except UserError as error:
+    raise user_error_exit(error) from None
+
+
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None) -> None:
-  """app.run(main) with user errors turned into one paragraph and exit code 2."""
+  """app.run(main) on the global flags, with user errors turned into one paragraph and exit
+  code 2: the entry of `python -m` (after `define_flags()`)."""
   argv = list(sys.argv if argv is None else argv)
   quiet = not _verbosity_given(argv)
-
-  def wrapped(args):
-    if quiet:
-      absl_logging.set_verbosity(absl_logging.WARNING)
-    try:
-      return main(args)
-    except UserError as error:
-      raise user_error_exit(error) from None
-
-  app.run(wrapped, argv=argv, flags_parser=_parse_flags)
+  app.run(lambda args: _call_main(main, args, quiet), argv=argv, flags_parser=parse_flags)
 
 
-def require_flags(*names: str, example: str) -> None:
+def _exit_code(code: object) -> int:
+  """The exit status sys.exit(code) gives (None: 0; a message: printed, 1)."""
+  if code is None or isinstance(code, bool):
+    return int(bool(code))
+  if isinstance(code, int):
+    return code
+  print(code, file=sys.stderr)
+  return 1
+
+
+def run_in_process(module: ModuleType, args: Sequence[str] = ()) -> int:
+  """Runs the command `module` (its `define_flags` and `main`) in this process as
+  `python -m module *args` would run it, on fresh flags; returns its exit status.
+
+  Meant for tests: commands with flags of the same name run one after another in one process,
+  and their output goes to sys.stdout / sys.stderr (capture it with capsys). The handling is
+  `run`'s: a mistake on the command line or a UserError prints one paragraph and gives 2, a
+  bug raises. absl's verbosity is put back afterwards, and sys.argv is `args` meanwhile
+  (ml_collections reads config overrides from it).
+  """
+  argv = [module.__name__, *args]
+  values = flags.FlagValues()
+  # --verbosity as absl defines it, a copy: parsing it here must not touch the global flag.
+  flags.DEFINE_flag(copy.deepcopy(flags.FLAGS["verbosity"]), values)
+  saved_argv, saved_verbosity = sys.argv, absl_logging.get_verbosity()
+  sys.argv = argv
+  try:
+    module.define_flags(values)
+    remaining = parse_flags(argv, values)
+    quiet = not _verbosity_given(argv)
+    if not quiet:
+      absl_logging.set_verbosity(values.verbosity)
+    code = _call_main(lambda a: module.main(a, values), remaining, quiet)
+  except SystemExit as error:
+    code = error.code
+  except app.UsageError as error:
+    print(f"error: {error}", file=sys.stderr)
+    code = error.exitcode
+  finally:
+    sys.argv = saved_argv
+    absl_logging.set_verbosity(saved_verbosity)
+  return _exit_code(code)
+
+
+def require_flags(*names: str, example: str, values: flags.FlagValues = flags.FLAGS) -> None:
   """Stops with a user error when a required flag is missing (an example command line shown)."""
-  missing = [n for n in names if flags.FLAGS[n].value in (None, "")]
+  missing = [n for n in names if values[n].value in (None, "")]
   if missing:
     raise UserError(f"missing {', '.join('--' + n for n in missing)}; for example: {example}")

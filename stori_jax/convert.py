@@ -19,27 +19,32 @@ from stori_jax.errors import UserError
 
 from stori_jax.loading import load, save
 
-flags.DEFINE_string("input", None, "Checkpoint: directory, file or hub id.", required=True)
-flags.DEFINE_string("output", None, "Directory to write.", required=True)
-flags.DEFINE_string(
-  "arch",
-  None,
-  "Architecture name for bare state-dict files "
-  "(e.g. ViT-B-32-quickgelu); inferred from the shapes when omitted.",
-)
-flags.DEFINE_enum("format", "safetensors", ["safetensors", "orbax"], "Params format.")
-FLAGS = flags.FLAGS
+
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  fv = {"flag_values": values}
+  flags.DEFINE_string("input", None, "Checkpoint: directory, file or hub id.", required=True, **fv)
+  flags.DEFINE_string("output", None, "Directory to write.", required=True, **fv)
+  flags.DEFINE_string(
+    "arch",
+    None,
+    "Architecture name for bare state-dict files "
+    "(e.g. ViT-B-32-quickgelu); inferred from the shapes when omitted.",
+    **fv,
+  )
+  flags.DEFINE_enum("format", "safetensors", ["safetensors", "orbax"], "Params format.", **fv)
 
 
-def main(argv):
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Converts --input into --output and prints the architecture written."""
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
-  if os.path.exists(FLAGS.output) and not os.path.isdir(FLAGS.output):
-    raise UserError(f"--output {FLAGS.output} is a file; pass a folder to write")
-  bundle = load(FLAGS.input, arch=FLAGS.arch)
-  source = os.path.abspath(FLAGS.input) if os.path.exists(FLAGS.input) else FLAGS.input
+  if os.path.exists(values.output) and not os.path.isdir(values.output):
+    raise UserError(f"--output {values.output} is a file; pass a folder to write")
+  bundle = load(values.input, arch=values.arch)
+  source = os.path.abspath(values.input) if os.path.exists(values.input) else values.input
   out = save(
-    bundle, FLAGS.output, FLAGS.format, metadata={"converted_from": source, "arch": FLAGS.arch}
+    bundle, values.output, values.format, metadata={"converted_from": source, "arch": values.arch}
   )
   c = bundle.config
   if c.vision_kind == "vit":
@@ -53,4 +58,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.run(main)

@@ -20,16 +20,16 @@ import tempfile
 import numpy as np
 from absl import flags
 
+from stori_jax import cli
 from stori_jax.bundle import CLIPBundle
 from stori_jax.errors import InputError, NonFiniteError, UserError
 from stori_jax.loading import load
 from stori_jax.tokenizer import parse_weighted
 
 
-def _define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines the command's flags: when run as a program (not on import, so that other CLIs'
-  flags of the same names can live in one process), or on a test's own FlagValues."""
-  fv = {"flag_values": flag_values}
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  fv = {"flag_values": values}
   flags.DEFINE_string("source", None, "Checkpoint (anything stori_jax.load reads).", **fv)
   flags.DEFINE_string("arch", None, "Architecture name for bare state-dict files.", **fv)
   flags.DEFINE_string(
@@ -58,8 +58,6 @@ def _define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     "output", None, "Save the embeddings here (.npy is added when missing).", **fv
   )
 
-
-FLAGS = flags.FLAGS
 
 _EXAMPLE = 'python -m stori_jax.embed --source tiny-synthetic "a photo of a (red:1.5) circle"'
 
@@ -121,63 +119,62 @@ def check_finite(features: np.ndarray, prompts: list[str]) -> None:
     )
 
 
-def main(argv):
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Encodes the prompts (argv[1:]) and prints their tokens, weights and embeddings."""
   prompts = argv[1:]
   if not prompts:
     raise UserError(f"give one or more prompts, for example: {_EXAMPLE}")
-  if bool(FLAGS.source) == bool(FLAGS.random):
+  if bool(values.source) == bool(values.random):
     raise UserError(
       "give exactly one of --source (a checkpoint) or --random (an architecture name: random "
       f"weights); for example: {_EXAMPLE}"
     )
-  if FLAGS.method == "prompt_weighting" and FLAGS.stop_block is not None:
+  if values.method == "prompt_weighting" and values.stop_block is not None:
     raise UserError("--stop_block does not apply to --method prompt_weighting (one block)")
-  path = output_path(FLAGS.output) if FLAGS.output else None
+  path = output_path(values.output) if values.output else None
   for prompt in prompts:  # syntax errors before the model loads
     parse_weighted(prompt)
-  if FLAGS.random:
+  if values.random:
     from stori_jax.checkpoints.open_clip_config import architecture_config  # pylint: disable=import-outside-toplevel
     from stori_jax.models import init_params  # pylint: disable=import-outside-toplevel
 
     try:
-      config = architecture_config(FLAGS.random)
+      config = architecture_config(values.random)
     except ValueError as e:
-      raise InputError(f"--random {FLAGS.random}: {e}") from None
-    bundle = CLIPBundle(config=config, params=init_params(config), source=f"random:{FLAGS.random}")
+      raise InputError(f"--random {values.random}: {e}") from None
+    bundle = CLIPBundle(config=config, params=init_params(config), source=f"random:{values.random}")
   else:
-    bundle = load(FLAGS.source, arch=FLAGS.arch)
-  _check_blocks(bundle.config.text)
+    bundle = load(values.source, arch=values.arch)
+  _check_blocks(bundle.config.text, values)
   ids, weights = bundle.tokenize(prompts, with_weights=True)
   features = np.asarray(
-    bundle.encode_text(ids, weights, FLAGS.start_block, FLAGS.stop_block, FLAGS.method),
+    bundle.encode_text(ids, weights, values.start_block, values.stop_block, values.method),
     np.float32,
   )
   check_finite(features, prompts)
   for prompt, row_ids, row_weights, feature in zip(prompts, ids, weights, features):
     print(f"\n{prompt!r}")
     print(token_table(bundle, row_ids, row_weights))
-    values = ", ".join(f"{v:+.4f}" for v in feature[: FLAGS.show])
+    shown = ", ".join(f"{v:+.4f}" for v in feature[: values.show])
     print(
       f"  embedding: dim {feature.shape[0]}, norm {np.linalg.norm(feature):.4f}, "
-      f"first values [{values}]"
+      f"first values [{shown}]"
     )
   if path:
     save_npy(path, features)
     print(f"\nsaved {features.shape} float32 to {path}")
 
 
-def _check_blocks(text_config) -> None:
+def _check_blocks(text_config, values: flags.FlagValues) -> None:
   # pylint: disable-next=import-outside-toplevel
   from stori_jax.models.text import reweighted_block_indices
 
   try:
-    reweighted_block_indices(text_config, FLAGS.start_block, FLAGS.stop_block)
+    reweighted_block_indices(text_config, values.start_block, values.stop_block)
   except ValueError as e:
     raise InputError(f"--start_block/--stop_block: {e}") from None
 
 
 if __name__ == "__main__":
-  from stori_jax.cli import run  # pylint: disable=import-outside-toplevel
-
-  _define_flags()
-  run(main)
+  define_flags()
+  cli.run(main)

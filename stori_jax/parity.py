@@ -19,7 +19,9 @@ import os
 from typing import Any, Mapping
 
 import numpy as np
+from absl import flags
 
+from stori_jax import cli
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints import hf, native, openai
 from stori_jax.checkpoints.open_clip_config import architecture_config
@@ -172,16 +174,14 @@ def format_report(report: Mapping[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def main(argv):
-  from absl import flags  # pylint: disable=import-outside-toplevel
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Checks --source (or random --random weights) against PyTorch and prints the errors."""
   import jax  # pylint: disable=import-outside-toplevel
 
   from stori_jax import jsonio  # pylint: disable=import-outside-toplevel
   from stori_jax.errors import UserError  # pylint: disable=import-outside-toplevel
 
-  f = flags.FLAGS
-  # Parity is about fp32: TPUs and GPUs otherwise use reduced-precision matmuls.
-  jax.config.update("jax_default_matmul_precision", "highest")
+  f = values
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
   if bool(f.source) == bool(f.random):
@@ -190,44 +190,48 @@ def main(argv):
     raise UserError("--image_size applies to --random architectures only.")
   if f.batch < 1:
     raise UserError(f"--batch must be >= 1, got {f.batch}")
-  if f.random:
-    arch = architecture_config(f.random)
-    if f.image_size:
-      arch = arch.with_image_size(f.image_size)
-    model, bundle = random_pair(arch, f.reference, f.seed)
-  else:
-    model, bundle = reference_for_source(f.source, f.arch)
-  report = run_parity(model, bundle, f.batch, f.seed)
+  # Parity is about fp32: TPUs and GPUs otherwise use reduced-precision matmuls. A context, not
+  # jax.config.update: a run in a test's process leaves the precision of later work alone.
+  with jax.default_matmul_precision("highest"):
+    if f.random:
+      arch = architecture_config(f.random)
+      if f.image_size:
+        arch = arch.with_image_size(f.image_size)
+      model, bundle = random_pair(arch, f.reference, f.seed)
+    else:
+      model, bundle = reference_for_source(f.source, f.arch)
+    report = run_parity(model, bundle, f.batch, f.seed)
   print(format_report(report))
   if f.json:
     jsonio.write_json(f.json, report, indent=2)  # strict: a NaN difference is an error
     print(f"wrote {f.json}")
 
 
-def _define_flags():
-  from absl import flags  # pylint: disable=import-outside-toplevel
-
-  flags.DEFINE_string("source", None, "Checkpoint to check (any format stori_jax.load reads).")
-  flags.DEFINE_string("arch", None, "Architecture name for bare state-dict files.")
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  fv = {"flag_values": values}
+  flags.DEFINE_string(
+    "source", None, "Checkpoint to check (any format stori_jax.load reads).", **fv
+  )
+  flags.DEFINE_string("arch", None, "Architecture name for bare state-dict files.", **fv)
   flags.DEFINE_string(
     "random",
     None,
     "Check random weights of this architecture instead, "
     "e.g. ViT-B-32-quickgelu, ViT-L-14, RN50-quickgelu, convnext_base, test-tiny.",
+    **fv,
   )
   flags.DEFINE_enum(
-    "reference", "open_clip", torch_reference.REFERENCES, "PyTorch reference for --random."
+    "reference", "open_clip", torch_reference.REFERENCES, "PyTorch reference for --random.", **fv
   )
   flags.DEFINE_integer(
-    "image_size", None, "Input size for --random (default: the architecture's own)."
+    "image_size", None, "Input size for --random (default: the architecture's own).", **fv
   )
-  flags.DEFINE_integer("batch", 4, "Images and texts per check.")
-  flags.DEFINE_integer("seed", 0, "Seed of the random inputs and weights.")
-  flags.DEFINE_string("json", None, "Also write the report to this JSON file.")
+  flags.DEFINE_integer("batch", 4, "Images and texts per check.", **fv)
+  flags.DEFINE_integer("seed", 0, "Seed of the random inputs and weights.", **fv)
+  flags.DEFINE_string("json", None, "Also write the report to this JSON file.", **fv)
 
 
 if __name__ == "__main__":
-  from stori_jax import cli  # pylint: disable=import-outside-toplevel
-
-  _define_flags()
+  define_flags()
   cli.run(main)

@@ -285,32 +285,38 @@ def _write_figures(bundle, emb, task, config, setting, sweeps, workdir: str) -> 
       plots.sweep_figure(os.path.join(workdir, name), panels, ncols=3, relative=True)
 
 
-def main(argv):
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Runs the config's protocol in its workdir and prints the tables."""
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
-  config = flags.FLAGS.config
+  config = values.config
   if config is None:
     raise UserError("--config is required, e.g. --config configs/retrieval_synthetic.py")
-  workdir = flags.FLAGS.workdir or os.path.join("workdirs", "retrieval", config.data.source)
-  results = run(config, workdir, restart=flags.FLAGS.restart)
+  workdir = values.workdir or os.path.join("workdirs", "retrieval", config.data.source)
+  results = run(config, workdir, restart=values.restart)
   print(tables.report(results, config.get("table_digits", 3)))
   print(f"Wrote retrieval_metrics.json, retrieval_tables.md and figures to {workdir}")
 
 
-def _define_flags():
-  # Defined only when run as a program: importing this module must not claim --config.
-  config_flags.DEFINE_config_file("config", None, "Retrieval config file.")
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  fv = {"flag_values": values}
+  config_flags.DEFINE_config_file("config", None, "Retrieval config file.", **fv)
   flags.DEFINE_string(
-    "workdir", None, "Where metrics, tables and figures go; one made by the same config is redone."
+    "workdir",
+    None,
+    "Where metrics, tables and figures go; one made by the same config is redone.",
+    **fv,
   )
   flags.DEFINE_bool(
     "restart",
     False,
     "If the workdir holds results of another config, move them aside to <workdir>.old-<time> "
     "(without it such a workdir is refused).",
+    **fv,
   )
 
 
 if __name__ == "__main__":
-  _define_flags()
+  define_flags()
   cli.run(main)

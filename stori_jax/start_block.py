@@ -21,59 +21,67 @@ from stori_jax import cli, jsonio, run_identity
 from stori_jax.config_files import load_config
 from stori_jax.errors import UserError
 
-_MODEL = flags.DEFINE_string(
-  "model", "tiny-synthetic", "Model to measure (any stori_jax.load source)."
-)
-_DATA = flags.DEFINE_string(
-  "data_config",
-  "configs/retrieval_synthetic.py",
-  "Retrieval config whose `data` block is the probe set (prompts with several attributes).",
-)
-_WORKDIR = flags.DEFINE_string("workdir", "workdirs/start_block", "Where the table and plot go.")
-_RESTART = flags.DEFINE_bool(
-  "restart",
-  False,
-  "Move a workdir made for another model or probe set aside instead of refusing it.",
-)
+
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  fv = {"flag_values": values}
+  flags.DEFINE_string(
+    "model", "tiny-synthetic", "Model to measure (any stori_jax.load source).", **fv
+  )
+  flags.DEFINE_string(
+    "data_config",
+    "configs/retrieval_synthetic.py",
+    "Retrieval config whose `data` block is the probe set (prompts with several attributes).",
+    **fv,
+  )
+  flags.DEFINE_string("workdir", "workdirs/start_block", "Where the table and plot go.", **fv)
+  flags.DEFINE_bool(
+    "restart",
+    False,
+    "Move a workdir made for another model or probe set aside instead of refusing it.",
+    **fv,
+  )
 
 
-def main(argv):
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Measures the start blocks of --model, writes the table and plot, prints the advice."""
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
   import stori_jax  # pylint: disable=import-outside-toplevel
   from stori_jax.retrieval import start_block  # pylint: disable=import-outside-toplevel
 
-  path, _, argument = _DATA.value.partition(":")
+  path, _, argument = values.data_config.partition(":")
   if not os.path.isfile(path):
     raise UserError(f"--data_config: no config file {path}; pass a retrieval config (.py).")
   data_config = load_config(path, argument or None)
   run_identity.claim_workdir(
-    _WORKDIR.value,
-    {"model": _MODEL.value, "data": data_config.data},
-    restart=_RESTART.value,
+    values.workdir,
+    {"model": values.model, "data": data_config.data},
+    restart=values.restart,
     what="start-block measurement",
   )
-  bundle = stori_jax.load(_MODEL.value)
+  bundle = stori_jax.load(values.model)
   sweep = start_block.measure(bundle, data_config.data, cache_dir=data_config.get("cache_dir"))
-  os.makedirs(_WORKDIR.value, exist_ok=True)
+  os.makedirs(values.workdir, exist_ok=True)
   jsonio.write_json(
-    os.path.join(_WORKDIR.value, "start_block.json"), {"model": _MODEL.value, **sweep}, indent=1
+    os.path.join(values.workdir, "start_block.json"), {"model": values.model, **sweep}, indent=1
   )
   start_block.plot_sweep(
     sweep,
-    os.path.join(_WORKDIR.value, "start_block.png"),
-    f"{_MODEL.value}: response to token weights by first reweighted block ({sweep['data']})",
+    os.path.join(values.workdir, "start_block.png"),
+    f"{values.model}: response to token weights by first reweighted block ({sweep['data']})",
   )
   default = stori_jax.models.default_start_block(bundle.config.text)
   print(
-    f"{_MODEL.value} on {sweep['data']} ({sweep['n_tasks']} prompts, {sweep['n_images']} images)"
+    f"{values.model} on {sweep['data']} ({sweep['n_tasks']} prompts, {sweep['n_images']} images)"
   )
   print(start_block.format_table(sweep))
   print(
     f"recommended start block: {sweep['recommended']} (the model's default: {default}); "
-    f"wrote start_block.json and start_block.png to {_WORKDIR.value}"
+    f"wrote start_block.json and start_block.png to {values.workdir}"
   )
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.run(main)

@@ -2,7 +2,7 @@ r"""Few-shot SToRI: trains the token weights of every CuPL prompt (paper §3.2, 
 
   python -m stori_jax.train --config configs/demo.py
   python -m stori_jax.train --config configs/demo.py --config.method=taskres --workdir /tmp/taskres
-  python -m stori_jax.train --config configs/imagenet.py:4 --config.seed=2
+  python -m stori_jax.train --config configs/imagenet.py:shots=4 --config.seed=2
   python -m stori_jax.train --config configs/imagenet_16shot.py --distributed   # every host of a pod
 
 Writes to the workdir: run.json (the config, model and data of the run that made it),
@@ -26,54 +26,70 @@ from ml_collections import config_flags
 from stori_jax import cli
 from stori_jax.errors import UserError
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Config file (get_config()).", lock_config=True
-)
-flags.DEFINE_string(
-  "workdir",
-  None,
-  "Output directory (default: workdirs/<config name>); one made by the same config resumes.",
-)
-flags.DEFINE_bool(
-  "restart",
-  False,
-  "If the workdir holds a run of another config, move it aside to <workdir>.old-<time> and "
-  "start afresh (without it such a workdir is refused).",
-)
-flags.DEFINE_bool(
-  "distributed",
-  False,
-  "Call jax.distributed.initialize() first: one process per host of a TPU pod or of a SLURM "
-  "allocation (auto-detected), or the explicit --coordinator/--num_processes/--process_id.",
-)
-flags.DEFINE_string("coordinator", None, "host:port of process 0 (explicit multi-process runs).")
-flags.DEFINE_integer("num_processes", None, "Processes in the run (explicit multi-process runs).")
-flags.DEFINE_integer("process_id", None, "This process's index (explicit multi-process runs).")
-FLAGS = flags.FLAGS
+
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  fv = {"flag_values": values}
+  config_flags.DEFINE_config_file(
+    "config", None, "Config file (get_config()).", lock_config=True, **fv
+  )
+  flags.mark_flag_as_required("config", flag_values=values)
+  flags.DEFINE_string(
+    "workdir",
+    None,
+    "Output directory (default: workdirs/<config name>); one made by the same config resumes.",
+    **fv,
+  )
+  flags.DEFINE_bool(
+    "restart",
+    False,
+    "If the workdir holds a run of another config, move it aside to <workdir>.old-<time> and "
+    "start afresh (without it such a workdir is refused).",
+    **fv,
+  )
+  flags.DEFINE_bool(
+    "distributed",
+    False,
+    "Call jax.distributed.initialize() first: one process per host of a TPU pod or of a SLURM "
+    "allocation (auto-detected), or the explicit --coordinator/--num_processes/--process_id.",
+    **fv,
+  )
+  flags.DEFINE_string(
+    "coordinator", None, "host:port of process 0 (explicit multi-process runs).", **fv
+  )
+  flags.DEFINE_integer(
+    "num_processes", None, "Processes in the run (explicit multi-process runs).", **fv
+  )
+  flags.DEFINE_integer(
+    "process_id", None, "This process's index (explicit multi-process runs).", **fv
+  )
 
 
-def initialize_distributed() -> None:
-  if FLAGS.coordinator:
+def initialize_distributed(values: flags.FlagValues = flags.FLAGS) -> None:
+  """jax.distributed.initialize from --coordinator/--num_processes/--process_id, else
+  auto-detected (TPU pod, SLURM)."""
+  if values.coordinator:
     # CPU processes need a collectives backend for cross-process psums (no effect on
     # accelerators). Set before initialize: querying the backend here would start it.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id)
+    jax.distributed.initialize(values.coordinator, values.num_processes, values.process_id)
   else:
     jax.distributed.initialize()
 
 
-def main(argv):
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Trains the config's weights in its workdir and prints the accuracies and top words."""
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
-  if FLAGS.distributed or FLAGS.coordinator:
-    initialize_distributed()
+  if values.distributed or values.coordinator:
+    initialize_distributed(values)
   from stori_jax.fewshot import trainer  # pylint: disable=import-outside-toplevel
 
-  config = _CONFIG.value
-  workdir = FLAGS.workdir or os.path.join("workdirs", str(config.get("name") or "train"))
+  config = values.config
+  workdir = values.workdir or os.path.join("workdirs", str(config.get("name") or "train"))
   # Missing data or weights, a bad config value, a workdir of another run, a diverged run:
   # UserErrors, which cli.run prints as one paragraph (exit status 2).
-  metrics = trainer.run(config, workdir, restart=FLAGS.restart)
+  metrics = trainer.run(config, workdir, restart=values.restart)
   if jax.process_index() != 0:
     return
   zero_shot, trained = metrics["zero_shot"]["accuracy"], metrics["trained"]["accuracy"]
@@ -104,5 +120,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("config")
+  define_flags()
   cli.run(main)

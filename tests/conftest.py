@@ -1,17 +1,83 @@
-"""Fixtures shared by test files: the explorer on the shipped tiny CLIP (one per module)."""
+"""Fixtures shared by test files: the shipped tiny CLIP and a random-weight one (one per
+session), running a command in-process, and the explorer on the tiny CLIP (one per module)."""
+
+import importlib
+import os
+import subprocess
 
 import pytest
 
-from stori_jax import explore
+from stori_jax.explorer.app import create_app
+from stori_jax.explorer.index import build_explorer
 
 
 @pytest.fixture(scope="module")
 def explorer():
   """The explorer over the synthetic world's index, one image per colour x pattern x shape."""
-  return explore.build_explorer("tiny-synthetic", cache_dir=None, images_per_combination=1)
+  return build_explorer("tiny-synthetic", cache_dir=None, images_per_combination=1)
 
 
 @pytest.fixture(scope="module")
 def client(explorer):
   """Flask's test client of the explorer's app."""
-  return explore.create_app(explorer).test_client()
+  return create_app(explorer).test_client()
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def tiny_synthetic():
+  """The shipped tiny CLIP (`stori_jax.load("tiny-synthetic")`), loaded once. A CLIPBundle is
+  frozen: tests that need other params build a new one from it."""
+  import stori_jax  # pylint: disable=import-outside-toplevel
+
+  return stori_jax.load("tiny-synthetic")
+
+
+@pytest.fixture(scope="session")
+def tiny_random_config():
+  """The few-shot runs' random-weight CLIP: at the synthetic world's 64 px (the "test-tiny"
+  preset is 32 px), with one image block and a 64-token context (cheaper than the preset)."""
+  # pylint: disable-next=import-outside-toplevel
+  from stori_jax.models import CLIPConfig, TextConfig, VisionConfig
+
+  return CLIPConfig(
+    embed_dim=32,
+    text=TextConfig(context_length=64, width=32, layers=4, heads=2),
+    vision=VisionConfig(image_size=64, patch_size=16, width=32, layers=1, heads=2),
+  )
+
+
+@pytest.fixture(scope="session")
+def tiny_random_model(tmp_path_factory, tiny_random_config):
+  """`tiny_random_config` with `init_params(seed=0)`, saved in this project's format: a
+  directory any `model.source` / `--source` accepts."""
+  from stori_jax.checkpoints import native  # pylint: disable=import-outside-toplevel
+  from stori_jax.models import init_params  # pylint: disable=import-outside-toplevel
+
+  directory = tmp_path_factory.mktemp("tiny_random_model")
+  native.save(directory, tiny_random_config, init_params(tiny_random_config, seed=0))
+  return str(directory)
+
+
+@pytest.fixture
+def run_command(capsys, monkeypatch):
+  """`run_command(module, *args)` runs a command module (or the name `python -m` takes) as
+  `python -m module *args` would, in this process (`stori_jax.cli.run_in_process`, from the
+  repository root), and returns a CompletedProcess with its exit status and captured stdout /
+  stderr."""
+  from stori_jax import cli  # pylint: disable=import-outside-toplevel
+
+  def run(module, *args):
+    if isinstance(module, str):
+      module = importlib.import_module(module)
+      if hasattr(module, "__path__"):  # a package: python -m runs its __main__
+        module = importlib.import_module(f"{module.__name__}.__main__")
+    monkeypatch.chdir(REPO)  # as the subprocesses ran: configs/... paths resolve
+    capsys.readouterr()  # only this command's output
+    code = cli.run_in_process(module, [str(a) for a in args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess([module.__name__, *args], code, out, err)
+
+  return run

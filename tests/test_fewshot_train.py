@@ -1,4 +1,7 @@
-"""python -m stori_jax.train end to end: outputs, resume, 1 vs 8 devices, and the demo's result."""
+"""python -m stori_jax.train end to end: outputs, resume, 1 vs 8 devices, and the demo's result.
+
+Runs are subprocesses where a process is the point (the run as a program, a kill, another
+device count, several processes), else in this process (`run_command`)."""
 
 import json
 import os
@@ -10,31 +13,17 @@ import time
 import numpy as np
 import pytest
 
-from stori_jax.checkpoints import native
+from stori_jax import train
 from stori_jax.data import synthetic_tasks
-from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.py")
-TINY = CLIPConfig(
-  embed_dim=32,
-  text=TextConfig(context_length=64, width=32, layers=4, heads=2),
-  vision=VisionConfig(image_size=64, patch_size=16, width=32, layers=1, heads=2),
-)
+PROGRAM = [sys.executable, "-m", "stori_jax.train"]
 
 
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("model")
-  native.save(directory, TINY, init_params(TINY, seed=0))
-  return str(directory)
-
-
-def _command(workdir, model, *extra):
+def _flags(workdir, model, *extra):
+  """The flags of a short few-shot run of configs/demo.py on `model`."""
   return [
-    sys.executable,
-    "-m",
-    "stori_jax.train",
     f"--config={DEMO}",
     f"--workdir={workdir}",
     f"--config.model.source={model}",
@@ -48,6 +37,10 @@ def _command(workdir, model, *extra):
   ]
 
 
+def _command(workdir, model, *extra):
+  return PROGRAM + _flags(workdir, model, *extra)
+
+
 def _run(command, timeout=600, **kwargs) -> subprocess.CompletedProcess:
   """Runs a command from the repository root, capturing its text output."""
   return subprocess.run(
@@ -55,8 +48,9 @@ def _run(command, timeout=600, **kwargs) -> subprocess.CompletedProcess:
   )
 
 
-def test_train_writes_its_reports(tmp_path, random_model):
-  result = _run(_command(tmp_path, random_model, "--config.epochs=3"))
+def test_train_writes_its_reports(tmp_path, tiny_random_model):
+  # The one short run of `python -m stori_jax.train` as a program.
+  result = _run(_command(tmp_path, tiny_random_model, "--config.epochs=3"))
   assert result.returncode == 0, result.stderr[-3000:]
   assert "zero-shot accuracy" in result.stdout and "top words" in result.stdout
   assert "word-rank AUC" in result.stdout
@@ -81,29 +75,32 @@ def test_train_writes_its_reports(tmp_path, random_model):
   assert any(w != 1.0 for w in first["token_weights"][1:-1])  # Trained.
 
 
-def test_a_bad_synthetic_class_name_stops_with_a_message(tmp_path, random_model):
-  result = _run(
-    _command(tmp_path, random_model, "--config.data.class_names=('red hexagon', 'red star')")
+def test_a_bad_synthetic_class_name_stops_with_a_message(tmp_path, tiny_random_model, run_command):
+  result = run_command(
+    train,
+    *_flags(tmp_path, tiny_random_model, "--config.data.class_names=('red hexagon', 'red star')"),
   )
   assert result.returncode == 2
   assert "error: config.data.class_names: synthetic class 'red hexagon'" in result.stderr
   assert "Traceback" not in result.stderr and not (tmp_path / "checkpoints").exists()
 
 
-def test_taskres_baseline_runs(tmp_path, random_model):
-  result = _run(_command(tmp_path, random_model, "--config.epochs=2", "--config.method=taskres"))
+def test_taskres_baseline_runs(tmp_path, tiny_random_model, run_command):
+  result = run_command(
+    train, *_flags(tmp_path, tiny_random_model, "--config.epochs=2", "--config.method=taskres")
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = json.loads((tmp_path / "metrics.json").read_text())
   assert metrics["method"] == "taskres"
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_the_same_weights(tmp_path, random_model):
+def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_random_model):
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
   args = ("--config.epochs=8",)
-  _run(_command(straight, random_model, *args), check=True)
+  _run(_command(straight, tiny_random_model, *args), check=True)
   process = subprocess.Popen(
-    _command(resumed, random_model, *args),
+    _command(resumed, tiny_random_model, *args),
     cwd=REPO,
     stdout=subprocess.DEVNULL,
     stderr=subprocess.DEVNULL,
@@ -118,7 +115,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, random_model):
   process.send_signal(signal.SIGKILL)
   process.wait()
   assert not (resumed / "metrics.json").exists(), "the run finished before it could be killed"
-  _run(_command(resumed, random_model, *args), check=True)
+  _run(_command(resumed, tiny_random_model, *args), check=True)
   a = json.loads((straight / "weights.json").read_text())
   b = json.loads((resumed / "weights.json").read_text())
   np.testing.assert_array_equal(
@@ -127,12 +124,12 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, random_model):
 
 
 @pytest.mark.slow
-def test_one_and_eight_devices_agree(tmp_path, random_model):
+def test_one_and_eight_devices_agree(tmp_path, tiny_random_model):
   runs = {}
   for devices in (1, 8):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     workdir = tmp_path / f"d{devices}"
-    _run(_command(workdir, random_model, "--config.epochs=4"), check=True, env=env)
+    _run(_command(workdir, tiny_random_model, "--config.epochs=4"), check=True, env=env)
     runs[devices] = (
       json.loads((workdir / "metrics.json").read_text()),
       json.loads((workdir / "weights.json").read_text()),
@@ -146,12 +143,9 @@ def test_one_and_eight_devices_agree(tmp_path, random_model):
 
 
 @pytest.mark.slow
-def test_demo_beats_zero_shot_and_weights_find_the_discriminative_words(tmp_path):
+def test_demo_beats_zero_shot_and_weights_find_the_discriminative_words(tmp_path, run_command):
   """Issue 5's claim on the embedded world, with the shipped tiny CLIP and configs/demo.py."""
-  result = _run(
-    [sys.executable, "-m", "stori_jax.train", f"--config={DEMO}", f"--workdir={tmp_path}"],
-    timeout=1200,
-  )
+  result = run_command(train, f"--config={DEMO}", f"--workdir={tmp_path}")
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = json.loads((tmp_path / "metrics.json").read_text())
   # Measured 92.17% -> 95.50% (seeds 2 and 3 of the few-shot sample: +4.5, +3.5 points).
@@ -177,12 +171,11 @@ def test_demo_beats_zero_shot_and_weights_find_the_discriminative_words(tmp_path
 
 
 @pytest.mark.slow
-def test_two_processes_match_one(tmp_path, random_model):
+def test_two_processes_match_one(tmp_path, tiny_random_model):
   """The multi-host path: 2 processes x 2 CPU devices (jax.distributed) vs 1 process."""
-  args = _command(tmp_path / "single", random_model, "--config.epochs=3")[3:]
-  single = _run([sys.executable, "-m", "stori_jax.train", *args])
+  single = _run(_command(tmp_path / "single", tiny_random_model, "--config.epochs=3"))
   assert single.returncode == 0, single.stderr[-3000:]
-  multi_args = _command(tmp_path / "multi", random_model, "--config.epochs=3")[3:]
+  multi_args = _flags(tmp_path / "multi", tiny_random_model, "--config.epochs=3")
   env = dict(os.environ, PYTHON=sys.executable, DEVICES_PER_PROCESS="2")
   multi = _run(
     ["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", *multi_args],
@@ -202,17 +195,12 @@ def test_two_processes_match_one(tmp_path, random_model):
   )
 
 
-def test_missing_dataset_stops_with_what_to_download(tmp_path):
-  result = _run(
-    [
-      sys.executable,
-      "-m",
-      "stori_jax.train",
-      f"--config={REPO}/configs/dtd.py:16",
-      f"--workdir={tmp_path / 'run'}",
-      f"--config.data.root={tmp_path / 'data'}",
-    ],
-    timeout=300,
+def test_missing_dataset_stops_with_what_to_download(tmp_path, run_command):
+  result = run_command(
+    train,
+    f"--config={REPO}/configs/dtd.py:16",
+    f"--workdir={tmp_path / 'run'}",
+    f"--config.data.root={tmp_path / 'data'}",
   )
   assert result.returncode == 2  # a user's mistake (cli.run): one paragraph, no traceback
   assert (

@@ -1,10 +1,9 @@
 """`python -m mutual.evaluate`: Table 1 (App. D, E) and the protocols, on the embedded world and
-on an image folder standing in for ImageNet."""
+on an image folder standing in for ImageNet (the command run in this process;
+tests/test_trust_inputs.py runs it as a program)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -109,25 +108,18 @@ def test_unknown_protocol_is_named():
 
 
 @pytest.mark.slow
-def test_cli_outputs_are_complete_and_deterministic(tmp_path):
+def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
   """configs/mutual_eval_synthetic.py:smoke through the CLI twice: every output, and the same
   numbers."""
   smoke = _config(argument="smoke")
   assert tuple(smoke.data.classes) == (0, 7) and smoke.data.images_per_class == 4
   assert smoke.baselines.data.images_per_class == 8 and smoke.baselines.train.epochs == 2
   assert smoke.evaluation.random_draws == 2
-  command = [sys.executable, "-m", "mutual.evaluate", "--config"]
-  command.append(os.path.join(ROOT, "configs/mutual_eval_synthetic.py:smoke"))
+  config = os.path.join(ROOT, "configs/mutual_eval_synthetic.py:smoke")
   results = []
   for run in ("a", "b"):
     workdir = tmp_path / run
-    done = subprocess.run(
-      command + [f"--workdir={workdir}"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=900,
-    )
+    done = run_command(evaluate, "--config", config, f"--workdir={workdir}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (
       "| Explanation | Requires Training | Delet.↓ | Insert.↑ | AccDrop↓ | AccInc↑ |" in done.stdout

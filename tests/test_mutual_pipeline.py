@@ -1,15 +1,13 @@
-"""The mutual-knowledge pipeline end to end: the embedded world (ground truth), reports, the CLI."""
+"""The mutual-knowledge pipeline end to end: the embedded world (ground truth), reports, the CLI
+(run in this process; tests/test_trust_inputs.py runs it as a program)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import stori_jax
 from mutual import analyze, data, descriptors, information, pipeline, report, transport
 from stori_jax.config_files import load_config
 
@@ -87,12 +85,12 @@ def test_aggregate_zero_pads_curves_and_formats_table_3():
 
 
 @pytest.mark.slow
-def test_embedded_world_concepts_land_on_objects_and_name_their_attributes():
+def test_embedded_world_concepts_land_on_objects_and_name_their_attributes(tiny_synthetic):
   """Ground truth of the generator: concept regions lie on the objects far more than the
   objects' share of the image, and the chosen descriptors name the object's attributes
   (colour, pattern, shape, size) more often than the bank's share of such descriptors."""
   config = _config()
-  bundle = stori_jax.load("tiny-synthetic")
+  bundle = tiny_synthetic
   per_class = data.synthetic_descriptors()
   names = list(per_class)
   bank_list = pipeline.bank_descriptors(config, per_class)
@@ -120,28 +118,16 @@ def test_embedded_world_concepts_land_on_objects_and_name_their_attributes():
 
 
 @pytest.mark.slow
-def test_cli_outputs_are_complete_and_deterministic(tmp_path):
+def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
   """configs/mutual_synthetic.py:smoke (class 2, 4 images, 2 figures) through the CLI twice."""
   smoke = _config("configs/mutual_synthetic.py", "smoke")
   assert tuple(smoke.data.classes) == (2,) and smoke.data.images_per_class == 4
   assert smoke.figures_per_class == 2
-  command = [
-    sys.executable,
-    "-m",
-    "mutual.analyze",
-    "--config",
-    os.path.join(ROOT, "configs/mutual_synthetic.py:smoke"),
-  ]
+  config = os.path.join(ROOT, "configs/mutual_synthetic.py:smoke")
   outputs = []
   for run in ("a", "b"):
     workdir = tmp_path / run
-    done = subprocess.run(
-      command + [f"--workdir={workdir}"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=600,
-    )
+    done = run_command(analyze, "--config", config, f"--workdir={workdir}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| Model | Top-1 (%)" in done.stdout
     outputs.append(workdir)
@@ -174,23 +160,15 @@ def test_cli_outputs_are_complete_and_deterministic(tmp_path):
   assert results["dataset"]["pca"]["auc"] == pytest.approx(information.curve_auc(curve), abs=1e-5)
 
 
-def test_cli_missing_descriptors_names_the_url(tmp_path):
+def test_cli_missing_descriptors_names_the_url(tmp_path, run_command):
   missing = tmp_path / "descriptors_imagenet.json"
-  done = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "mutual.analyze",
-      "--config",
-      os.path.join(ROOT, "configs/mutual_imagenet.py"),
-      f"--workdir={tmp_path / 'out'}",
-      f"--config.data.descriptors={missing}",
-      f"--config.data.root={tmp_path}",
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
+  done = run_command(
+    analyze,
+    "--config",
+    os.path.join(ROOT, "configs/mutual_imagenet.py"),
+    f"--workdir={tmp_path / 'out'}",
+    f"--config.data.descriptors={missing}",
+    f"--config.data.root={tmp_path}",
   )
   assert done.returncode != 0
   assert data.descriptors_url("imagenet") in done.stderr and str(missing) in done.stderr

@@ -6,8 +6,6 @@ import functools
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 
 import huggingface_hub.constants
@@ -347,33 +345,21 @@ def test_missing_weights_stop_with_the_registry_message_or_are_skipped(tmp_path,
     sweep.run(config, str(tmp_path / "out"), progress=False)
 
 
-def test_cli_stops_with_the_message_and_no_traceback(tmp_path):
-  """The CLI (flags defined under __main__ only): a model without weights stops with the
-  registry's message, an unknown name with the registered list."""
-  env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hf"))
-  env.pop(hub.MODELS_DIR_ENV, None)
-  command = [
-    sys.executable,
-    "-m",
-    "mutual.sweep",
+def test_cli_stops_with_the_message_and_no_traceback(tmp_path, offline, run_command):
+  """The CLI (run in this process; tests/test_trust_inputs.py runs it as a program): a model
+  without weights stops with the registry's message, an unknown name with the registered list."""
+  args = [
     "--config",
     os.path.join(ROOT, "configs/mutual_sweep.py:random"),
     f"--workdir={tmp_path / 'out'}",
     "--config.random_weights=False",
-    f"--config.models_dir={tmp_path / 'models'}",
+    f"--config.models_dir={offline}",
   ]
   for models, expected in (
-    ("('openai-rn50',)", str(tmp_path / "models/openai-rn50/open_clip_pytorch_model.bin")),
+    ("('openai-rn50',)", str(offline / "openai-rn50/open_clip_pytorch_model.bin")),
     ("('openai-rn50','RN-51')", "'RN-51' is not a registered model"),
   ):
-    done = subprocess.run(
-      command + [f"--config.models={models}"],
-      cwd=ROOT,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=300,
-    )
+    done = run_command("mutual.sweep", *args, f"--config.models={models}")
     assert done.returncode != 0 and expected in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
 

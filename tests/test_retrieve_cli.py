@@ -1,4 +1,5 @@
-"""End to end: `python -m stori_jax.retrieve` writes metrics, tables and figures."""
+"""End to end: `python -m stori_jax.retrieve` writes metrics, tables and figures (run in this
+process, `run_command`; once as a program)."""
 
 import json
 import os
@@ -7,7 +8,6 @@ import sys
 
 import pytest
 
-import stori_jax
 from stori_jax import retrieve
 from stori_jax.config_files import ConfigError
 from stori_jax.retrieval import paper_config
@@ -24,18 +24,8 @@ FIGURES = (
 )
 
 
-def _cli(*args):
-  return subprocess.run(
-    [sys.executable, "-m", "stori_jax.retrieve", *args],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-
-
 @pytest.mark.slow
-def test_cli_on_the_synthetic_world_and_its_cache(tmp_path):
+def test_cli_on_the_synthetic_world_and_its_cache(tmp_path, run_command):
   args = [
     "--config",
     os.path.join(ROOT, "configs", "retrieval_synthetic.py"),
@@ -48,7 +38,7 @@ def test_cli_on_the_synthetic_world_and_its_cache(tmp_path):
     f"--config.cache_dir={tmp_path / 'cache'}",
     f"--workdir={tmp_path / 'out'}",
   ]
-  done = _cli(*args)
+  done = run_command(retrieve, *args)
   assert done.returncode == 0, done.stderr[-3000:]
   out = tmp_path / "out"
   results = json.loads((out / "retrieval_metrics.json").read_text())
@@ -70,24 +60,36 @@ def test_cli_on_the_synthetic_world_and_its_cache(tmp_path):
   for name in FIGURES:
     assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
   # the second run reads the index from the cache
-  again = json.loads(_cli(*args).returncode == 0 and (out / "retrieval_metrics.json").read_text())
+  again = json.loads(
+    run_command(retrieve, *args).returncode == 0 and (out / "retrieval_metrics.json").read_text()
+  )
   assert again["index"]["from_cache"]
   assert again["emphasis"]["ap"] == results["emphasis"]["ap"]
 
 
 def test_cli_reports_bad_configs(tmp_path):
-  done = _cli(
-    "--config",
-    os.path.join(ROOT, "configs", "retrieval_celeba3.py"),
-    "--config.model=tiny-synthetic",
-    f"--config.data.root={tmp_path}",
-    f"--workdir={tmp_path}",
+  # The one run of `python -m stori_jax.retrieve` as a program.
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "stori_jax.retrieve",
+      "--config",
+      os.path.join(ROOT, "configs", "retrieval_celeba3.py"),
+      "--config.model=tiny-synthetic",
+      f"--config.data.root={tmp_path}",
+      f"--workdir={tmp_path}",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
   )
   assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
   assert "list_attr_celeba.txt does not exist" in done.stderr
 
 
-def test_celeba3_config_runs_on_a_fixture_folder(tmp_path):
+def test_celeba3_config_runs_on_a_fixture_folder(tmp_path, tiny_synthetic):
   """The paper's CelebA setup (config as shipped) on a small CelebA-format folder."""
   write_celeba(str(tmp_path / "celeba"), n=64)
   from configs.retrieval_celeba3 import get_config  # pylint: disable=import-outside-toplevel
@@ -101,7 +103,7 @@ def test_celeba3_config_runs_on_a_fixture_folder(tmp_path):
   config.sweep.single_ws = (1.0, 2.0)
   config.sweep.start_blocks = "none"
   config.sweep.single_blocks = "none"
-  results = retrieve.run(config, str(tmp_path / "out"), bundle=stori_jax.load("tiny-synthetic"))
+  results = retrieve.run(config, str(tmp_path / "out"), bundle=tiny_synthetic)
   assert results["n_tasks"] == 20 and len(config.data.prompts) == 20
   assert results["prompts"][14] == "a photo of a woman with blond hair, wearing eyeglasses"
   assert results["sweeps"]["stori_pair"]["category_names"][5] == (
@@ -112,7 +114,7 @@ def test_celeba3_config_runs_on_a_fixture_folder(tmp_path):
   config.sweep.tasks = (20,)
   # another config: another workdir (the first one holds the results of the first config)
   with pytest.raises(ConfigError, match="not task indices"):
-    retrieve.run(config, str(tmp_path / "out2"), bundle=stori_jax.load("tiny-synthetic"))
+    retrieve.run(config, str(tmp_path / "out2"), bundle=tiny_synthetic)
   assert os.listdir(tmp_path / "out2") == ["run.json"]  # stopped before the index was built
 
 

@@ -4,7 +4,6 @@ a run on the shipped tiny CLIP whose stored default it must reproduce."""
 import numpy as np
 import pytest
 
-import stori_jax
 from stori_jax.models import default_start_block, reweighted_block_indices
 from stori_jax.models.config import TextConfig
 from stori_jax.retrieval import datasets, start_block
@@ -33,8 +32,8 @@ def test_stored_default_start_block_is_used_and_checked():
 
 
 @pytest.fixture(scope="module")
-def probe():
-  bundle = stori_jax.load("tiny-synthetic")
+def probe(tiny_synthetic):
+  bundle = tiny_synthetic
   data = datasets.synthetic_data(n_triples=6, images_per_category=4, seed=(4242, 9))
   return bundle, encode_data(bundle, data), data.tasks
 
@@ -71,6 +70,7 @@ def test_sweep_table_and_plot(probe, tmp_path):
 
 
 def test_cli_refuses_a_missing_probe_config_in_one_paragraph(tmp_path):
+  # The one run of `python -m stori_jax.start_block` as a program.
   import subprocess
   import sys
 

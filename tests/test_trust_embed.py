@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from absl import flags
 
-import stori_jax
 from stori_jax import embed
 from stori_jax.bundle import CLIPBundle
 from stori_jax.errors import InputError, NonFiniteError, UserError
@@ -21,24 +20,20 @@ from stori_jax.tokenizer import WeightedPromptError
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def tiny_bundle():
-  return stori_jax.load("tiny-synthetic")
-
-
 def _run_main(monkeypatch, bundle, *argv):
-  """embed.main in-process on its own flags, with `bundle` as what --source loads."""
+  """embed.main in-process on its own flags, with `bundle` as what --source loads (the errors
+  raised, not printed: the tests name their types)."""
   values = flags.FlagValues()
-  embed._define_flags(values)  # pylint: disable=protected-access
+  embed.define_flags(values)
   prompts = [a for a in argv if not a.startswith("--")]
   values(["embed", "--source=any", *[a for a in argv if a.startswith("--")]])
-  monkeypatch.setattr(embed, "FLAGS", values)
   monkeypatch.setattr(embed, "load", lambda *args, **kwargs: bundle)
-  return embed.main(["embed", *prompts])
+  return embed.main(["embed", *prompts], values)
 
 
 def test_prompt_syntax_error_exits_2_with_the_caret_message():
-  # the issue's reproducers (rows 8 and 13): a weight of 1e20, a syntax error
+  # the issue's reproducers (rows 8 and 13): a weight of 1e20, a syntax error; the one run of
+  # `python -m stori_jax.embed` as a program
   result = subprocess.run(
     [
       sys.executable,
@@ -63,37 +58,39 @@ def test_prompt_syntax_error_exits_2_with_the_caret_message():
   assert result.stderr.rstrip().endswith("a (red:1e20) circle\n           ^")
 
 
-def test_output_prints_the_real_path(tmp_path, monkeypatch, capsys, tiny_bundle):
+def test_output_prints_the_real_path(tmp_path, monkeypatch, capsys, tiny_synthetic):
   target = tmp_path / "emb"
-  _run_main(monkeypatch, tiny_bundle, f"--output={target}", "a (red:2) circle", "a square")
+  _run_main(monkeypatch, tiny_synthetic, f"--output={target}", "a (red:2) circle", "a square")
   out = capsys.readouterr().out
-  dim = tiny_bundle.config.embed_dim
+  dim = tiny_synthetic.config.embed_dim
   assert f"saved (2, {dim}) float32 to {target}.npy" in out
   saved = np.load(f"{target}.npy")
   assert saved.shape == (2, dim) and saved.dtype == np.float32 and np.isfinite(saved).all()
   assert os.listdir(tmp_path) == ["emb.npy"]  # no temporary file left
-  _run_main(monkeypatch, tiny_bundle, f"--output={tmp_path / 'b.npy'}", "x")
+  _run_main(monkeypatch, tiny_synthetic, f"--output={tmp_path / 'b.npy'}", "x")
   assert f"to {tmp_path / 'b.npy'}\n" in capsys.readouterr().out
 
 
-def test_user_errors_before_any_work(tmp_path, monkeypatch, tiny_bundle):
+def test_user_errors_before_any_work(tmp_path, monkeypatch, tiny_synthetic):
   with pytest.raises(InputError, match=r"the folder .*missing does not exist; create it first"):
-    _run_main(monkeypatch, tiny_bundle, f"--output={tmp_path / 'missing' / 'emb'}", "a circle")
+    _run_main(monkeypatch, tiny_synthetic, f"--output={tmp_path / 'missing' / 'emb'}", "a circle")
   (tmp_path / "dir.npy").mkdir()
   with pytest.raises(InputError, match=r"dir.npy is a folder; give a file name"):
-    _run_main(monkeypatch, tiny_bundle, f"--output={tmp_path / 'dir'}", "a circle")
+    _run_main(monkeypatch, tiny_synthetic, f"--output={tmp_path / 'dir'}", "a circle")
   with pytest.raises(WeightedPromptError, match="not a number in ASCII digits"):
-    _run_main(monkeypatch, tiny_bundle, "a (red:\uff12) circle")
+    _run_main(monkeypatch, tiny_synthetic, "a (red:\uff12) circle")
   with pytest.raises(InputError, match="--start_block/--stop_block: Reweighting blocks 9"):
-    _run_main(monkeypatch, tiny_bundle, "--start_block=9", "a circle")
+    _run_main(monkeypatch, tiny_synthetic, "--start_block=9", "a circle")
   with pytest.raises(UserError, match="give one or more prompts"):
-    _run_main(monkeypatch, tiny_bundle)
+    _run_main(monkeypatch, tiny_synthetic)
   assert os.listdir(tmp_path) == ["dir.npy"]
 
 
-def test_non_finite_features_are_refused_and_not_saved(tmp_path, monkeypatch, capsys, tiny_bundle):
-  params = jax.tree_util.tree_map(lambda x: x * np.nan, tiny_bundle.params)
-  broken = CLIPBundle(config=tiny_bundle.config, params=params, source="nan")
+def test_non_finite_features_are_refused_and_not_saved(
+  tmp_path, monkeypatch, capsys, tiny_synthetic
+):
+  params = jax.tree_util.tree_map(lambda x: x * np.nan, tiny_synthetic.params)
+  broken = CLIPBundle(config=tiny_synthetic.config, params=params, source="nan")
   target = tmp_path / "emb.npy"
   with pytest.raises(NonFiniteError, match="is not finite .*nothing was printed or saved"):
     _run_main(monkeypatch, broken, f"--output={target}", "a (red:2) circle")

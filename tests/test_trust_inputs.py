@@ -409,37 +409,32 @@ def test_unknown_hub_id_fails_fast_naming_the_id_and_a_local_path(tmp_path, monk
 # Rows 10, 16: images.
 
 
-@pytest.fixture(scope="module")
-def tiny():
-  return stori_jax.load("tiny-synthetic")
-
-
-def test_empty_batches_and_zero_sized_images_are_rejected_with_the_shapes(tiny):
+def test_empty_batches_and_zero_sized_images_are_rejected_with_the_shapes(tiny_synthetic):
   with pytest.raises(InputError, match=r"empty batch of shape \(0, 64, 64, 3\)"):
-    tiny.encode_image(np.zeros((0, 64, 64, 3), np.float32))
+    tiny_synthetic.encode_image(np.zeros((0, 64, 64, 3), np.float32))
   with pytest.raises(InputError, match=r"Zero-sized images of shape \(2, 0, 0, 3\)"):
-    tiny.encode_image(np.zeros((2, 0, 0, 3), np.float32))
+    tiny_synthetic.encode_image(np.zeros((2, 0, 0, 3), np.float32))
   with pytest.raises(InputError, match="size 5x0 has no pixels"):
-    tiny.preprocess(np.zeros((0, 5, 3), np.uint8))
+    tiny_synthetic.preprocess(np.zeros((0, 5, 3), np.uint8))
   with pytest.raises(InputError, match="the list is empty"):
-    tiny.preprocess([])
+    tiny_synthetic.preprocess([])
   with pytest.raises(InputError, match=r"token ids have shape \(0, 64\)"):
-    tiny.encode_text(np.zeros((0, 64), np.int32))
+    tiny_synthetic.encode_text(np.zeros((0, 64), np.int32))
 
 
-def test_corrupt_and_truncated_jpegs_name_the_file(tmp_path, tiny):
+def test_corrupt_and_truncated_jpegs_name_the_file(tmp_path, tiny_synthetic):
   path = tmp_path / "photo.jpg"
   Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), np.uint8)).save(path)
   path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
   with pytest.raises(InputError) as error:
-    tiny.preprocess(str(path))
+    tiny_synthetic.preprocess(str(path))
   assert f"Cannot read the image {path}" in str(error.value)
   assert "truncated" in str(error.value)
   path.write_bytes(b"not a jpeg at all")
   with pytest.raises(InputError, match=f"Cannot read the image {path}"):
-    tiny.preprocess([str(path)])
+    tiny_synthetic.preprocess([str(path)])
   with pytest.raises(FileNotFoundError, match="does not exist"):  # and a UserError
-    tiny.preprocess(str(tmp_path / "nowhere.jpg"))
+    tiny_synthetic.preprocess(str(tmp_path / "nowhere.jpg"))
 
 
 def test_corrupt_image_in_a_class_folder_names_the_file(tmp_path):
@@ -486,6 +481,8 @@ def test_a_workdir_of_another_run_is_refused_before_work_and_kept(tmp_path):
 
 
 def _run_cli(module, *args, timeout=300):
+  """`python -m module *args` as a program: the one such run of each mutual command (their
+  other tests run them in-process)."""
   return subprocess.run(
     [sys.executable, "-m", module, *args],
     cwd=ROOT,

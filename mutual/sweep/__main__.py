@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import os
 
+from absl import flags
+
 from mutual import cli
 from mutual.sweep.runner import run
 from mutual.sweep.table import markdown_table
 from stori_jax import cli as stori_cli
 
 
-def main(argv):
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  cli.define_run_flags("Sweep", values)
+
+
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Runs the sweep in its workdir and prints Table 3 and the fits."""
   config, workdir, results = cli.run_from_flags(
-    argv, run, "python -m mutual.sweep --config configs/mutual_sweep.py:random --workdir DIR"
+    argv,
+    values,
+    run,
+    "python -m mutual.sweep --config configs/mutual_sweep.py:random --workdir DIR",
   )
   rows = [results["models"][n] for n in results["order"]]
   print(markdown_table(rows, tuple(config.analysis.methods)))
@@ -27,5 +38,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.define_flags("Sweep")
+  define_flags()
   stori_cli.run(main)

@@ -38,19 +38,16 @@ import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from absl import flags
 
 from stori_jax.data import synthetic
-from stori_jax.encoding import batch_rows as _chunk_size  # noqa: F401 (tests read it here)
-from stori_jax.encoding import encode_images, encode_texts
+from stori_jax.encoding import BATCH_SIZE, encode_images, encode_texts, l2_normalize
 from stori_jax.retrieval.metrics import precision_at_k
 
 #: Default seeds, disjoint from pretraining's (0, k) namespace.
 ZERO_SHOT_SEED = (2024, 1)
 RETRIEVAL_SEED = (2024, 2)
 EMPHASIS_SEED = (2024, 3)
-
-#: Images or texts per encode call.
-BATCH_SIZE = 256
 
 #: Noun phrases (without the article) of each zero-shot family's prompt ensemble. The class
 #: value fills its own family's slot; the ensemble runs over every combination of the other
@@ -80,12 +77,7 @@ _REFERENCE_WEIGHT = 1.0
 
 
 # ---------------------------------------------------------------------------------------------
-# Encoding helpers.
-
-
-def _l2_normalise(x: np.ndarray) -> np.ndarray:
-  x = np.asarray(x, np.float32)
-  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), np.float32(1e-12))
+# Helpers.
 
 
 def _seed_tuple(seed: int | Sequence[int]) -> tuple[int, ...]:
@@ -190,7 +182,7 @@ def zero_shot_attributes(
     prompts, n_classes, per_class = ensembles[family]
     block = text[offset : offset + len(prompts)]
     offset += len(prompts)
-    classes = _l2_normalise(block.reshape(n_classes, per_class, -1).mean(axis=1))
+    classes = l2_normalize(block.reshape(n_classes, per_class, -1).mean(axis=1))
     predicted = np.argmax(image @ classes.T, axis=1)
     labels = batch.labels(family)[:, 0].astype(np.int64)
     confusion = np.zeros((n_classes, n_classes), np.int64)
@@ -608,31 +600,35 @@ def evaluate(
 # Command line.
 
 
-def _define_flags():
-  from absl import flags  # pylint: disable=import-outside-toplevel
-
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  fv = {"flag_values": values}
   flags.DEFINE_string(
     "source",
     "tiny-synthetic",
     "Model: a named checkpoint or a path (anything stori_jax.load accepts).",
+    **fv,
   )
   flags.DEFINE_string(
     "output_dir",
     os.path.join("workdirs", "eval"),
     "Where synthetic_world_eval.json and .md are written.",
+    **fv,
   )
-  flags.DEFINE_integer("n_images", 1000, "Zero-shot classification images.")
-  flags.DEFINE_integer("n_pairs", 1000, "Retrieval image-caption pairs.")
-  flags.DEFINE_integer("n_triples", 24, "Emphasis prompts (attribute triples).")
-  flags.DEFINE_integer("images_per_category", 8, "Emphasis images per category (8 categories).")
-  flags.DEFINE_list("weights", ["0.5", "1.0", "1.5"], "Emphasis weights.")
+  flags.DEFINE_integer("n_images", 1000, "Zero-shot classification images.", **fv)
+  flags.DEFINE_integer("n_pairs", 1000, "Retrieval image-caption pairs.", **fv)
+  flags.DEFINE_integer("n_triples", 24, "Emphasis prompts (attribute triples).", **fv)
+  flags.DEFINE_integer(
+    "images_per_category", 8, "Emphasis images per category (8 categories).", **fv
+  )
+  flags.DEFINE_list("weights", ["0.5", "1.0", "1.5"], "Emphasis weights.", **fv)
   flags.DEFINE_integer(
     "start_block",
     None,
     "First reweighted text block (1-indexed); default: the second half of the tower.",
+    **fv,
   )
-  flags.DEFINE_integer("batch_size", BATCH_SIZE, "Images / texts per encode call.")
-  return flags.FLAGS
+  flags.DEFINE_integer("batch_size", BATCH_SIZE, "Images / texts per encode call.", **fv)
 
 
 def _check_flags(config) -> None:
@@ -660,8 +656,8 @@ def _check_flags(config) -> None:
     raise ConfigError("; ".join(problems) + ". Nothing was run.")
 
 
-def main(argv):
-  from absl import flags  # pylint: disable=import-outside-toplevel
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Evaluates --source on the synthetic world and writes the tables to --output_dir."""
   import stori_jax  # pylint: disable=import-outside-toplevel
   from stori_jax import jsonio  # pylint: disable=import-outside-toplevel
   from stori_jax.config_files import ConfigError  # pylint: disable=import-outside-toplevel
@@ -669,7 +665,7 @@ def main(argv):
 
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
-  config = flags.FLAGS
+  config = values
   _check_flags(config)
   # Fail on an unwritable output folder now, not after the evaluation.
   try:
@@ -709,5 +705,5 @@ def main(argv):
 if __name__ == "__main__":
   from stori_jax import cli  # pylint: disable=import-outside-toplevel
 
-  _define_flags()
+  define_flags()
   cli.run(main)

@@ -17,13 +17,19 @@ from stori_jax.checkpoints import hub
 from stori_jax.errors import UserError
 from stori_jax.models import registry
 
-flags.DEFINE_enum("paper", None, [registry.MUTUAL, registry.STORI], "Only this paper's models.")
-flags.DEFINE_string(
-  "models_dir",
-  None,
-  f"Directory of hand-placed weights (default ${hub.MODELS_DIR_ENV} or ~/.cache).",
-)
-FLAGS = flags.FLAGS
+
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
+  fv = {"flag_values": values}
+  flags.DEFINE_enum(
+    "paper", None, [registry.MUTUAL, registry.STORI], "Only this paper's models.", **fv
+  )
+  flags.DEFINE_string(
+    "models_dir",
+    None,
+    f"Directory of hand-placed weights (default ${hub.MODELS_DIR_ENV} or ~/.cache).",
+    **fv,
+  )
 
 
 def _percent(value) -> str:
@@ -58,11 +64,13 @@ def table(paper: str | None = None, models_dir: str | None = None) -> str:
   return "\n".join(lines)
 
 
-def main(argv):
+def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Prints the table of registered models."""
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; see --help.")
-  print(table(FLAGS.paper, FLAGS.models_dir))
+  print(table(values.paper, values.models_dir))
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.run(main)
