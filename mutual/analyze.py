@@ -18,85 +18,11 @@ Same config and seed, same JSON.
 from __future__ import annotations
 
 import os
-import time
 
-from absl import flags, logging
-from tqdm import tqdm
+from absl import flags
 
-import stori_jax
-from mutual import cli, data, pipeline, report
+from mutual import analysis, cli, report
 from stori_jax import cli as stori_cli
-
-
-def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
-  """Runs the analysis; returns the aggregates (also written to workdir/results.json).
-
-  The data are checked first (descriptor file, classes matched by name, no empty class) and the
-  workdir claimed for this config (`cli.claim_workdir`; `restart` moves another run aside),
-  both before the model loads.
-  """
-  dataset = data.prepare(config)
-  cli.claim_workdir(config, workdir, restart, "mutual-knowledge analysis")
-  bundle = stori_jax.load(config.model.source)
-  size = int(bundle.config.vision.image_size)
-  class_names = list(dataset.names)
-  classes = dataset.classes(size)
-  a = config.analysis
-  bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
-  methods = tuple(a.methods)
-  records, figured = [], 0
-  start, n_images = time.perf_counter(), 0
-  figures = os.path.join(workdir, "figures")
-  os.makedirs(figures, exist_ok=True)
-  for cls in tqdm(classes, desc="classes", disable=not progress, dynamic_ncols=True):
-    result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
-    class_records = report.image_records(cls, result, bank.descriptors, class_names, methods)
-    for i, record in enumerate(class_records):
-      report.write_json(
-        os.path.join(workdir, "per_image", f"{cls.label:04d}", f"{i:05d}.json"), record
-      )
-    records += class_records
-    n_images += len(cls.images)
-    if figured < config.figure_classes:
-      figured += 1
-      k = min(config.figures_per_class, len(cls.images))
-      for method in methods:
-        report.plot_concepts(
-          os.path.join(figures, f"concepts_{method}_{cls.label:04d}.png"),
-          cls.images[:k],
-          class_records[:k],
-          method,
-          result["refined"][:k],
-        )
-        report.plot_mutual(
-          os.path.join(figures, f"mutual_{method}_{cls.label:04d}.png"),
-          cls.images[0],
-          class_records[0],
-          method,
-        )
-      summary = report.aggregate(class_records, methods)["dataset"]
-      report.plot_curves(
-        os.path.join(figures, f"curves_{cls.label:04d}.png"),
-        {m: summary[m]["curve"] for m in methods},
-        title=cls.name,
-      )
-  seconds = time.perf_counter() - start
-  results = report.aggregate(records, methods)
-  results["model"] = config.model.get("name", config.model.source)
-  if dataset.skipped:  # never a silent disappearance: what was left out, and why
-    results["skipped_classes"] = dataset.skipped
-  results["config"] = config.to_dict()
-  report.write_json(os.path.join(workdir, "results.json"), results)
-  table = report.markdown_table(results["dataset"], results["model"], methods)
-  with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
-    f.write(table)
-  report.plot_curves(
-    os.path.join(figures, "curves.png"),
-    {m: results["dataset"][m]["curve"] for m in methods},
-    title=f"{config.name}: dataset",
-  )
-  logging.info("%d images in %.1f s (%.2f images/s)", n_images, seconds, n_images / seconds)
-  return results
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
@@ -107,7 +33,10 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Analyses the config's images in its workdir and prints the table."""
   config, workdir, results = cli.run_from_flags(
-    argv, values, run, "python -m mutual.analyze --config configs/mutual_synthetic.py --workdir DIR"
+    argv,
+    values,
+    analysis.run,
+    "python -m mutual.analyze --config configs/mutual_synthetic.py --workdir DIR",
   )
   print(report.markdown_table(results["dataset"], results["model"], tuple(config.analysis.methods)))
   print(f"Wrote {os.path.join(workdir, 'results.json')}")

@@ -330,13 +330,6 @@ def world_figures() -> dict[str, str]:
   }
 
 
-def _analysis_command():
-  """The library function `python -m mutual.analyze` runs: run(config, workdir, progress)."""
-  from mutual import analyze  # pylint: disable=import-outside-toplevel
-
-  return analyze.run
-
-
 def concept_ground_truth(config) -> dict[str, Any]:
   """The analysis again, class by class, scored against the generator's ground truth as
   tests/test_mutual_pipeline.py scores it: the share of concept pixels on objects (and the
@@ -376,10 +369,11 @@ def mutual_analyze_figures() -> dict[str, str]:
   and the ground-truth scores of its concepts."""
   import json  # pylint: disable=import-outside-toplevel
 
+  from mutual import analysis  # pylint: disable=import-outside-toplevel
   from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(CONFIGS, "mutual_synthetic.py"))
-  run = _analysis_command()
+  run = analysis.run
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
     run(config, workdir, progress=False)
@@ -451,14 +445,14 @@ def _table2(table2: Mapping[str, Any]) -> str:
 def mutual_evaluate_figures() -> dict[str, str]:
   """mutual.evaluate on configs/mutual_eval_synthetic.py (timed): Table 1 (table1.json's
   explanations) and the protocols (protocols.json)."""
-  from mutual import evaluate, xai  # pylint: disable=import-outside-toplevel
+  from mutual import evaluation, xai  # pylint: disable=import-outside-toplevel
   from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(CONFIGS, "mutual_eval_synthetic.py"))
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
     # The returned results are table1.json's before its rounding for the file.
-    results = evaluate.run(config, workdir, progress=False)
+    results = evaluation.run(config, workdir, progress=False)
     seconds = time.perf_counter() - start
   n_classes = results["images"] // int(config.data.images_per_class)
   lines = [

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from mutual import data, evaluate, xai
+from mutual import data, evaluate, evaluation, xai
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.config_files import load_config
 
@@ -55,7 +55,7 @@ def test_missing_training_images_say_where_to_put_them(tmp_path):
   config = _config("configs/mutual_eval_imagenet.py")
   config.baselines.data.root = str(tmp_path / "train")
   with pytest.raises(DatasetMissingError, match="does not exist"):
-    evaluate._load_classes(config, config.baselines.data, 32)
+    evaluation._load_classes(config, config.baselines.data, 32)
 
 
 def test_explanations_turn_regions_into_pixel_masks():
@@ -79,7 +79,7 @@ def test_explanations_turn_regions_into_pixel_masks():
   baseline = {
     "MM-CBM": dict(regions=regions, valid=np.ones((2, 5), bool), ids=np.ones((2, 5), int))
   }
-  rows = evaluate.explanations(cls, result, config, baseline)
+  rows = evaluation.explanations(cls, result, config, baseline)
   masks, valid, ids, ids_valid = rows["Ours (PCA)"]
   assert masks.shape == (2, 5, 16, 16) and masks[0, 3, 5].all() and not masks[0, 1].any()
   # Concepts without a pixel are not valid (nothing to blur).
@@ -94,7 +94,7 @@ def test_explanations_turn_regions_into_pixel_masks():
 def test_beats_random_reads_each_metric_in_its_direction():
   ours = dict(deletion=1.0, insertion=3.0, acc_drop=0.5, acc_increase=0.2)
   rand = dict(deletion=2.0, insertion=2.0, acc_drop=0.5, acc_increase=0.3)
-  out = evaluate.beats_random({"Ours (PCA)": ours, "Random order (PCA)": rand, "MM-CBM": rand})
+  out = evaluation.beats_random({"Ours (PCA)": ours, "Random order (PCA)": rand, "MM-CBM": rand})
   assert out == {
     "Ours (PCA)": dict(deletion=True, insertion=True, acc_drop=False, acc_increase=False)
   }
@@ -104,7 +104,7 @@ def test_unknown_protocol_is_named():
   config = _config()
   config.evaluation.protocols = ("table2", "table9")
   with pytest.raises(ValueError, match="table9"):
-    evaluate.run_protocols(None, config, None, [], [], 64, None)
+    evaluation.run_protocols(None, config, None, [], [], 64, None)
 
 
 @pytest.mark.slow
@@ -150,7 +150,7 @@ def test_embedded_world_explanations_beat_a_random_concept_order(tmp_path):
   random order of the same concepts on Deletion and Insertion, for both concept methods."""
   config = _config()
   config.evaluation.protocols = ()
-  results = evaluate.run(config, str(tmp_path), progress=False)
+  results = evaluation.run(config, str(tmp_path), progress=False)
   e = results["explanations"]
   for method in ("PCA", "K-means"):
     ours, rand = e[f"Ours ({method})"], e[f"Random order ({method})"]
@@ -195,7 +195,7 @@ def test_real_data_path_runs_on_image_folders(tmp_path):
   config.baselines.train.epochs = 1
   config.analysis.top_k, config.analysis.u = 8, 5
   config.evaluation.protocols = ("ot_entropy",)
-  results = evaluate.run(config, str(tmp_path / "out"), progress=False)
+  results = evaluation.run(config, str(tmp_path / "out"), progress=False)
   assert results["images"] == 6 and results["baselines"]["training_images"] == 8
   assert list(results["explanations"]) == list(ROWS)
   assert "ot_entropy" in results["protocols"]

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mutual import analyze, data, descriptors, information, pipeline, report, transport
+from mutual import analysis, analyze, data, descriptors, information, pipeline, report, transport
 from stori_jax.config_files import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -229,7 +229,7 @@ def test_real_data_path_runs_on_an_image_folder(tmp_path):
   config.data.classnames = str(tmp_path / "classnames.txt")
   config.analysis.top_k, config.analysis.u = 8, 5
   config.figure_classes = 1
-  results = analyze.run(config, str(tmp_path / "out"), progress=False)
+  results = analysis.run(config, str(tmp_path / "out"), progress=False)
   assert results["dataset"]["images"] == 6 and set(results["classes"]) == set(names)
   record = json.loads((tmp_path / "out/per_image/0001/00002.json").read_text())
   assert record["id"] == "n02/2.png" and record["class_name"] == names[1]

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 import stori_jax
-from mutual import analyze, cli, data
+from mutual import analysis, cli, data
 from stori_jax import loading
 from stori_jax.checkpoints import CheckpointError, hub, validate
 from stori_jax.config_files import load_config
@@ -202,7 +202,7 @@ def test_analysis_labels_descriptors_and_skips_by_name(tmp_path):
   folder empty. results.json lists the skipped class; every record is its folder's class."""
   _folders(tmp_path / "images", empty=("green square",))
   config = _folder_config(tmp_path, skip_missing_classes=True)
-  results = analyze.run(config, str(tmp_path / "out"), progress=False)
+  results = analysis.run(config, str(tmp_path / "out"), progress=False)
   assert results["skipped_classes"] == {"green square": "no images"}
   written = json.loads((tmp_path / "out" / "results.json").read_text())
   assert written["skipped_classes"] == {"green square": "no images"}
@@ -465,7 +465,7 @@ def test_a_workdir_of_another_run_is_refused_before_work_and_kept(tmp_path):
   new.analysis.top_k = 5
   start = time.perf_counter()
   with pytest.raises(WorkdirMismatchError) as error:
-    analyze.run(new, str(workdir), progress=False)
+    analysis.run(new, str(workdir), progress=False)
   assert time.perf_counter() - start < 10  # before the model loads
   message = str(error.value)
   assert "config.analysis.top_k: 4 then, 5 now" in message and "--restart" in message

@@ -1,0 +1,403 @@
+"""The mutual-knowledge paper's evaluation protocols in one run, the library behind
+`python -m mutual.evaluate` (see that module for the outputs it writes): Table 1 (App. D, E:
+the analysis's explanations against the trained baselines and a random order of its own
+concepts on the XAI metrics) and the protocols of mutual.protocols (Table 2, App. A.2-A.4)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Mapping
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from tqdm import tqdm
+
+import stori_jax
+from mutual import (
+  baselines,
+  cli,
+  data,
+  features,
+  foreground,
+  pipeline,
+  protocols,
+  report,
+  xai,
+)
+from stori_jax.config_files import ConfigError
+from stori_jax.fewshot.datasets import DatasetMissingError
+from stori_jax.plotting import pyplot
+from stori_jax.preprocess import normalize
+
+# ---------------------------------------------------------------------------------------------
+# Data.
+
+
+def _merged(config, data_overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({"data": {**config.data.to_dict(), **dict(data_overrides)}})
+
+
+def _load_classes(config, data_overrides: Mapping[str, Any], size: int):
+  return data.load(_merged(config, data_overrides), size)
+
+
+def training_dataset(config, evaluation: data.Dataset) -> data.Dataset:
+  """The baselines' training images (config.baselines.data over config.data), checked before
+  any work: they must exist and hold the evaluation's classes."""
+  try:
+    found = data.prepare(_merged(config, config.baselines.data))
+  except DatasetMissingError as error:
+    raise DatasetMissingError(
+      f"The baselines' training images (config.baselines.data): {error} Or set "
+      "--config.baselines.enabled=False to evaluate without the baselines."
+    ) from None
+  if found.names != evaluation.names:
+    only_train = sorted(set(found.names) - set(evaluation.names))
+    only_eval = sorted(set(evaluation.names) - set(found.names))
+    parts = [f"only in training: {only_train[:10]}"] if only_train else []
+    parts += [f"only in evaluation: {only_eval[:10]}"] if only_eval else []
+    detail = "; ".join(parts) or "the same classes in another order"
+    raise ConfigError(
+      f"The baselines' training classes (config.baselines.data) differ from the evaluation "
+      f"classes ({detail}); point config.baselines.data at the same dataset's training split, "
+      "or set --config.baselines.enabled=False."
+    )
+  return found
+
+
+def train_baselines(
+  bundle, config, train_dataset, class_names, per_class, bank, size, progress=True
+):
+  """Caches the training images' features (`train_dataset`, a data.Dataset) and trains the
+  three baselines."""
+  b = config.baselines
+  train_classes = train_dataset.classes(size)
+  cached = baselines.cache_features(
+    bundle,
+    train_classes,
+    kind=config.analysis.feature_kind,
+    batch_size=min(64, int(config.evaluation.batch_size)),
+    dtype=np.dtype(b.cache_dtype),
+    progress=progress,
+  )
+  targets = baselines.descriptor_targets(class_names, per_class, bank.descriptors)
+  trained = baselines.train_all(cached, bank.descriptor_embeddings, targets, b, progress)
+  return trained, len(cached)
+
+
+# ---------------------------------------------------------------------------------------------
+# Explanations of one class's images.
+
+
+def explanations(cls, result, config, baseline_explanations=None) -> dict:
+  """{row name: (masks bool [B, L, S, S], valid bool [B, L], descriptor ids int [B, L],
+  descriptor_valid bool [B, L])}.
+
+  Args:
+    cls: a data.ClassImages; result: pipeline.analyze_class's output for its images.
+    config: the evaluation config.
+    baseline_explanations: `baselines.Baselines.explain` output for the same images, or None.
+
+  The method's concepts are the analysis's pixel regions with their first (largest transport
+  mass) descriptor; the baselines' are their regions, upsampled nearest from the patch grid.
+  A concept whose region holds no pixel is not valid (there is nothing to blur); a region the
+  analysis found no descriptor for (no candidate survived the filters) stays a concept with a
+  textual similarity of 0 in the importance ranking.
+  """
+  size = cls.images.shape[1]
+  n = int(config.analysis.n_concepts)
+  out = {}
+  for method in config.analysis.methods:
+    r = result[method]
+    masks = np.asarray(xai.label_masks(r["pixel_maps"], n))
+    valid = np.asarray(r["concept_valid"]) & masks.any(axis=(2, 3))
+    ids, ids_valid = r["concept_ids"][:, :, 0], r["concept_ids_valid"][:, :, 0]
+    out[f"Ours ({pipeline.METHOD_TITLES.get(method, method)})"] = (masks, valid, ids, ids_valid)
+  for name, e in (baseline_explanations or {}).items():
+    regions = e["regions"]
+    flat = regions.reshape(-1, *regions.shape[2:])
+    masks = np.asarray(foreground.upsample_mask(flat, size)).reshape(*regions.shape[:2], size, size)
+    valid = e["valid"] & masks.any(axis=(2, 3))
+    out[name] = (masks, valid, e["ids"], np.ones_like(valid))
+  return out
+
+
+def class_curves(
+  bundle, cls, result, bank, config, score_fn, blur, trained=None, image_embeddings=None
+):
+  """Perturbation curves of every explanation of one class: ({row: xai.Curves}, baseline
+  predictions {name: int [B]}). image_embeddings: float32 [B, E] unit, computed if None."""
+  e = config.evaluation
+  images = cls.images
+  batch = len(images)
+  labels = np.full(batch, cls.label, np.int64)
+  predicted = np.asarray(result["predicted"])
+  if image_embeddings is None:
+    image_embeddings = features.image_embeddings(
+      bundle, normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)
+    )
+  ex, extra = None, {}
+  if trained is not None:
+    tokens = baselines.encode_tokens(bundle, images, config.analysis.feature_kind)
+    ex = trained.explain(tokens, bank.descriptor_embeddings, predicted, config.baselines)
+    extra = {n: np.argmax(ex[n]["logits"], axis=-1) for n in ("MM-CBM", "MM-ProtoSim")}
+  rows = explanations(cls, result, config, ex)
+  curves = {}
+  for name, (masks, valid, ids, ids_valid) in rows.items():
+    embedded = xai.region_embeddings(bundle, images, masks, batch_size=int(e.batch_size))
+    textual = np.where(ids_valid[..., None], bank.descriptor_embeddings[ids], 0.0)
+    order, _ = xai.importance(image_embeddings, embedded, textual, valid)
+    ordered, ordered_valid = xai.reorder(order, masks, valid)
+    curves[name] = xai.perturbation_curves(
+      score_fn,
+      images,
+      ordered,
+      ordered_valid,
+      predicted,
+      labels,
+      blur_size=blur[0],
+      blur_sigma=blur[1],
+    )
+    if name.startswith("Ours"):
+      draws = []
+      for draw in range(int(e.random_draws)):
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(e.seed), cls.label), draw)
+        shuffled, shuffled_valid = xai.reorder(xai.random_order(key, valid), masks, valid)
+        draws.append(
+          xai.perturbation_curves(
+            score_fn,
+            images,
+            shuffled,
+            shuffled_valid,
+            predicted,
+            labels,
+            blur_size=blur[0],
+            blur_sigma=blur[1],
+          )
+        )
+      curves[name.replace("Ours", "Random order")] = xai.Curves.concatenate(draws)
+  return curves, extra
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs.
+
+
+def plot_curves(path: str, summaries: Mapping[str, Mapping], title: str = "") -> None:
+  """The four mean curves, one line per explanation."""
+  plt = pyplot()
+  fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+  panels = (
+    ("deletion", "Deletion: class score", "concepts blurred"),
+    ("insertion", "Insertion: class score", "concepts restored"),
+    ("acc_drop", "AccDrop: accuracy", "concepts blurred"),
+    ("acc_increase", "AccIncrease: accuracy", "concepts restored"),
+  )
+  for ax, (key, label, xlabel) in zip(axes, panels):
+    for name, s in summaries.items():
+      curve = np.asarray(s["curves"][key])
+      style = "--" if name.startswith("Random") else "-"
+      ax.plot(np.arange(len(curve)), curve, style, marker="o", ms=3, label=f"{name} ({s[key]:.2f})")
+    ax.set_title(label, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.legend(fontsize=6)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _rounded(x):
+  if isinstance(x, float):
+    return round(x, 6)
+  if isinstance(x, dict):
+    return {k: _rounded(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_rounded(v) for v in x]
+  return x
+
+
+def beats_random(summaries: Mapping[str, Mapping]) -> dict[str, dict[str, bool]]:
+  """Per concept method, whether the method's order beats the random order on each metric."""
+  out = {}
+  for name, s in summaries.items():
+    if name.startswith("Ours"):
+      r = summaries.get(name.replace("Ours", "Random order"))
+      if r is not None:
+        out[name] = {m: bool(xai.BETTER[m] * (s[m] - r[m]) > 0) for m in xai.METRICS}
+  return out
+
+
+def _table5(top1: Mapping[str, float], model: str) -> str:
+  head = "| Model | " + " | ".join(top1) + " |"
+  row = f"| {model} | " + " | ".join(f"{v:.2f}" for v in top1.values()) + " |"
+  return "\n".join([head, "|" + "---|" * (len(top1) + 1), row]) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocols (mutual.protocols).
+
+
+def run_protocols(
+  bundle, config, concepts, class_names, lists, size, bank, progress=True, dataset=None
+) -> dict:
+  """Runs the protocols named in config.evaluation.protocols (mutual.protocols); {name: result}.
+
+  Table 2, App. A.2 and App. A.4 reuse the analysis of the Table 1 pass (`concepts`, a
+  protocols.ConceptPass); App. A.3 reads the evaluation images a second time (from `dataset`,
+  a data.Dataset, else from config.data).
+  """
+  wanted = tuple(config.evaluation.protocols)
+  unknown = set(wanted) - set(protocols.PROTOCOLS)
+  if unknown:
+    raise ConfigError(
+      f"unknown protocols {sorted(unknown)} in config.evaluation.protocols; known: "
+      f"{protocols.PROTOCOLS}"
+    )
+  p = config.protocols
+  out = {}
+  if "table2" in wanted:
+    out["table2"] = protocols.table2_descriptor_accuracy(
+      bundle, concepts, class_names, lists, settings=p.table2, progress=progress
+    )
+  if "ot_entropy" in wanted:
+    out["ot_entropy"] = protocols.ot_entropy(concepts)
+  if "blur" in wanted:
+    # A second pass over the evaluation images.
+    classes = dataset.classes(size) if dataset is not None else data.load(config, size)[2]
+    out["blur"] = protocols.blur_accuracy(
+      bundle, classes, bank.class_embeddings, config.analysis, settings=p.blur, progress=progress
+    )
+  if "bank_quality" in wanted:
+    out["bank_quality"] = protocols.bank_quality(
+      class_names,
+      lists,
+      settings=p.bank_quality,
+      bundle=bundle,
+      image_embeddings=concepts.image_embeddings,
+      labels=concepts.labels,
+      progress=progress,
+    )
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The run.
+
+
+def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
+  """Runs Table 1 and the protocols; returns the results (also written to workdir).
+
+  The evaluation and training data are checked (descriptor file, classes matched by name, no
+  empty class) and the workdir claimed for this config (`restart` moves another run aside)
+  before the model loads.
+  """
+  start = time.perf_counter()
+  _check_config(config)
+  dataset = data.prepare(config)
+  train_dataset = training_dataset(config, dataset) if config.baselines.enabled else None
+  cli.claim_workdir(config, workdir, restart, "mutual-knowledge evaluation")
+  bundle = stori_jax.load(config.model.source)
+  size = int(bundle.config.vision.image_size)
+  class_names = list(dataset.names)
+  classes = dataset.classes(size)
+  lists = dataset.lists()
+  a = config.analysis
+  bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
+  methods = tuple(a.methods)
+  trained, n_train = None, 0
+  if config.baselines.enabled:
+    trained, n_train = train_baselines(
+      bundle,
+      config,
+      train_dataset,
+      class_names,
+      {n: l for n, l in zip(class_names, lists)},
+      bank,
+      size,
+      progress,
+    )
+  e = config.evaluation
+  score_fn = xai.clip_scorer(bundle, bank.class_embeddings, float(e.score_scale), int(e.batch_size))
+  blur = xai.blur_kernel(size, float(e.blur_sigma))
+  concepts = protocols.ConceptPass.empty(bank.descriptors, len(class_names), methods)
+  parts: dict[str, list] = {}
+  hits: dict[str, list] = {"zero-shot": []}
+  for cls in tqdm(classes, desc="classes", disable=not progress, dynamic_ncols=True):
+    result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
+    embeddings = protocols.image_embeddings(bundle, cls.images)
+    concepts.add(cls.label, result, embeddings)
+    curves, predictions = class_curves(
+      bundle, cls, result, bank, config, score_fn, blur, trained, embeddings
+    )
+    for name, c in curves.items():
+      parts.setdefault(name, []).append(c)
+    hits["zero-shot"].append(result["predicted"] == cls.label)
+    for name, p in predictions.items():
+      hits.setdefault(name, []).append(p == cls.label)
+  if not parts:
+    raise ConfigError("No images were evaluated: check config.data (classes, images_per_class).")
+  order = [n for n in baselines.NAMES if n in parts]
+  order += [n for n in parts if n.startswith("Ours")] + [n for n in parts if n.startswith("Random")]
+  summaries = {name: xai.summarize(xai.Curves.concatenate(parts[name])) for name in order}
+  n_images = len(concepts)
+  for name in summaries:
+    summaries[name]["images"] = n_images
+  model = config.model.get("name", config.model.source)
+  top1 = {k: 100.0 * float(np.concatenate(v).mean()) for k, v in hits.items()}
+  results: dict[str, Any] = dict(
+    model=model,
+    images=n_images,
+    explanations=summaries,
+    requires_training={n: n in baselines.NAMES for n in summaries},
+    beats_random=beats_random(summaries),
+    top1=top1,
+    blur=dict(kernel=blur[0], sigma=blur[1]),
+  )
+  if trained is not None:
+    results["baselines"] = dict(training_images=n_train, training=trained.training_summary())
+  os.makedirs(workdir, exist_ok=True)
+  table = xai.table_rows(summaries, results["requires_training"])
+  text = f"Table 1 ({model}, {n_images} images):\n\n{table}\nTop-1 (%) on the same images:\n\n"
+  text += _table5(top1, model)
+  with open(os.path.join(workdir, "table1.md"), "w", encoding="utf-8") as f:
+    f.write(text)
+  plot_curves(os.path.join(workdir, "curves.png"), summaries, title=f"{config.name}: {model}")
+
+  if tuple(e.protocols):
+    proto = run_protocols(
+      bundle, config, concepts, class_names, lists, size, bank, progress, dataset
+    )
+    results["protocols"] = proto
+    md = "".join(f"{name}\n\n{protocols.markdown(name, {model: r})}\n" for name, r in proto.items())
+    with open(os.path.join(workdir, "protocols.md"), "w", encoding="utf-8") as f:
+      f.write(md)
+    report.write_json(os.path.join(workdir, "protocols.json"), _rounded(proto))
+  results["seconds"] = round(time.perf_counter() - start, 1)
+  if dataset.skipped:  # never a silent disappearance: what was left out, and why
+    results["skipped_classes"] = dataset.skipped
+  results["config"] = config.to_dict()
+  report.write_json(os.path.join(workdir, "table1.json"), _rounded(results))
+  logging.info("%d images in %.1f s", n_images, results["seconds"])
+  return results
+
+
+def _check_config(config) -> None:
+  """Settings that would fail late, checked before any work."""
+  unknown = set(config.evaluation.protocols) - set(protocols.PROTOCOLS)
+  if unknown:
+    raise ConfigError(
+      f"unknown protocols {sorted(unknown)} in config.evaluation.protocols; known: "
+      f"{protocols.PROTOCOLS}"
+    )
+  if config.baselines.enabled and int(config.baselines.n_concepts) != int(
+    config.analysis.n_concepts
+  ):
+    raise ConfigError(
+      f"config.baselines.n_concepts ({config.baselines.n_concepts}) must equal "
+      f"config.analysis.n_concepts ({config.analysis.n_concepts}): the same number of "
+      "perturbation steps for every explanation."
+    )
