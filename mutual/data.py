@@ -230,6 +230,23 @@ def object_overlap(truth: synthetic.SyntheticBatch, pixel_maps) -> tuple[float, 
 # Real datasets.
 
 
+class ClassStream:
+  """An iterator over a dataset's chosen classes (ClassImages, read lazily) that knows how many
+  it yields: `len()` is the total, so progress bars over it show one."""
+
+  def __init__(self, classes: Iterator[ClassImages], count: int):
+    self._classes, self._count = classes, count
+
+  def __iter__(self) -> "ClassStream":
+    return self
+
+  def __next__(self) -> ClassImages:
+    return next(self._classes)
+
+  def __len__(self) -> int:
+    return self._count
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
   """A dataset's classes, matched by name to the descriptor file before any image is read.
@@ -240,7 +257,8 @@ class Dataset:
     keys: the data-side key of each label (folder name, TFDS label name, or the class name).
     skipped: {folder or class: why} for classes left out under
       config.data.skip_missing_classes (empty otherwise: a mismatch is an error).
-    classes: `classes(image_size)` iterates over the chosen classes' ClassImages.
+    classes: `classes(image_size)` iterates over the chosen classes' ClassImages (a
+      ClassStream, whose len() is their count).
   """
 
   names: tuple[str, ...]
@@ -490,7 +508,13 @@ def folder_dataset(
       )
       yield ClassImages(label, names[label], images, tuple(f"{key}/{f}" for f in some))
 
-  return Dataset(names, {n: list(descriptors[n]) for n in names}, kept_keys, skipped, iterate)
+  return Dataset(
+    names,
+    {n: list(descriptors[n]) for n in names},
+    kept_keys,
+    skipped,
+    lambda size: ClassStream(iterate(size), len(chosen)),
+  )
 
 
 def folder_classes(
@@ -574,7 +598,13 @@ def tfds_dataset(
       images = np.stack([_as_model_input(b, image_size, i) for i, b in items])
       yield ClassImages(label, names[label], images, tuple(i for i, _ in items))
 
-  return Dataset(names, {n: list(descriptors[n]) for n in names}, kept_keys, skipped, iterate)
+  return Dataset(
+    names,
+    {n: list(descriptors[n]) for n in names},
+    kept_keys,
+    skipped,
+    lambda size: ClassStream(iterate(size), len(chosen)),
+  )
 
 
 def tfds_classes(name, descriptors, image_size: int, **options):
@@ -599,13 +629,15 @@ def prepare(config) -> Dataset:
   if data.source == "synthetic":
     specs = synthetic_tasks.FEWSHOT_CLASSES
     names = tuple(c.name for c in specs)
-    _selected(len(names), classes)
+    chosen = _selected(len(names), classes)
     return Dataset(
       names,
       synthetic_descriptors(),
       names,
       {},
-      lambda size: synthetic_classes(data.images_per_class, data.seed, size, classes),
+      lambda size: ClassStream(
+        synthetic_classes(data.images_per_class, data.seed, size, classes), len(chosen)
+      ),
     )
   path = data.descriptors
   descriptors = load_descriptors(path, data.get("dataset"))

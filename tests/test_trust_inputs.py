@@ -14,6 +14,7 @@ import types
 
 import huggingface_hub
 import numpy as np
+from tqdm import tqdm
 import pytest
 from PIL import Image
 
@@ -146,6 +147,10 @@ def test_empty_class_folder_is_an_error_or_a_listed_skip(tmp_path, caplog):
   assert "Skipping 1 class(es)" in caplog.text and "'green square': no images" in caplog.text
   assert dataset.names == ("blue circle", "red star")
   assert [c.name for c in dataset.classes(16)] == ["blue circle", "red star"]
+  # The stream knows its length: progress bars over the classes show a total.
+  assert len(dataset.classes(16)) == 2
+  bar = tqdm(dataset.classes(16), disable=True)
+  assert bar.total == 2
 
 
 def test_descriptor_class_with_an_empty_list_is_named(tmp_path):
