@@ -272,6 +272,18 @@ class Dataset:
     return [list(self.descriptors[n]) for n in self.names]
 
 
+def _matched_dataset(names, descriptors, keys, skipped, iterate, count: int) -> Dataset:
+  """The Dataset of a real dataset's classes matched to the descriptor file (`names` in label
+  order; `iterate(image_size)` yields the `count` chosen classes)."""
+  return Dataset(
+    names,
+    {n: list(descriptors[n]) for n in names},
+    keys,
+    skipped,
+    lambda size: ClassStream(iterate(size), count),
+  )
+
+
 def _skip_fix(option: str) -> str:
   return f"or set {option}=True to leave these classes out (they are listed when the run starts)"
 
@@ -508,13 +520,7 @@ def folder_dataset(
       )
       yield ClassImages(label, names[label], images, tuple(f"{key}/{f}" for f in some))
 
-  return Dataset(
-    names,
-    {n: list(descriptors[n]) for n in names},
-    kept_keys,
-    skipped,
-    lambda size: ClassStream(iterate(size), len(chosen)),
-  )
+  return _matched_dataset(names, descriptors, kept_keys, skipped, iterate, len(chosen))
 
 
 def folder_classes(
@@ -598,13 +604,7 @@ def tfds_dataset(
       images = np.stack([_as_model_input(b, image_size, i) for i, b in items])
       yield ClassImages(label, names[label], images, tuple(i for i, _ in items))
 
-  return Dataset(
-    names,
-    {n: list(descriptors[n]) for n in names},
-    kept_keys,
-    skipped,
-    lambda size: ClassStream(iterate(size), len(chosen)),
-  )
+  return _matched_dataset(names, descriptors, kept_keys, skipped, iterate, len(chosen))
 
 
 def tfds_classes(name, descriptors, image_size: int, **options):
