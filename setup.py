@@ -37,8 +37,15 @@ EXTRAS = {
     "sentence-transformers>=3",
   ],
   # playwright drives the system's Chromium (Debian `chromium`) in the explorer test;
-  # hypothesis generates the prompts of the parser/tokenizer property test.
-  "test": ["pytest>=7.4", "playwright>=1.40", "hypothesis>=6.100"],
+  # hypothesis generates the prompts of the parser/tokenizer property test; the reference
+  # ellipse test compares pixels with OpenCV as the reference ran it (4.x: 4.13 changed the
+  # line rasteriser).
+  "test": [
+    "pytest>=7.4",
+    "playwright>=1.40",
+    "hypothesis>=6.100",
+    "opencv-python-headless>=4.8,<4.13",
+  ],
 }
 EXTRAS["test"] += EXTRAS["explore"] + EXTRAS["mutual"]
 EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})

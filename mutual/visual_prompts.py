@@ -10,6 +10,12 @@ ellipse with semi-axes a, b has covariance eigenvalues a^2/4 and b^2/4, so the e
 {p : (p - mean)^T (4 cov)^-1 (p - mean) <= 1} is the one a filled elliptical region would give.
 The reference fits cv2.fitEllipse to the region's contour instead; both agree on elliptical
 regions and the moments need no contour tracing.
+
+`ellipse="reference"` renders what the reference renders instead (mutual.ellipse: OpenCV's
+largest outer contour, fitEllipse, its fixed-point ellipse rasteriser, grayscale and 11x11
+blur, all in uint8 arithmetic), on the uint8 image the reference draws on: CLIP's
+normalisation undone in float64 and truncated to uint8 (`round_trip`). "moments" stays the
+default.
 """
 
 from __future__ import annotations
@@ -20,12 +26,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mutual import ellipse as reference_ellipse
 from mutual.foreground import main_regions, pixel_coordinates, upsample_mask
+from stori_jax.encoding import encode_images_on_device
 
 RED = (1.0, 0.0, 0.0)
 # ITU-R BT.601 luma weights, as cv2's RGB2GRAY uses.
 LUMA = (0.299, 0.587, 0.114)
 VARIANTS = ("ellipse", "grayscale_outside", "blur_outside")
+# How the ellipse of a concept region is found and drawn (render_prompts' `ellipse`).
+ELLIPSES = ("moments", "reference")
 
 
 def gaussian_kernel(size: int = 11, sigma: float | None = None) -> jax.Array:
@@ -135,6 +145,8 @@ def render_prompts(
   thickness: float = 1.0,
   blur_size: int = 11,
   largest_region: bool = True,
+  ellipse: str = "moments",
+  round_trip=None,
 ):
   """Three visual prompts per concept.
 
@@ -148,10 +160,18 @@ def render_prompts(
     largest_region: fit the ellipse to the concept's largest 8-connected region (the paper's
       remedy for scattered concepts, App. "Limitations"; the reference's contour is one
       region too); False fits all of the concept's patches.
+    ellipse: "moments" (the moment ellipse, anti-aliased stroke, float blur) or "reference"
+      (mutual.ellipse: OpenCV's contour, fitEllipse and drawing, in uint8; it always uses the
+      largest outer contour, whatever largest_region, and a 1-pixel stroke at any size, as
+      cv2.ellipse(..., thickness=1) draws, so thickness must be 1).
+    round_trip: with "reference", (mean, std) of the normalisation the reference's image went
+      through before it was turned back to uint8 by truncation (mutual.ellipse.reference_uint8);
+      None takes the pixels as they are (rounded to uint8).
 
   Returns:
-    (prompted float32 [B, L, 3, H, W, 3] in [0, 1], variants in VARIANTS order;
-     valid bool [B, L], False where concept l is absent from the image.)
+    (prompted float32 [B, L, 3, H, W, 3] in [0, 1], variants in VARIANTS order (with
+     "reference", uint8 values / 255); valid bool [B, L], False where concept l is absent
+     from the image.)
   """
   images = jnp.asarray(images, jnp.float32)
   concept_maps = jnp.asarray(concept_maps)
@@ -161,6 +181,25 @@ def render_prompts(
     raise ValueError(
       f"concept_maps must be int [B, h, w] with B = {images.shape[0]}, got {concept_maps.shape}."
     )
+  if ellipse not in ELLIPSES:
+    raise ValueError(f"ellipse must be one of {ELLIPSES}, got {ellipse!r}.")
+  if ellipse == "reference":
+    if thickness != 1:
+      raise ValueError(
+        f"ellipse='reference' draws OpenCV's 1-pixel stroke; thickness must be 1, got {thickness}."
+      )
+    pixels = jnp.round(jnp.clip(images, 0.0, 1.0) * 255).astype(jnp.uint8)
+    if round_trip is not None:
+      pixels = reference_ellipse.reference_uint8(pixels, *round_trip)
+    height, width = images.shape[1:3]
+    maps = concept_maps.astype(jnp.int32)
+    if maps.shape[1:] != (height, width):
+      # Nearest upsampling, indexed as cv2.resize(INTER_NEAREST) and pipeline.pixel_concepts do.
+      rows = (jnp.arange(height) * maps.shape[1]) // height
+      cols = (jnp.arange(width) * maps.shape[2]) // width
+      maps = maps[:, rows][:, :, cols]
+    prompted, valid = reference_ellipse.reference_prompts(pixels, maps, n_concepts, blur_size)
+    return prompted.astype(jnp.float32) / 255.0, valid
   stroke = max(1.0, thickness * images.shape[1] / 224)
   return _render(
     images, concept_maps.astype(jnp.int32), n_concepts, stroke, blur_size, largest_region
@@ -197,6 +236,7 @@ def concept_embeddings(
   thickness: float = 1.0,
   blur_size: int = 11,
   largest_region: bool = True,
+  ellipse: str = "moments",
 ):
   """Embeddings of every concept region through its three visual prompts.
 
@@ -208,24 +248,27 @@ def concept_embeddings(
     n_concepts: L.
     normalized: images are bundle.preprocess output (mean/std normalised).
     thickness, blur_size, largest_region: see render_prompts.
+    ellipse: "moments" or "reference" (render_prompts); "reference" draws on the uint8 image
+      the reference draws on: the pixels normalised with the bundle's mean and std in float32,
+      denormalised in float64 and truncated to uint8.
 
   Returns:
     (embeddings float32 [B, L, E]: the mean of the three prompts' L2-normalised embeddings,
      zeros for absent concepts; valid bool [B, L].)
   """
   pixels = _unit_pixels(bundle, images, normalized)
+  round_trip = None
+  if ellipse == "reference":
+    round_trip = (bundle.preprocess_config.mean, bundle.preprocess_config.std)
   prompted, valid = render_prompts(
-    pixels, concept_maps, n_concepts, thickness, blur_size, largest_region
+    pixels, concept_maps, n_concepts, thickness, blur_size, largest_region, ellipse, round_trip
   )
-  mean = jnp.asarray(bundle.preprocess_config.mean, jnp.float32)
-  std = jnp.asarray(bundle.preprocess_config.std, jnp.float32)
   batch, size = prompted.shape[0], prompted.shape[3:]
   out = []
   for i in range(batch):
     # The 3 L prompts of one image form one batch through the tower.
-    flat = (prompted[i].reshape(-1, *size) - mean) / std
-    embedded = bundle.encode_image(flat)
-    embedded = embedded / jnp.linalg.norm(embedded, axis=-1, keepdims=True)
+    rows = prompted[i].reshape(-1, *size)
+    embedded = encode_images_on_device(bundle, rows, batch_size=rows.shape[0])
     out.append(embedded.reshape(n_concepts, len(VARIANTS), -1).mean(axis=1))
   embeddings = jnp.stack(out)
   return jnp.where(valid[..., None], embeddings, 0.0), valid

@@ -15,20 +15,25 @@ CONFIG = CLIPConfig(
 
 
 def test_image_details_expose_patch_tokens_and_keys():
-  bundle = stori_jax.CLIPBundle(config=CONFIG, params=init_params(CONFIG, seed=0))
+  params = init_params(CONFIG, seed=0)
+  # A nonzero key bias (initialised to zero), so that leaving it out shows.
+  attn = params["vision"][f"resblocks_{CONFIG.vision.layers - 1}"]["attn"]
+  attn["key"]["bias"] = np.random.default_rng(1).standard_normal(attn["key"]["bias"].shape)
+  bundle = stori_jax.CLIPBundle(config=CONFIG, params=params)
   images = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype(np.float32)
   features, details = bundle.image_details(images)
   np.testing.assert_allclose(features, bundle.encode_image(images), atol=1e-6)
   hidden = details["hidden_states"]
   assert len(hidden) == CONFIG.vision.layers + 1 and hidden[0].shape == (2, 17, 32)
   np.testing.assert_array_equal(details["patch_tokens"], hidden[-1][:, 1:])
-  # keys = ln_1(input of the last block) @ W_k + b_k.
+  # keys = ln_1(input of the last block) @ W_k, without the key bias (the mutual-knowledge
+  # reference's keys: ln_1's output times the key rows of in_proj_weight; issue 18).
   block = bundle.params["vision"][f"resblocks_{CONFIG.vision.layers - 1}"]
   x = np.asarray(hidden[-2], np.float64)
   ln = block["ln_1"]
   normed = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
   normed = normed * ln["scale"] + ln["bias"]
-  keys = normed @ block["attn"]["key"]["kernel"] + block["attn"]["key"]["bias"]
+  keys = normed @ block["attn"]["key"]["kernel"]
   np.testing.assert_allclose(details["keys"], keys, atol=1e-5)
 
 

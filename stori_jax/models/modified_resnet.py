@@ -132,7 +132,8 @@ class ModifiedResNet(nn.Module):
         map attention pooling reads (its spatial cells are the patches);
       patch_tokens: feature_map flattened row-major [B, (S/32)**2, 32 * width];
       keys: the attention pool's keys (mean token first, positions added, key
-        bias included) [B, 1 + (S/32)**2, 32 * width].
+        bias included: the mutual-knowledge reference reads keys of ViTs only, and
+        this keeps the pool's own keys) [B, 1 + (S/32)**2, 32 * width].
     """
     c = self.config
     check_image_size(images, c.image_size)

@@ -57,21 +57,25 @@ class Attention(nn.Module):
 
     With query_index int [B], only that row of each sequence is a query (causal:
     it sees keys up to itself; `mask` is ignored) and out is [B, 1, W].
-    Returns (out [B, L, W], keys [B, L, W]); keys include their bias, as the
-    mutual-knowledge analysis reads them.
+    Returns (out [B, L, W], keys [B, L, W]); keys are x times the key projection
+    without its bias, as the mutual-knowledge reference reads them (ln_1's output times the
+    key rows of in_proj_weight); the attention itself uses the biased keys.
     """
     batch, length, width = x.shape
     head_dim = width // self.heads
     dense = lambda name: nn.Dense(width, dtype=self.dtype, param_dtype=jnp.float32, name=name)
     split = lambda t: t.reshape(batch, t.shape[1], self.heads, head_dim)
-    key, value = dense("key")(x), dense("value")(x)
+    key_projection = dense("key")
+    key, value = key_projection(x), dense("value")(x)
+    kernel = key_projection.variables["params"]["kernel"]
+    bare_keys = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
     if query_index is not None:
       x = x[jnp.arange(batch), query_index][:, None]
       mask = (jnp.arange(length)[None, :] <= query_index[:, None])[:, None, None, :]
     query = dense("query")(x)
     out = reweighted_attention(split(query), split(key), split(value), mask, log_weights)
     out = dense("out")(out.reshape(batch, x.shape[1], width))
-    return out, key
+    return out, bare_keys
 
 
 class MLP(nn.Module):

@@ -69,8 +69,8 @@ class VisionTransformer(nn.Module):
         (layers + 1; T = 1 + grid**2, class token first);
       patch_tokens: the last block's output without the class token [B, T-1, W]
         (before ln_post);
-      keys: the last block's attention keys (ln_1 input times the key
-        projection, bias included) [B, T, W].
+      keys: the last block's attention keys as the mutual-knowledge reference reads
+        them: ln_1's output times the key projection, without its bias [B, T, W].
     """
     x = self.embed(images)
     hidden = [x]
