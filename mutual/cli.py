@@ -20,6 +20,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from mutual import paper_config
 from stori_jax import run_identity
 from stori_jax.cli import require_flags
 from stori_jax.errors import UserError
@@ -55,6 +56,9 @@ def claim_workdir(config: ml_collections.ConfigDict, workdir: str, restart: bool
   file it names, since editing that file changes the results as much as the config does.
   Prints where an old run went.
   """
+  if config.get("analysis") is not None:
+    # A bad analysis mode or stage value would otherwise surface after the model loads.
+    paper_config.analysis_stages(config.analysis)
   # The command too: an analysis workdir is no place for an evaluation's files.
   identity: dict[str, Any] = {"command": what, "config": config}
   data = config.get("data")

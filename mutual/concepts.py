@@ -27,24 +27,49 @@ def _flatten(features, mask, n_concepts: int):
   return features.reshape(-1, features.shape[-1]), mask.reshape(-1)
 
 
-def pca_components(x: jax.Array, weights: jax.Array, n_components: int):
+#: PCA sign conventions (`pca_components`): scikit-learn's before and from release 1.5.
+PCA_SIGN_RULES = ("sklearn<1.5", "sklearn>=1.5")
+#: K-means starts (`kmeans_concepts`): seeded k-means++ restarts, or one random start.
+KMEANS_INITS = ("k-means++", "random")
+
+
+def _check_choice(name: str, value: str, allowed) -> None:
+  if value not in allowed:
+    raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
+
+
+def pca_components(x: jax.Array, weights: jax.Array, n_components: int, sign_rule="sklearn>=1.5"):
   """Principal axes of the rows of x [N, D] with weight 1 (weights bool [N]; others ignored).
 
-  Returns (mean [D], components [n_components, D]); each component's largest-magnitude entry is
-  positive, the sign convention of scikit-learn's PCA (svd_flip with u_based_decision=False).
+  Args:
+    x: float32 [N, D]; weights: bool [N]; n_components: axes kept.
+    sign_rule: which scikit-learn PCA sign convention fixes each axis's sign (svd_flip):
+      "sklearn>=1.5": the component's (row of V^T) largest-magnitude entry is positive
+        (u_based_decision=False, every solver since 1.5);
+      "sklearn<1.5": the largest-magnitude entry of the matching column of U (the scores of the
+        weighted rows over the singular value) is positive (u_based_decision=True, the full and
+        randomized solvers before 1.5, the convention of the reference code's results).
+
+  Returns (mean float32 [D], components float32 [n_components, D]).
   """
+  _check_choice("sign_rule", sign_rule, PCA_SIGN_RULES)
   w = weights.astype(x.dtype)[:, None]
   mean = jnp.sum(x * w, axis=0) / jnp.maximum(jnp.sum(w), 1.0)
-  # Zero rows leave the right singular vectors of the foreground rows unchanged.
-  _, _, vt = jnp.linalg.svd((x - mean) * w, full_matrices=False)
+  # Zero rows leave the right singular vectors of the foreground rows unchanged, and their rows
+  # of U are zero, so they never decide a sign either.
+  u, _, vt = jnp.linalg.svd((x - mean) * w, full_matrices=False)
   vt = vt[:n_components]
-  pivot = jnp.take_along_axis(vt, jnp.argmax(jnp.abs(vt), axis=1)[:, None], axis=1)
-  return mean, vt * jnp.where(pivot < 0, -1.0, 1.0)
+  if sign_rule == "sklearn>=1.5":
+    pivot = jnp.take_along_axis(vt, jnp.argmax(jnp.abs(vt), axis=1)[:, None], axis=1)[:, 0]
+  else:
+    u = u[:, :n_components]
+    pivot = jnp.take_along_axis(u, jnp.argmax(jnp.abs(u), axis=0)[None], axis=0)[0]
+  return mean, vt * jnp.where(pivot < 0, -1.0, 1.0)[:, None]
 
 
-@functools.partial(jax.jit, static_argnames=("n_concepts",))
-def _pca_assign(x, fg, n_concepts):
-  mean, components = pca_components(x, fg, n_concepts)
+@functools.partial(jax.jit, static_argnames=("n_concepts", "sign_rule"))
+def _pca_assign(x, fg, n_concepts, sign_rule):
+  mean, components = pca_components(x, fg, n_concepts, sign_rule)
   scores = (x - mean) @ components.T
   low = jnp.min(jnp.where(fg[:, None], scores, jnp.inf), axis=0)
   high = jnp.max(jnp.where(fg[:, None], scores, -jnp.inf), axis=0)
@@ -52,28 +77,31 @@ def _pca_assign(x, fg, n_concepts):
   return jnp.where(fg, jnp.argmax(scaled, axis=1), -1).astype(jnp.int32)
 
 
-def pca_concepts(features, mask, n_concepts: int = 5) -> jax.Array:
+def pca_concepts(features, mask, n_concepts: int = 5, sign_rule: str = "sklearn>=1.5") -> jax.Array:
   """Concept map from a joint PCA of raw foreground tokens.
 
   Each foreground token is projected on the first n_concepts principal axes (fitted on the
   foreground tokens of all B images), each axis is min-max scaled over those tokens, and the
-  token takes the axis with the largest scaled score.
+  token takes the axis with the largest scaled score. An axis's sign decides which end scales
+  to 1, so the labels depend on the sign rule.
 
   Args:
     features: float32 [B, h, w, D] patch features.
     mask: bool [B, h, w] foreground patches.
     n_concepts: number of principal axes (concepts).
+    sign_rule: "sklearn>=1.5" or "sklearn<1.5" (see `pca_components`).
 
   Returns:
     int32 [B, h, w]: concept index in [0, n_concepts), -1 on background.
   """
+  _check_choice("sign_rule", sign_rule, PCA_SIGN_RULES)
   x, fg = _flatten(features, mask, n_concepts)
   if n_concepts > min(x.shape):
     raise ValueError(
       f"n_concepts={n_concepts} exceeds the rank available from {x.shape[0]} tokens of "
       f"dimension {x.shape[1]}."
     )
-  return _pca_assign(x, fg, n_concepts).reshape(jnp.shape(mask))
+  return _pca_assign(x, fg, n_concepts, sign_rule).reshape(jnp.shape(mask))
 
 
 def _squared_distances(x, centers):
@@ -150,8 +178,65 @@ def kmeans(key, x, weights, k: int, n_init: int = 10, max_iter: int = 300):
   return centers[best], labels[best]
 
 
+def random_start(key, weights, k: int) -> jax.Array:
+  """k distinct indices of weighted rows (weights bool [N], at least k true), drawn uniformly:
+  kmeans_pytorch's start (numpy.random.choice without replacement). int32 [k]."""
+  p = weights.astype(jnp.float32)
+  return jax.random.choice(key, weights.shape[0], (k,), replace=False, p=p / jnp.sum(p))
+
+
+@functools.partial(jax.jit, static_argnames=("max_iter",))
+def kmeans_pytorch_loop(key, x, weights, centers, tol: float = 1e-4, max_iter: int = 500):
+  """kmeans_pytorch's iterations from the given centres over the weighted rows of x [N, D].
+
+  Each iteration assigns every row to its nearest centre (euclidean), then moves each centre to
+  the mean of its weighted rows; a centre left with none jumps to a random weighted row (drawn
+  with `key`). The loop stops once the squared sum of the centres' moves (euclidean norms) is
+  below tol, or after max_iter iterations. As kmeans_pytorch does, it returns the assignments of
+  the last iteration, i.e. to the centres before their final move.
+
+  Returns (centers float32 [k, D], assignments int32 [N]).
+  """
+  k, n = centers.shape[0], x.shape[0]
+  w = weights.astype(x.dtype)
+  p = w / jnp.maximum(jnp.sum(w), 1.0)
+
+  def cond(state):
+    _, _, shift, step, _ = state
+    return (step == 0) | ((shift**2 >= tol) & (step < max_iter))
+
+  def body(state):
+    centers, _, _, step, key = state
+    key, draw = jax.random.split(key)
+    labels = jnp.argmin(_squared_distances(x, centers), axis=1).astype(jnp.int32)
+    sums = jax.ops.segment_sum(x * w[:, None], labels, num_segments=k)
+    counts = jax.ops.segment_sum(w, labels, num_segments=k)
+    spare = x[jax.random.choice(draw, n, (k,), p=p)]
+    new = jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1.0)[:, None], spare)
+    shift = jnp.sum(jnp.sqrt(jnp.sum((new - centers) ** 2, axis=1)))
+    return new, labels, shift, step + 1, key
+
+  init = (centers, jnp.zeros(n, jnp.int32), jnp.asarray(jnp.inf, x.dtype), 0, key)
+  centers, labels, _, _, _ = jax.lax.while_loop(cond, body, init)
+  return centers, labels
+
+
+def random_start_kmeans(key, x, weights, k: int, tol: float = 1e-4, max_iter: int = 500):
+  """K-means of the weighted rows of x [N, D] as kmeans_pytorch runs it: `random_start`, then
+  `kmeans_pytorch_loop` (same key, same result). Returns (centers [k, D], assignments int32 [N])."""
+  start, loop = jax.random.split(key)
+  centers = x[random_start(start, weights, k)]
+  return kmeans_pytorch_loop(loop, x, weights, centers, tol, max_iter)
+
+
 def kmeans_concepts(
-  features, mask, n_concepts: int = 5, seed: int = 0, n_init: int = 10, max_iter: int = 300
+  features,
+  mask,
+  n_concepts: int = 5,
+  seed: int = 0,
+  n_init: int = 10,
+  max_iter: int | None = None,
+  init: str = "k-means++",
 ) -> jax.Array:
   """Concept map from a joint K-means of L2-normalised foreground tokens.
 
@@ -159,14 +244,25 @@ def kmeans_concepts(
     features: float32 [B, h, w, D] patch features.
     mask: bool [B, h, w] foreground patches.
     n_concepts: number of clusters.
-    seed: PRNG seed of the k-means++ starts (same seed, same result).
-    n_init: number of starts; the one with the lowest inertia is kept.
-    max_iter: Lloyd iterations at most.
+    seed: PRNG seed of the starts (same seed, same result).
+    n_init: number of k-means++ starts; the one with the lowest inertia is kept ("k-means++").
+    max_iter: iterations at most; default 300 ("k-means++") or 500 ("random", the reference's
+      iter_limit).
+    init: "k-means++": n_init seeded k-means++ starts, Lloyd until the assignments settle;
+      "random": one start at distinct random tokens, kmeans_pytorch's loop
+      (`random_start_kmeans`), as the reference code runs it. The reference draws its start
+      with numpy's unseeded global generator, so its exact clusters cannot be reproduced; this
+      one is deterministic given the seed.
 
   Returns:
     int32 [B, h, w]: cluster index in [0, n_concepts), -1 on background.
   """
+  _check_choice("init", init, KMEANS_INITS)
   x, fg = _flatten(features, mask, n_concepts)
   x = l2_normalize_jax(x, axis=1)
-  _, labels = kmeans(jax.random.PRNGKey(seed), x, fg, n_concepts, n_init, max_iter)
+  key = jax.random.PRNGKey(seed)
+  if init == "random":
+    _, labels = random_start_kmeans(key, x, fg, n_concepts, max_iter=max_iter or 500)
+  else:
+    _, labels = kmeans(key, x, fg, n_concepts, n_init, max_iter or 300)
   return jnp.where(fg, labels, -1).reshape(jnp.shape(mask))

