@@ -100,6 +100,7 @@ def test_zero_log_weights_are_the_zero_shot_classifier():
   np.testing.assert_allclose(ours, emb / np.linalg.norm(emb, axis=1, keepdims=True), atol=2e-6)
 
 
+@pytest.mark.slow
 def test_gradients_equal_naive_autodiff():
   bundle = _bundle()
   bank = build_prompt_bank(bundle.tokenizer, CLASSES, PROMPTS, FIXED, chunk=2)
@@ -161,6 +162,7 @@ print(json.dumps({{"devices": n, "max_diff": float(np.abs(emb - naive).max()),
 """
 
 
+@pytest.mark.slow
 def test_eight_devices_give_the_same_embeddings():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
   out = subprocess.run(

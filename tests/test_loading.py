@@ -211,6 +211,7 @@ def test_hf_directory_loads_without_torch(tmp_path):
   np.testing.assert_allclose(np.load(out), bundle.encode_text(ids), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_convert_cli_and_parity_cli(tmp_path, openai_file):
   pytest.importorskip("torch", reason="the parity tool runs the PyTorch reference")
   pytest.importorskip("open_clip", reason="the parity tool runs the open_clip reference")

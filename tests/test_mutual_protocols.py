@@ -355,6 +355,7 @@ def _check_results(names, lists, bank, concepts, t2, ent, blur, quality, bundle)
   return tables
 
 
+@pytest.mark.slow
 def test_embedded_world_runs_every_protocol(bundle):
   config = _config()
   names, lists, bank = _world(bundle, config)
