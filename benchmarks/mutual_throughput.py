@@ -13,11 +13,27 @@ contours, fitEllipse, ellipse drawing, grayscale and the Gaussian blur; python s
 the intersection and MI. Images go through it one by one from the visual prompts on, as there.
 The dense CRF is off on both sides (its reference library, SimpleCRF, has no wheel here).
 The JAX side is timed after one warm-up call on other images of the same shape (compilation
-excluded); one timed run each; the figure is the ratio of images per second.
+excluded); one timed run each; the figure is the ratio of images per second. `--mode` sets
+config.analysis.mode (the ellipse, CRF unary, PCA sign and K-means stages).
+
+One run also prints (and `--json` writes):
+  * vision-tower passes per image on each side (images through the tower / B);
+  * a per-stage profile of `pipeline.analyze_class` (a second timed run, on the same images,
+    with the stage functions wrapped in place and their outputs blocked on; the compilations
+    for the FLOP counts are left out): exclusive wall time per stage, calls, FLOPs and bytes
+    from XLA's `cost_analysis()` of every jitted function the stage calls (the towers' jitted
+    encoder included; the ViT towers are also counted analytically as a check). While-loop
+    bodies (K-means' Lloyd steps, Sinkhorn, connected components) are counted once by XLA, so
+    those stages' FLOPs are lower bounds; eager glue (normalisation, the class-score product)
+    is not counted;
+  * the machine's dense fp32 matmul rate (a 4096 x 4096 product, best of 3, in JAX and in
+    PyTorch, measured in the same run) and the pipeline's achieved FLOP/s as a fraction of it.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import time
 
@@ -31,7 +47,8 @@ from sklearn.decomposition import PCA
 from sklearn.preprocessing import MinMaxScaler
 
 import stori_jax
-from mutual import pipeline, report
+from mutual import concepts, crf, features, foreground, pipeline, report, visual_prompts
+from mutual import ellipse as reference_ellipse
 from mutual.paper_config import analysis_config
 from stori_jax.data import synthetic
 from stori_jax.encoding import l2_normalize
@@ -44,6 +61,10 @@ flags.DEFINE_integer("classes", 100, "C, zero-shot classes.")
 flags.DEFINE_integer("top_k", 0, "k of the intersection (0: D / 8, at most 500).")
 flags.DEFINE_integer("u", 50, "Language-side descriptors.")
 flags.DEFINE_string("json", None, "Also write the figures here.")
+flags.DEFINE_string(
+  "mode", "", "config.analysis.mode (reference / improved); empty: analysis_config's default."
+)
+flags.DEFINE_integer("matmul", 4096, "Side of the square fp32 matmul timed for the machine's rate.")
 FLAGS = flags.FLAGS
 
 L = 5
@@ -179,6 +200,252 @@ def reference_class(model, images, mean, std, desc, classes, k, u):
 
 
 # ---------------------------------------------------------------------------------------------
+# Per-stage profile of pipeline.analyze_class.
+
+#: (module, function, stage name): the functions analyze_class calls through module attributes,
+#: timed in place. A stage's time excludes the stages nested in it.
+STAGES = (
+  (features, "image_embeddings", "tower: image embeddings"),
+  (features, "patch_features", "tower: patch features"),
+  (features, "embeddings_and_patches", "tower: embeddings + patch features"),
+  (foreground, "prominent_patches", "foreground split"),
+  (foreground, "upsample_mask", "masks: upsample"),
+  (crf, "refine", "CRF"),
+  (pipeline, "concept_maps", "concepts (PCA, K-means)"),
+  (pipeline, "pixel_concepts", "masks: pixel concept maps"),
+  (visual_prompts, "concept_embeddings", "visual prompts: render + glue"),
+  (pipeline, "language_stages", "language stages"),
+)
+#: Jitted functions called from Python inside the stages; their XLA cost counts to the stage
+#: (names missing from a module are skipped).
+JITTED = (
+  (foreground, "sign_split"),
+  (foreground, "main_regions"),
+  (concepts, "_pca_assign"),
+  (concepts, "kmeans"),
+  (concepts, "kmeans_pytorch_loop"),
+  (crf, "_refine"),
+  (visual_prompts, "_render"),
+  (reference_ellipse, "largest_contours"),
+  (reference_ellipse, "compose_prompts"),
+)
+#: The vision tower called inside a stage gets its own stage there.
+TOWER_STAGES = {"visual prompts: render + glue": "tower: visual prompts"}
+
+
+def _is_traced(args) -> bool:
+  return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args))
+
+
+def _signature(args, kwargs):
+  def key(x):
+    return (tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") else repr(x)
+
+  return repr(jax.tree_util.tree_map(key, (args, kwargs)))
+
+
+class Profile:
+  """Exclusive wall time, calls, XLA FLOPs / bytes and tower rows per stage of a run."""
+
+  def __init__(self):
+    self.seconds = collections.defaultdict(float)
+    self.calls = collections.Counter()
+    self.flops = collections.defaultdict(float)
+    self.bytes = collections.defaultdict(float)
+    self.tower_rows = collections.Counter()
+    self.analytic_flops = collections.defaultdict(float)
+    self.excluded = 0.0  # seconds spent compiling for cost_analysis, out of every stage
+    self._stack: list[list] = []  # [name, start, time spent in nested stages]
+    self._costs: dict = {}
+
+  def reset(self):
+    for table in (self.seconds, self.calls, self.flops, self.bytes, self.tower_rows):
+      table.clear()
+    self.analytic_flops.clear()
+
+  @contextlib.contextmanager
+  def stage(self, name):
+    frame = [name, time.perf_counter(), 0.0]
+    self._stack.append(frame)
+    try:
+      yield
+    finally:
+      self._stack.pop()
+      elapsed = time.perf_counter() - frame[1]
+      self.seconds[name] += elapsed - frame[2]
+      self.calls[name] += 1
+      if self._stack:
+        self._stack[-1][2] += elapsed
+
+  @property
+  def current(self) -> str:
+    return self._stack[-1][0] if self._stack else "other"
+
+  def add_cost(self, fn, args, kwargs):
+    """Adds fn's XLA cost_analysis (flops, bytes accessed) for these arguments to the current
+    stage (compiled once per argument signature)."""
+    key = (id(fn), _signature(args, kwargs))
+    if key not in self._costs:
+      start = time.perf_counter()
+      cost = fn.lower(*args, **kwargs).compile().cost_analysis()
+      cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+      self._costs[key] = (float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)))
+      # Compiling for the cost is no stage's time.
+      elapsed = time.perf_counter() - start
+      self.excluded += elapsed
+      if self._stack:
+        self._stack[-1][2] += elapsed
+    flops, moved = self._costs[key]
+    self.flops[self.current] += flops
+    self.bytes[self.current] += moved
+
+  def timed(self, name, fn, jitted=False):
+    def wrapper(*args, **kwargs):
+      if _is_traced((args, kwargs)):
+        return fn(*args, **kwargs)
+      with self.stage(name):
+        if jitted:
+          self.add_cost(fn, args, kwargs)
+        return jax.block_until_ready(fn(*args, **kwargs))
+
+    return wrapper
+
+  def costed(self, fn):
+    def wrapper(*args, **kwargs):
+      if not _is_traced((args, kwargs)):
+        self.add_cost(fn, args, kwargs)
+      return fn(*args, **kwargs)
+
+    return wrapper
+
+  def tower(self, fn, config):
+    """The bundle's jitted image encoder: its rows, XLA cost and analytic ViT count."""
+
+    def wrapper(params, images, return_hidden):
+      name = TOWER_STAGES.get(self.current, self.current)
+      with self.stage(name) if name != self.current else contextlib.nullcontext():
+        self.add_cost(fn, (params, images, return_hidden), {})
+        self.tower_rows[name] += int(images.shape[0])
+        self.analytic_flops[name] += vit_flops(config, int(images.shape[0]))
+        return jax.block_until_ready(fn(params, images, return_hidden))
+
+    return wrapper
+
+  @contextlib.contextmanager
+  def installed(self, bundle):
+    """Wraps the stage functions, the jitted functions and the bundle's image encoder in place
+    for the duration."""
+    saved = []
+    for module, attr, name in STAGES:
+      if hasattr(module, attr):
+        fn = getattr(module, attr)
+        saved.append((module, attr, fn))
+        setattr(module, attr, self.timed(name, fn, jitted=hasattr(fn, "lower")))
+    for module, attr in JITTED:
+      fn = getattr(module, attr, None)
+      if not hasattr(fn, "lower"):  # absent, or not a plain jitted function
+        continue
+      saved.append((module, attr, fn))
+      setattr(module, attr, self.costed(fn))
+    image_fn = bundle._image_fn
+    bundle.__dict__["_image_fn"] = self.tower(image_fn, bundle.config)  # a cached_property
+    try:
+      yield self
+    finally:
+      bundle.__dict__["_image_fn"] = image_fn
+      for module, attr, fn in reversed(saved):
+        setattr(module, attr, fn)
+
+  def table(self, total_seconds):
+    """Rows per stage (largest time first) and an "other" row: the time no stage accounts for."""
+    names = sorted(set(self.seconds) | set(self.flops), key=lambda n: -self.seconds.get(n, 0.0))
+    rows = []
+    for name in names:
+      seconds = self.seconds.get(name, 0.0)
+      flops = self.flops.get(name, 0.0)
+      rows.append(
+        dict(
+          stage=name,
+          seconds=round(seconds, 4),
+          share=round(seconds / total_seconds, 4),
+          calls=int(self.calls.get(name, 0)),
+          gflop=round(flops / 1e9, 4),
+          gbytes=round(self.bytes.get(name, 0.0) / 1e9, 4),
+          gflop_per_s=round(flops / seconds / 1e9, 2) if seconds > 0 else None,
+          tower_rows=int(self.tower_rows.get(name, 0)),
+          analytic_gflop=round(self.analytic_flops[name] / 1e9, 4)
+          if name in self.analytic_flops
+          else None,
+        )
+      )
+    other = total_seconds - sum(self.seconds.values())
+    rows.append(
+      dict(
+        stage="other (unwrapped glue)",
+        seconds=round(other, 4),
+        share=round(other / total_seconds, 4),
+      )
+    )
+    return rows
+
+
+def vit_flops(config, batch: int) -> float:
+  """Analytic FLOPs (2 per multiply-add) of a ViT image tower's forward pass on `batch` images:
+  patch embedding, per block QKV / output / MLP projections and the two attention products, the
+  final projection. 0 for CNN towers (not counted here)."""
+  if config.vision_kind != "vit":
+    return 0.0
+  v = config.vision
+  grid = v.image_size // v.patch_size
+  tokens = grid * grid + 1
+  width, mlp = v.width, v.mlp_width
+  patch = 2 * grid * grid * v.patch_size**2 * 3 * width
+  block = 2 * tokens * (4 * width * width + 2 * width * mlp) + 4 * tokens * tokens * width
+  return float(batch) * (patch + v.layers * block + 2 * width * config.embed_dim)
+
+
+def print_profile(rows, total_seconds):
+  head = f"{'stage':36s} {'time s':>8s} {'share':>6s} {'calls':>6s} {'GFLOP':>9s} {'GB':>7s}"
+  head += f" {'GFLOP/s':>8s} {'rows':>6s} {'analytic':>9s}"
+  print(head)
+  for r in rows:
+    line = f"{r['stage']:36s} {r['seconds']:8.3f} {100 * r['share']:5.1f}%"
+    if "calls" in r:
+      rate = "-" if r["gflop_per_s"] is None else f"{r['gflop_per_s']:.1f}"
+      analytic = "-" if r["analytic_gflop"] is None else f"{r['analytic_gflop']:.2f}"
+      line += f" {r['calls']:6d} {r['gflop']:9.2f} {r['gbytes']:7.2f} {rate:>8s}"
+      line += f" {r['tower_rows'] or '-':>6} {analytic:>9s}"
+    print(line)
+  print(f"{'total':36s} {total_seconds:8.3f}")
+
+
+def matmul_rate(side: int, repeats: int = 3) -> dict:
+  """GFLOP/s of a dense fp32 [side, side] @ [side, side] product, best of `repeats`, in JAX
+  (XLA, this pipeline's backend) and PyTorch."""
+  flops = 2.0 * side**3
+  a = jax.random.normal(jax.random.PRNGKey(0), (side, side), jax.numpy.float32)
+  product = jax.jit(lambda x, y: x @ y)
+  jax.block_until_ready(product(a, a))
+  best = np.inf
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(product(a, a))
+    best = min(best, time.perf_counter() - start)
+  t = torch.randn(side, side)
+  torch.mm(t, t)
+  best_torch = np.inf
+  for _ in range(repeats):
+    start = time.perf_counter()
+    torch.mm(t, t)
+    best_torch = min(best_torch, time.perf_counter() - start)
+  return dict(
+    side=side,
+    jax_gflop_per_s=round(flops / best / 1e9, 2),
+    torch_gflop_per_s=round(flops / best_torch / 1e9, 2),
+  )
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def main(argv):
@@ -203,8 +470,9 @@ def main(argv):
     classes,
   )
   k = FLAGS.top_k or min(500, max(3, FLAGS.descriptors // 8))
+  modes = dict(mode=FLAGS.mode) if FLAGS.mode else {}
   analysis = analysis_config(
-    crf=False, top_k=k, u=min(FLAGS.u, FLAGS.descriptors), solver="reference"
+    crf=False, top_k=k, u=min(FLAGS.u, FLAGS.descriptors), solver="reference", **modes
   )
   warm = synthetic.generate(FLAGS.images, (31, 0), image_size=size, max_objects=1).images
   timed = synthetic.generate(FLAGS.images, (31, 1), image_size=size, max_objects=1).images
@@ -213,27 +481,71 @@ def main(argv):
 
   def run_jax(images):
     out = pipeline.analyze_class(bundle, images, bank, analysis)
-    return jax.block_until_ready(out["pca"]["curve"])
+    jax.block_until_ready(out["pca"]["curve"])
+    return out
 
   run_jax(warm)
   start = time.perf_counter()
-  run_jax(timed)
+  plain = run_jax(timed)
   jax_seconds = time.perf_counter() - start
   torch.set_num_threads(max(1, torch.get_num_threads()))
+  rows_in = []
+  hook = model.visual.register_forward_pre_hook(lambda m, i: rows_in.append(int(i[0].shape[0])))
   start = time.perf_counter()
   reference_class(model, timed, mean, std, desc, classes, k, analysis.u)
   ref_seconds = time.perf_counter() - start
+  hook.remove()
+
+  # The profile: the timed call again with the stages wrapped (outputs blocked on per stage);
+  # the compilations for cost_analysis are timed apart and left out.
+  profile = Profile()
+  with profile.installed(bundle):
+    start = time.perf_counter()
+    profiled = run_jax(timed)
+    profiled_seconds = time.perf_counter() - start - profile.excluded
+  for method in pipeline.METHODS:  # the wrappers change no output
+    np.testing.assert_array_equal(profiled[method]["curve"], plain[method]["curve"])
+  stages = profile.table(profiled_seconds)
+  machine = matmul_rate(FLAGS.matmul)
+  rate = max(machine["jax_gflop_per_s"], machine["torch_gflop_per_s"])
+  flops = sum(profile.flops.values())
+  tower_names = [n for n in profile.tower_rows]
+  tower_flops = sum(profile.flops[n] for n in tower_names)
+  tower_seconds = sum(profile.seconds[n] for n in tower_names)
+  achieved = flops / profiled_seconds / 1e9
   figures = dict(
     arch=arch if isinstance(arch, str) else "tiny-synthetic config",
     device=str(jax.devices()[0]),
     images=FLAGS.images,
     descriptors=FLAGS.descriptors,
     top_k=k,
+    mode=analysis.get("mode", ""),
     jax_images_per_s=round(FLAGS.images / jax_seconds, 3),
     reference_images_per_s=round(FLAGS.images / ref_seconds, 3),
     speedup=round(ref_seconds / jax_seconds, 2),
+    tower_passes_per_image=dict(
+      jax=round(sum(profile.tower_rows.values()) / FLAGS.images, 2),
+      reference=round(sum(rows_in) / FLAGS.images, 2),
+    ),
+    profile=dict(
+      seconds=round(profiled_seconds, 3),
+      stages=stages,
+      flops_source="XLA cost_analysis of the jitted functions per stage (towers included); "
+      "analytic_gflop: the ViT towers counted by hand",
+    ),
+    matmul=machine,
+    achieved=dict(
+      pipeline_gflop_per_s=round(achieved, 2),
+      pipeline_fraction_of_matmul=round(achieved / rate, 4),
+      towers_gflop_per_s=round(tower_flops / tower_seconds / 1e9, 2) if tower_seconds else None,
+      towers_fraction_of_matmul=round(tower_flops / tower_seconds / 1e9 / rate, 4)
+      if tower_seconds
+      else None,
+      tower_share_of_flops=round(tower_flops / flops, 4) if flops else None,
+    ),
   )
-  print(json.dumps(figures, indent=1))
+  print_profile(stages, profiled_seconds)
+  print(json.dumps({k: v for k, v in figures.items() if k != "profile"}, indent=1))
   if FLAGS.json:
     report.write_json(FLAGS.json, figures)
 

@@ -20,8 +20,10 @@ Sweep fields:
                       leave it out with a warning (listed under "skipped" in results.json)
   models_dir          hand-placed weights (<models_dir>/<name>/); default $STORI_JAX_MODELS
   max_loaded_models   models held at once (0: all, ~11 GB of fp32 weights for the 13); fewer
-                      reloads models between the two per-model phases of each class chunk
-  classes_per_chunk   classes whose patch features are held at once
+                      reloads each model's weights once per class chunk (its compiled towers
+                      are kept)
+  classes_per_chunk   classes whose per-image results (concept embeddings and maps of every
+                      model) are held at once, before the language stages batched over models
   accuracy            the Top-1 of the AUC-accuracy fit: "measured", or the registry's "paper"
                       (Table 3) / "open_clip" values, e.g. for a run on part of the val set
   per_image           also write per_image/<model>/<class>/<image>.json
@@ -35,7 +37,9 @@ The argument (`:variant=NAME`, or just `:NAME`) picks one of:
   random     the offline path: random-weight instances of all 13 architectures at about 64 px on
              the embedded synthetic world with its descriptor bank (configs/mutual_synthetic.py's
              data and analysis), 4 images per class. It exercises every stage of the sweep for
-             every tower; its numbers carry no meaning.
+             every tower; its numbers carry no meaning. One model is held at a time and the 12
+             classes form one chunk, so each model is made once and peak memory is about the
+             largest model's (ViT-L/14: 1.7 GB of weights).
   smoke      `random` for one architecture per tower kind (ViT, ResNet, ConvNeXt), widths shrunk
              16x, on 2 classes x 2 images: the whole path in under a minute on 2 CPU cores
              (the tests' run)
@@ -55,6 +59,8 @@ def get_config(argument=None):
     return sweep_config(sibling_config(__file__, "mutual_imagenet"))
   config = sweep_config(sibling_config(__file__, "mutual_synthetic"), random_weights=True)
   config.data.images_per_class = 4
+  config.max_loaded_models = 1
+  config.classes_per_chunk = 12
   if variant == "smoke":
     config.name = "mutual_sweep_smoke"
     config.models = SMOKE_MODELS

@@ -4,6 +4,11 @@ Sammani & Deligiannis (2024), Sec. 3.1 and App. A.3: the sign of the second eige
 affinity f f^T of L2-normalised patch features (all B images jointly) splits foreground from
 background; per image the largest 8-connected region (plus the second largest when it has at
 least `min_second` patches) is kept.
+
+The second eigenvector comes from the smaller Gram matrix ([N, N] or [D, D] for N = B*h*w
+patches of dim D) rather than the reference's SVD of the [N, D] features: the same vector, a
+[min(N, D)]^2 eigendecomposition instead, with an error bound that sends the rare ill-determined
+case back to the SVD (`fiedler_vector`).
 """
 
 from __future__ import annotations
@@ -25,8 +30,95 @@ def _check_features(features) -> jax.Array:
   return features.astype(jnp.float32)
 
 
-@functools.partial(jax.jit, static_argnames=("center",))
-def fiedler_vector(features: jax.Array, center: bool = False) -> jax.Array:
+#: How the second singular vector is found: "gram" (the default), an eigendecomposition of the
+#: smaller Gram matrix, checked; "svd", the full SVD of the [B*h*w, D] features (the reference's
+#: way, several times slower).
+SOLVERS = ("gram", "svd")
+#: The Gram solver's result is used where its a-posteriori bound on sin(angle to the exact
+#: vector) is at most this (a cosine distance of 5e-7); elsewhere the SVD's.
+GRAM_TOLERANCE = 1e-3
+
+_HIGHEST = jax.lax.Precision.HIGHEST  # accelerators would otherwise multiply in bf16 / tf32
+
+
+def _unit_rows(features: jax.Array, center: bool) -> jax.Array:
+  """float32 [B, h, w, D] -> the L2-normalised (optionally centred) patch rows [B*h*w, D]."""
+  flat = features.reshape(-1, features.shape[-1])
+  if center:
+    flat = flat - jnp.mean(flat, axis=0)
+  return l2_normalize_jax(flat)
+
+
+def _gram_second_vector(flat: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Second left singular vector of flat [N, D] from the smaller Gram matrix, and a bound on
+  its error.
+
+  N <= D: the second eigenvector of the affinity A = flat flat^T [N, N] itself. N > D: v, the
+  second eigenvector of flat^T flat [D, D], then u = flat v / ||flat v||. Either way costs one
+  [min(N, D)]^2 eigendecomposition and a few matrix products instead of an [N, D] SVD.
+
+  The bound: with sigma = ||flat^T u|| and r = flat (flat^T u) / sigma - sigma u, u is a unit
+  vector with A u - sigma^2 u = sigma r, so (Davis-Kahan) sin(angle to A's second eigenvector)
+  <= sigma ||r|| / min(l1 - sigma^2, sigma^2 - l3), l1 and l3 A's first and third eigenvalues
+  (as computed). It is large where the second vector is ill-determined (l2 close to l1 or l3)
+  or the Gram matrix lost it to rounding (l2 below ~1e-7 l1).
+
+  Returns:
+    (u float32 [N], bound float32 scalar; +inf where the gap is zero or negative).
+  """
+  n, d = flat.shape
+  if n <= d:
+    values, vectors = jnp.linalg.eigh(jnp.matmul(flat, flat.T, precision=_HIGHEST))
+    u = vectors[:, -2]
+  else:
+    values, vectors = jnp.linalg.eigh(jnp.matmul(flat.T, flat, precision=_HIGHEST))
+    u = jnp.matmul(flat, vectors[:, -2], precision=_HIGHEST)
+    u = u / jnp.maximum(jnp.linalg.norm(u), jnp.finfo(jnp.float32).tiny)
+  w = jnp.matmul(u, flat, precision=_HIGHEST)  # flat^T u, [D]
+  sigma = jnp.linalg.norm(w)
+  residual = jnp.matmul(flat, w, precision=_HIGHEST) / jnp.maximum(sigma, 1e-30) - sigma * u
+  third = values[-3] if values.shape[0] >= 3 else jnp.float32(0.0)
+  gap = jnp.minimum(values[-1] - sigma**2, sigma**2 - jnp.maximum(third, 0.0))
+  bound = jnp.where(gap > 0, sigma * jnp.linalg.norm(residual) / gap, jnp.inf)
+  return u, bound
+
+
+def _fix_sign(second: jax.Array) -> jax.Array:
+  """The reference's sign rule on a second eigenvector [N]: negated when the share of positive
+  entries lies strictly between 0.5 and 1, so positive (foreground) is the smaller side.
+
+  The rule leaves the sign to the solver when that share is exactly 0, 0.5 or 1 (the reference
+  then keeps whatever sign its LAPACK call returned); so that both solvers agree there too, the
+  largest-magnitude entry is first made positive."""
+  pivot = second[jnp.argmax(jnp.abs(second))]
+  second = jnp.where(pivot < 0, -second, second)
+  positive = jnp.mean(second > 0)
+  return jnp.where((positive > 0.5) & (positive < 1.0), -second, second)
+
+
+@functools.partial(jax.jit, static_argnames=("center", "solver"))
+def fiedler_pair(
+  features: jax.Array, center: bool = False, solver: str = "gram"
+) -> tuple[jax.Array, jax.Array]:
+  """`fiedler_vector` without the fallback, for use under jit / vmap.
+
+  Returns:
+    (float32 [B, h, w] the sign-fixed second eigenvector, float32 scalar the bound on
+     sin(angle) to the exact one: 0 for "svd"; use the SVD where it exceeds GRAM_TOLERANCE.)
+  """
+  if solver not in SOLVERS:
+    raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
+  batch, height, width, _ = features.shape
+  flat = _unit_rows(features, center)
+  if solver == "svd":
+    u, _, _ = jnp.linalg.svd(flat, full_matrices=False)
+    second, bound = u[:, 1], jnp.float32(0.0)
+  else:
+    second, bound = _gram_second_vector(flat)
+  return _fix_sign(second).reshape(batch, height, width), bound
+
+
+def fiedler_vector(features: jax.Array, center: bool = False, solver: str = "gram") -> jax.Array:
   """Second left singular vector of the L2-normalised patch features, sign fixed.
 
   Args:
@@ -34,22 +126,23 @@ def fiedler_vector(features: jax.Array, center: bool = False) -> jax.Array:
     center: subtract the mean patch feature (over all B*h*w patches) before normalising; not
       in the reference, but it keeps a shared offset direction (strong in small models) from
       taking the first singular vector's place.
+    solver: "gram" (default): from the eigendecomposition of the smaller Gram matrix
+      (`_gram_second_vector`), replaced by the SVD's vector where its error bound exceeds
+      GRAM_TOLERANCE (the second vector is then ill-determined: near-equal eigenvalues, or lost
+      to rounding); "svd": the full SVD, as the reference. Not for use under jit (the fallback
+      is decided on the host): use `fiedler_pair` there.
 
   Returns:
     float32 [B, h, w]: the second eigenvector of the affinity f f^T over all B*h*w patches.
     The reference's sign rule is applied: the vector is negated when the fraction of positive
-    entries lies strictly between 0.5 and 1, so positive (foreground) is the smaller side.
+    entries lies strictly between 0.5 and 1, so positive (foreground) is the smaller side
+    (see `_fix_sign` for the ties).
   """
-  batch, height, width, dim = features.shape
-  flat = features.reshape(-1, dim)
-  if center:
-    flat = flat - jnp.mean(flat, axis=0)
-  flat = l2_normalize_jax(flat)
-  u, _, _ = jnp.linalg.svd(flat, full_matrices=False)
-  second = u[:, 1]
-  positive = jnp.mean(second > 0)
-  second = jnp.where((positive > 0.5) & (positive < 1.0), -second, second)
-  return second.reshape(batch, height, width)
+  features = _check_features(features)
+  second, bound = fiedler_pair(features, center=center, solver=solver)
+  if solver == "gram" and not float(bound) <= GRAM_TOLERANCE:
+    second, _ = fiedler_pair(features, center=center, solver="svd")
+  return second
 
 
 def _component_roots(mask: jax.Array) -> jax.Array:
@@ -119,11 +212,24 @@ def main_regions(mask: jax.Array, min_second: int = 5, keep_second: bool = True)
   return jax.vmap(one)(mask)
 
 
-@functools.partial(jax.jit, static_argnames=("center", "joint"))
-def _sign_split(features, center: bool, joint: bool) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("center", "joint", "solver"))
+def sign_split(features, center: bool, joint: bool, solver: str = "gram"):
+  """The raw spectral split of float32 [B, h, w, D] features, without the fallback.
+
+  Returns:
+    (bool [B, h, w] positive entries of the second eigenvector (joint: one over all B images;
+     else one per image), bool [B] the Gram solver's bound is within GRAM_TOLERANCE for the
+     image's split; always True with "svd".)
+  """
   if joint:
-    return fiedler_vector(features, center=center) > 0
-  return jax.vmap(lambda f: fiedler_vector(f[None], center=center)[0])(features) > 0
+    second, bound = fiedler_pair(features, center=center, solver=solver)
+    bound = jnp.broadcast_to(bound, features.shape[:1])
+  else:
+    second, bound = jax.vmap(lambda f: fiedler_pair(f[None], center=center, solver=solver))(
+      features
+    )
+    second = second[:, 0]
+  return second > 0, bound <= GRAM_TOLERANCE
 
 
 def prominent_patches(
@@ -133,6 +239,7 @@ def prominent_patches(
   largest_only: bool = True,
   center: bool = False,
   joint: bool = True,
+  solver: str = "gram",
 ) -> jax.Array:
   """Foreground patches of a set of images.
 
@@ -144,6 +251,7 @@ def prominent_patches(
     center: see fiedler_vector (False is the reference).
     joint: True splits all B images with one eigenvector (the reference); False splits each
       image on its own.
+    solver: "gram" or "svd", see fiedler_vector.
 
   Returns:
     bool [B, h, w], True on prominent (foreground) patches.
@@ -151,7 +259,12 @@ def prominent_patches(
   features = _check_features(features)
   if features.shape[0] * features.shape[1] * features.shape[2] < 2:
     raise ValueError("At least two patches are needed for a spectral split.")
-  mask = _sign_split(features, center=center, joint=joint)
+  if solver not in SOLVERS:
+    raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
+  mask, ok = sign_split(features, center=center, joint=joint, solver=solver)
+  if not bool(jnp.all(ok)):  # rare: an ill-determined second vector; the SVD decides there
+    fallback, _ = sign_split(features, center=center, joint=joint, solver="svd")
+    mask = jnp.where(ok[:, None, None], mask, fallback)
   if not largest_only:
     return mask
   return main_regions(mask, min_second=min_second, keep_second=keep_second)

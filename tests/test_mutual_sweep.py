@@ -1,19 +1,22 @@
-"""The sweep over models (mutual.sweep): batched-across-models stages equal the per-model ones, and
-the offline sweep on random-weight instances of the study's architectures writes Table 3 and the
-Figure 3 fits."""
+"""The sweep over models (mutual.sweep): the language stages batched across models equal the
+per-model ones, the models share their compiled towers and the pool frees what it drops, and the
+offline sweep on random-weight instances of the study's architectures equals the per-model
+pipeline and writes Table 3 and the Figure 3 fits."""
 
 import functools
 import json
 import math
 import os
 import time
+import weakref
 
 import huggingface_hub.constants
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mutual import crf, data, foreground, pipeline, report, sweep
+from mutual import data, pipeline, report, sweep
+from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints import CheckpointError, hub
 from stori_jax import config_files
 from stori_jax.config_files import ConfigError, load_config
@@ -81,57 +84,6 @@ def test_language_stages_batched_across_models_equal_per_model():
     assert np.asarray(single["n_visual"]).sum() > 0 and np.asarray(single["curve"]).max() > 0
 
 
-def _patch_features(rng, batch, grid, dim):
-  """Features with a foreground blob (one shared direction) on a noisy background."""
-  fg_dir, bg_dir = rng.normal(size=dim), rng.normal(size=dim)
-  x = np.tile(bg_dir, (batch, grid, grid, 1)) + 0.4 * rng.normal(size=(batch, grid, grid, dim))
-  x[:, 1 : grid // 2 + 1, 1 : grid // 2 + 1] += 2.5 * fg_dir
-  return x.astype(np.float32)
-
-
-@pytest.mark.parametrize("joint", [True, False])
-def test_foreground_batched_across_models_equals_per_model(joint):
-  """Models sharing a grid split in one eigendecomposition with D zero-padded; a model with
-  another grid goes alone. Fiedler vectors and masks equal the per-model ones."""
-  rng = np.random.default_rng(2)
-  feats = [
-    _patch_features(rng, 3, 6, 24),
-    _patch_features(rng, 3, 6, 64),
-    _patch_features(rng, 3, 4, 16),
-    _patch_features(rng, 3, 6, 40),
-  ]
-  masks = sweep.batched_foreground(feats, joint=joint)
-  for f, mask in zip(feats, masks):
-    want = foreground.prominent_patches(f, joint=joint)
-    np.testing.assert_array_equal(np.asarray(mask), np.asarray(want))
-    assert 0 < np.asarray(want).sum() < want.size
-  # The eigenvector itself, padded against unpadded.
-  padded = sweep.pad_stack([feats[0]], 64)[0]
-  np.testing.assert_allclose(
-    foreground.fiedler_vector(padded), foreground.fiedler_vector(feats[0]), atol=1e-5
-  )
-
-
-def test_crf_batched_across_models_equals_per_model():
-  """Models with images of one size share a CRF call, another size goes alone; an all-background
-  refinement falls back to the coarse mask, as in the pipeline."""
-  small = next(data.synthetic_classes(4, seed=3, image_size=32, classes=(1,))).images
-  large = next(data.synthetic_classes(2, seed=3, image_size=40, classes=(1,))).images
-  rng = np.random.default_rng(3)
-  per_model = [small[:2], small[2:], large]
-  coarse = [
-    rng.random((2, 32, 32)) > 0.5,
-    np.zeros((2, 32, 32), bool),
-    rng.random((2, 40, 40)) > 0.7,
-  ]
-  refined = sweep.batched_refine(per_model, coarse)
-  for im, mask, got in zip(per_model, coarse, refined):
-    want = crf.refine(im, mask)
-    want = np.where(np.asarray(want).any(axis=(1, 2), keepdims=True), want, mask)
-    np.testing.assert_array_equal(np.asarray(got), want)
-    assert got.shape == mask.shape
-
-
 # ---------------------------------------------------------------------------------------------
 # Models, the pool and the fits.
 
@@ -190,6 +142,45 @@ def test_pool_holds_at_most_max_loaded_and_alternates_direction():
     for i in unlimited.order():
       unlimited.get(i)
   assert unlimited.loads == 3
+
+
+def test_pool_frees_the_weights_it_drops():
+  """With one model held, the dropped bundle is gone (no reference cycle keeps its weights)
+  before the next one is made."""
+  alive = []
+
+  def load(name):
+    bundle = sweep.random_bundle(name, 64, 16)
+    alive.append(weakref.ref(bundle.params["logit_scale"]))
+    return bundle
+
+  models = [sweep.SweepModel(registry.get(n), functools.partial(load, n)) for n in FAST_MODELS]
+  pool = sweep.ModelPool(models, max_loaded=1)
+  for i in pool.order():
+    bundle = pool.get(i)
+    bundle.encode_image(np.zeros((1, *[bundle.config.vision.image_size] * 2, 3), np.float32))
+    del bundle
+    # Only the held model's weights are alive.
+    assert [r() is not None for r in alive] == [j == i for j in range(i + 1)]
+
+
+def test_sweep_bundles_share_compiled_towers_and_match_the_plain_bundle():
+  """Two instances of one architecture share their jitted towers (a reloaded model is not
+  compiled again); their features equal the plain CLIPBundle's bitwise."""
+  a = sweep.random_bundle("openai-vit-b-32", 64, 16)
+  b = sweep.random_bundle("openai-vit-b-32", 64, 16, seed=1)
+  assert isinstance(a, sweep.SweepBundle) and a._image_fn is b._image_fn
+  assert a._text_fn is b._text_fn
+  assert a._image_fn is not sweep.random_bundle("openai-rn50", 64, 16)._image_fn
+  plain = CLIPBundle(a.config, a.params, a.dtype, a.preprocess_config, a.source)
+  images = np.random.default_rng(5).normal(size=(2, 64, 64, 3)).astype(np.float32)
+  np.testing.assert_array_equal(a.encode_image(images), plain.encode_image(images))
+  np.testing.assert_array_equal(
+    a.image_details(images)[1]["feature_map"], plain.image_details(images)[1]["feature_map"]
+  )
+  ids = a.tokenize(["a red square", "a photo of a cat"])
+  np.testing.assert_array_equal(a.encode_text(ids), plain.encode_text(ids))
+  assert sweep.SweepBundle.of(plain)._image_fn is a._image_fn
 
 
 def test_fits_are_least_squares_and_pearson():
@@ -281,10 +272,41 @@ def _check_outputs(workdir, results, names, methods):
   assert written["order"][0] in names and "seconds" not in written
 
 
-def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles):
+class _Bars:
+  """tqdm stand-in that records each bar's description and total."""
+
+  def __init__(self):
+    self.totals = {}
+
+  def __call__(self, iterable=None, desc=None, total=None, **options):
+    if total is None and iterable is not None:
+      total = len(iterable)  # what tqdm would take; a generator has none
+    self.totals[desc] = total
+
+    class Bar:
+      def __enter__(self):
+        return self
+
+      def __exit__(self, *exc):
+        return False
+
+      def __iter__(self):
+        return iter(iterable)
+
+      def update(self, n=1):
+        pass
+
+      def set_postfix_str(self, text):
+        pass
+
+    return Bar()
+
+
+def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles, monkeypatch):
   """Shrunk random instances of one model per tower kind: the batched sweep's per-image records
   (concepts, descriptors, MI curves) and its Top-1, MI and AUC equal mutual.analyze's pipeline
-  run model by model; the outputs are complete; a second run writes the same results.json."""
+  run model by model; the outputs are complete; a second run (with progress bars, each with its
+  total) writes the same results.json."""
   config = _config("smoke")
   assert config.models == FAST_MODELS and config.random_models.shrink == 16
   assert tuple(config.data.classes) == (0, 5) and config.data.images_per_class == 2
@@ -296,7 +318,15 @@ def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles):
   results = sweep.run(config, str(tmp_path), progress=False)
   assert results["model_loads"] > len(FAST_MODELS)
   _check_outputs(tmp_path, results, FAST_MODELS, methods)
-  sweep.run(config, str(tmp_path / "again"), progress=False)
+  bars = _Bars()
+  monkeypatch.setattr(sweep.runner, "tqdm", bars)
+  monkeypatch.setattr(sweep.chunk, "tqdm", bars)
+  sweep.run(config, str(tmp_path / "again"), progress=True)
+  assert bars.totals == {
+    "class chunks": 2,
+    "vision side (model x class)": len(FAST_MODELS),
+    "language stages (batched)": 1,
+  }
   for name in ("results.json", "table.md"):
     assert (tmp_path / "again" / name).read_bytes() == (tmp_path / name).read_bytes()
   r = config.random_models

@@ -13,7 +13,7 @@ from sklearn.metrics import adjusted_rand_score
 
 import stori_jax
 from mutual import concepts, crf, foreground, visual_prompts
-from mutual.features import image_embeddings, patch_features
+from mutual.features import embeddings_and_patches, image_embeddings, patch_features
 from stori_jax.data import synthetic
 
 EIGHT = np.ones((3, 3), int)
@@ -62,6 +62,11 @@ def test_patch_features_match_image_details(bundle):
   assert not np.allclose(tokens, keys)
   embedded = np.asarray(image_embeddings(bundle, pixels))
   np.testing.assert_allclose(np.linalg.norm(embedded, axis=-1), 1.0, rtol=1e-5)
+  # One tower pass gives both, unchanged.
+  for kind, expected in (("tokens", tokens), ("keys", keys)):
+    both, patches = embeddings_and_patches(bundle, pixels, kind)
+    np.testing.assert_array_equal(both, embedded)
+    np.testing.assert_array_equal(patches, expected)
   with pytest.raises(ValueError, match="kind"):
     patch_features(bundle, pixels, "values")
 
@@ -122,6 +127,82 @@ def test_fiedler_vector_matches_numpy_svd():
   for i in range(3):
     alone = foreground.prominent_patches(features[i : i + 1], largest_only=False)
     np.testing.assert_array_equal(single[i], np.asarray(alone)[0])
+
+
+def _cosine_distance(a, b):
+  a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+  return 1.0 - abs(a @ b) / (np.linalg.norm(a) * np.linalg.norm(b))
+
+
+def _exact_second(features, center=False):
+  """float64 numpy: the second left singular vector of the unit (optionally centred) rows."""
+  flat = np.asarray(features, np.float64).reshape(-1, features.shape[-1])
+  if center:
+    flat = flat - flat.mean(0)
+  flat = flat / np.linalg.norm(flat, axis=1, keepdims=True)
+  return np.linalg.svd(flat, full_matrices=False)[0][:, 1]
+
+
+@pytest.mark.slow  # about a minute: the embedded world through both splits
+def test_gram_split_equals_the_svd_split(world):
+  """The Gram solver's second vector is the SVD's to 1e-5 cosine distance, its error bound holds,
+  and the masks are identical, downstream of the region selection too: on the embedded world's
+  tokens and keys (joint and per image, N > D) and on random features with N < D and N > D."""
+  _, pixels, tokens, _ = world
+  keys = np.asarray(patch_features(stori_jax.load("tiny-synthetic"), pixels[:16], "keys"))
+  rng = np.random.default_rng(3)
+  cases = [
+    tokens,
+    tokens[:16],
+    keys,
+    rng.normal(size=(4, 7, 7, 200)),
+    rng.normal(size=(3, 5, 6, 12)),
+  ]
+  for features in cases:
+    features = np.asarray(features, np.float32)
+    for center in (False, True):
+      gram, bound = foreground.fiedler_pair(features, center=center, solver="gram")
+      svd, _ = foreground.fiedler_pair(features, center=center, solver="svd")
+      assert _cosine_distance(gram, svd) <= 1e-5
+      # The bound is a bound (on sin of the angle to the float64 vector) and small here.
+      sine = np.sqrt(
+        max(0.0, 1 - (1 - _cosine_distance(gram, _exact_second(features, center))) ** 2)
+      )
+      assert sine <= float(bound) + 1e-6 and float(bound) <= foreground.GRAM_TOLERANCE
+      np.testing.assert_array_equal(np.asarray(gram) > 0, np.asarray(svd) > 0)
+      for joint in (True, False):
+        options = dict(center=center, joint=joint)
+        _, ok = foreground.sign_split(features, solver="gram", **options)
+        assert np.asarray(ok).all()
+        np.testing.assert_array_equal(
+          foreground.prominent_patches(features, solver="gram", **options),
+          foreground.prominent_patches(features, solver="svd", **options),
+        )
+  with pytest.raises(ValueError, match="solver"):
+    foreground.prominent_patches(tokens, solver="qr")
+
+
+def test_gram_split_falls_back_to_the_svd_where_the_vector_is_ill_determined():
+  """Degenerate top eigenvalues (three orthogonal directions in equal shares) leave the second
+  vector undetermined: the bound is infinite and the split is the SVD's, joint and per image;
+  a well-determined image in the same batch keeps the Gram split."""
+  degenerate = np.zeros((2, 3, 4, 8), np.float32)
+  for i in range(12):
+    degenerate.reshape(2, 12, 8)[:, i, i % 3] = 1.0
+  _, bound = foreground.fiedler_pair(degenerate, solver="gram")
+  assert not float(bound) <= foreground.GRAM_TOLERANCE
+  np.testing.assert_array_equal(
+    foreground.fiedler_vector(degenerate), foreground.fiedler_pair(degenerate, solver="svd")[0]
+  )
+  mixed = np.concatenate([degenerate, np.random.default_rng(4).normal(size=(1, 3, 4, 8))])
+  mixed = mixed.astype(np.float32)
+  _, ok = foreground.sign_split(mixed, center=False, joint=False, solver="gram")
+  np.testing.assert_array_equal(ok, [False, False, True])
+  for joint in (True, False):
+    np.testing.assert_array_equal(
+      foreground.prominent_patches(mixed, joint=joint, largest_only=False),
+      foreground.prominent_patches(mixed, joint=joint, largest_only=False, solver="svd"),
+    )
 
 
 def test_prominent_patches_find_the_objects(world):

@@ -7,35 +7,36 @@ r"""The mutual-knowledge analysis over many CLIP models: the paper's Table 3 and
   python -m mutual.sweep --config configs/mutual_sweep.py:random --workdir DIR   # offline check
 
 Every model of `config.models` (registry names, default the study's 13) runs the same analysis as
-`mutual.pipeline.analyze_class`, a chunk of classes at a time, in four phases:
+`mutual.pipeline.analyze_class`, a chunk of classes at a time, in two phases:
 
-  1. per model    text bank (at its first load); image embeddings, zero-shot prediction, patch
-                  features
-  2. all models   foreground eigendecomposition, one batched SVD per patch grid (B, h, w) with the
-                  feature dim D zero-padded to the group's largest; CRF, one call per image size;
-                  PCA / K-means concepts per model (see `analyze_classes` for why)
-  3. per model    concept embeddings from the visual prompts
-  4. all models   language stages (descriptor scores, candidates, Sinkhorn OT, importance order,
+  1. per model    text bank (at its first load); then per class `pipeline.vision_side`: image
+                  embeddings and patch features from one tower pass, zero-shot prediction,
+                  foreground split, CRF, PCA / K-means concepts and the concept embeddings
+                  from the visual prompts. Each model is fetched from the pool once per chunk;
+                  its patch features are dropped once its concepts are fitted.
+  2. all models   language stages (descriptor scores, candidates, Sinkhorn OT, importance order,
                   MI curves) vmapped over a leading model axis, the embedding dim E zero-padded
                   to the largest
 
-Zero padding changes nothing: a zero column adds nothing to a norm, a dot product or a distance
-(cosine scores of unit vectors are unchanged), and the left singular vectors of [F, 0] are those
-of F, so the padded stages compute each model's own result up to floating-point summation order;
-tests/test_mutual_sweep.py finds the per-model pipeline's per-image records exactly.
+Zero padding changes nothing: a zero column adds nothing to a norm or a dot product (cosine
+scores of unit vectors are unchanged), so the padded stages compute each model's own result up to
+floating-point summation order; tests/test_mutual_sweep.py finds the per-model pipeline's
+per-image records exactly.
 
 Models are loaded through a pool (`config.max_loaded_models`; 0 holds all of them, the fastest on
-an accelerator with room for the 13 models' ~11 GB of fp32 weights); a smaller pool reloads models
-between the two per-model phases of each chunk of `config.classes_per_chunk` classes.
+an accelerator with room for the 13 models' ~11 GB of fp32 weights); a smaller pool reloads a
+model's weights once per chunk of `config.classes_per_chunk` classes (not its compiled towers,
+which `SweepBundle` shares by architecture). The `:random` config holds one model at a time.
 
 Missing weights stop the run before any image is read, with the registry's message (what to fetch
 and where to put it), unless `config.skip_missing` is set: then the missing models are left out
 with a warning and listed under "skipped" in results.json.
 
 Modules, one per phase of the run:
-  models.py      the models: registered weights or random-weight instances, the ModelPool
-  batched.py     the stages batched across models (foreground, CRF, language stages)
-  chunk.py       one chunk of classes through every model, phases 1-4 (`analyze_classes`)
+  models.py      the models: registered weights or random-weight instances (SweepBundle: their
+                 compiled towers shared by architecture), the ModelPool
+  batched.py     the language stages batched across models
+  chunk.py       one chunk of classes through every model, phases 1-2 (`analyze_classes`)
   fits.py        Figure 3 (right)'s AUC-accuracy fits
   table.py       Table 3 (markdown); plots.py: Figure 3 (right)
   runner.py      `run`: checks, weights, chunks, outputs
@@ -52,17 +53,13 @@ Writes to the workdir:
   per_image/<model>/<class>/<image>.json   with config.per_image
 """
 
-from mutual.sweep.batched import (
-  batched_foreground,
-  batched_language_stages,
-  batched_refine,
-  pad_stack,
-)
+from mutual.sweep.batched import batched_language_stages, pad_stack
 from mutual.sweep.chunk import analyze_classes
 from mutual.sweep.fits import ACCURACIES, MIN_FIT_MODELS, accuracy_of, auc_accuracy_fits, fit_line
 from mutual.sweep.models import (
   FAMILIES,
   ModelPool,
+  SweepBundle,
   SweepModel,
   family,
   model_image_size,

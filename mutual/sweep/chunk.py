@@ -1,38 +1,24 @@
-"""One chunk of classes through every model of the sweep (`analyze_classes`), in four phases:
+"""One chunk of classes through every model of the sweep (`analyze_classes`), in two phases:
 
-1. per model    text bank (at its first load); image embeddings, zero-shot prediction, patch
-                features
-2. all models   foreground (batched SVD), CRF; PCA / K-means concepts per model
-3. per model    concept embeddings from the visual prompts
-4. all models   language stages (descriptor scores to MI curves), vmapped over models
+1. per model    text bank (at its first load); then per class `pipeline.vision_side`: image
+                embeddings and patch features (one tower pass), zero-shot prediction,
+                foreground split, CRF, PCA / K-means concepts, concept embeddings from the
+                visual prompts. Each model is fetched from the pool once per chunk, and its
+                patch features are dropped as soon as its concepts are fitted.
+2. all models   language stages (descriptor scores to MI curves), vmapped over models
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, MutableMapping, Sequence
 
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from mutual import data, features, foreground, pipeline, visual_prompts
-from mutual.sweep.batched import batched_foreground, batched_language_stages, batched_refine
+from mutual import data, pipeline
+from mutual.sweep.batched import batched_language_stages
 from mutual.sweep.models import ModelPool
 from stori_jax.bundle import CLIPBundle
-from stori_jax.preprocess import normalize
-
-
-def _vision_outputs(bundle, images: np.ndarray, bank: pipeline.TextBank, feature_kind: str):
-  """Phase 1 of one model on one class, as the start of pipeline.analyze_class."""
-  x = normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)
-  embeddings = features.image_embeddings(bundle, x)
-  scores = embeddings @ jnp.asarray(bank.class_embeddings).T
-  return dict(
-    image_embeddings=np.asarray(embeddings),
-    class_scores=np.asarray(scores),
-    predicted=np.asarray(jnp.argmax(scores, axis=-1)),
-    patch=np.asarray(features.patch_features(bundle, x, kind=feature_kind)),
-  )
 
 
 def analyze_classes(
@@ -53,6 +39,7 @@ def analyze_classes(
       all); a missing one is made with `encode(bundle)` at the model's first load and stored.
     class_images: per model, the chunk's classes (same labels and images, at the model's size).
     analysis: config.analysis; methods: concept methods.
+    progress: show progress bars (each with its total).
 
   Returns:
     results[model][class]: analyze_class's dict of numpy arrays.
@@ -60,72 +47,44 @@ def analyze_classes(
   n_models, n_classes = len(indices), len(class_images[0])
   position = {index: m for m, index in enumerate(indices)}
   options = pipeline.stage_options(analysis)
-  n = int(analysis.n_concepts)
-  seed = int(analysis.kmeans_seed)
-
-  def bar(iterable, desc):
-    return tqdm(iterable, desc=desc, disable=not progress, dynamic_ncols=True, leave=False)
 
   vision: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
-  for index in bar(pool.order(indices), "features (per model)"):
-    m, bundle = position[index], pool.get(index)
-    if index not in banks:
-      if encode is None:
-        raise ValueError(f"no text bank for model {index} and no `encode` to make one")
-      banks[index] = encode(bundle)
-    for c in range(n_classes):
-      vision[m][c] = _vision_outputs(
-        bundle, class_images[m][c].images, banks[index], analysis.feature_kind
-      )
-
-  shared = []  # per class: foreground, refined, per-method concept and pixel maps (per model)
-  for c in bar(range(n_classes), "foreground and CRF (batched), concepts"):
-    patch = [vision[m][c]["patch"] for m in range(n_models)]
-    fg = batched_foreground(
-      patch, joint=bool(analysis.joint_foreground), center=bool(analysis.center_features)
-    )
-    images = [class_images[m][c].images for m in range(n_models)]
-    coarse = [foreground.upsample_mask(fg[m], images[m].shape[1]) for m in range(n_models)]
-    refined = batched_refine(images, coarse, bool(analysis.crf))
-    # PCA / K-means stay per model: PCA's min-max argmax has exact ties (a patch that is the
-    # extreme of two axes scores 1 on both), which padding D could break by rounding.
-    maps = {
-      method: [pipeline.concept_maps(patch[m], fg[m], method, n, seed) for m in range(n_models)]
-      for method in methods
-    }
-    pixels = {
-      method: [pipeline.pixel_concepts(maps[method][m], refined[m]) for m in range(n_models)]
-      for method in methods
-    }
-    shared.append(dict(fg=fg, refined=refined, maps=maps, pixels=pixels))
-    for m in range(n_models):
-      vision[m][c].pop("patch")  # no longer needed; bounds the chunk's memory
-
-  embedded: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
-  for index in bar(pool.order(indices), "concept embeddings (per model)"):
-    m, bundle = position[index], pool.get(index)
-    for c in range(n_classes):
-      embedded[m][c] = {
-        method: visual_prompts.concept_embeddings(
-          bundle, class_images[m][c].images, shared[c]["pixels"][method][m], n_concepts=n
+  with tqdm(
+    total=n_models * n_classes,
+    desc="vision side (model x class)",
+    disable=not progress,
+    dynamic_ncols=True,
+    leave=False,
+  ) as bar:
+    for index in pool.order(indices):
+      m, bundle = position[index], pool.get(index)
+      bar.set_postfix_str(pool.models[index].name)
+      if index not in banks:
+        if encode is None:
+          raise ValueError(f"no text bank for model {index} and no `encode` to make one")
+        banks[index] = encode(bundle)
+      for c in range(n_classes):
+        vision[m][c] = pipeline.vision_side(
+          bundle, class_images[m][c].images, banks[index], analysis, methods
         )
-        for method in methods
-      }
+        bar.update()
+      del bundle  # the pool alone decides what stays loaded
 
   results: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
-  for c in bar(range(n_classes), "language stages (batched)"):
+  for c in tqdm(
+    range(n_classes),
+    desc="language stages (batched)",
+    disable=not progress,
+    dynamic_ncols=True,
+    leave=False,
+  ):
     for m in range(n_models):
       v = vision[m][c]
-      results[m][c] = dict(
-        predicted=v["predicted"],
-        class_scores=v["class_scores"],
-        foreground=np.asarray(shared[c]["fg"][m]),
-        refined=np.asarray(shared[c]["refined"][m]),
-      )
+      results[m][c] = {k: v[k] for k in ("predicted", "class_scores", "foreground", "refined")}
     for method in methods:
       stages = batched_language_stages(
-        [embedded[m][c][method][0] for m in range(n_models)],
-        [embedded[m][c][method][1] for m in range(n_models)],
+        [vision[m][c][method]["concept_embeddings"] for m in range(n_models)],
+        [vision[m][c][method]["concept_valid"] for m in range(n_models)],
         [vision[m][c]["image_embeddings"] for m in range(n_models)],
         [banks[i].descriptor_embeddings for i in indices],
         [banks[i].class_embeddings for i in indices],
@@ -134,10 +93,13 @@ def analyze_classes(
       )
       stages = {k: np.asarray(v) for k, v in stages.items()}
       for m in range(n_models):
+        v = vision[m][c][method]
         results[m][c][method] = dict(
-          concept_maps=np.asarray(shared[c]["maps"][method][m]),
-          pixel_maps=np.asarray(shared[c]["pixels"][method][m]),
-          concept_valid=np.asarray(embedded[m][c][method][1]),
-          **{k: v[m] for k, v in stages.items()},
+          concept_maps=v["concept_maps"],
+          pixel_maps=v["pixel_maps"],
+          concept_valid=v["concept_valid"],
+          **{k: s[m] for k, s in stages.items()},
         )
+    for m in range(n_models):
+      vision[m][c] = None  # reduced into results
   return results

@@ -164,8 +164,12 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
 
   records: list[list[dict]] = [[] for _ in kept]
   n_images, start = 0, time.perf_counter()
-  chunks = _class_chunks(streams, sizes, int(config.classes_per_chunk))
-  for chunk in tqdm(chunks, desc="class chunks", disable=not progress, dynamic_ncols=True):
+  per_chunk = int(config.classes_per_chunk)
+  chunks = _class_chunks(streams, sizes, per_chunk)
+  n_chunks = -(-len(streams[sizes[0]]) // per_chunk)  # the streams know their class count
+  for chunk in tqdm(
+    chunks, desc="class chunks", total=n_chunks, disable=not progress, dynamic_ncols=True
+  ):
     class_images = [[items[sizes.index(sizes_by_model[i])] for items in chunk] for i in kept]
     results = analyze_classes(pool, kept, banks, class_images, a, methods, progress, encode)
     for j, i in enumerate(kept):
