@@ -7,8 +7,9 @@ least `min_second` patches) is kept.
 
 The second eigenvector comes from the smaller Gram matrix ([N, N] or [D, D] for N = B*h*w
 patches of dim D) rather than the reference's SVD of the [N, D] features: the same vector, a
-[min(N, D)]^2 eigendecomposition instead, with an error bound that sends the rare ill-determined
-case back to the SVD (`fiedler_vector`).
+[min(N, D)]^2 eigendecomposition instead, with an error bound; the rare ill-determined vector,
+and a split whose sign the reference's rule leaves to the solver, go back to the SVD
+(`fiedler_vector`), so the masks are the SVD's.
 """
 
 from __future__ import annotations
@@ -85,15 +86,18 @@ def _gram_second_vector(flat: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _fix_sign(second: jax.Array) -> jax.Array:
   """The reference's sign rule on a second eigenvector [N]: negated when the share of positive
-  entries lies strictly between 0.5 and 1, so positive (foreground) is the smaller side.
-
-  The rule leaves the sign to the solver when that share is exactly 0, 0.5 or 1 (the reference
-  then keeps whatever sign its LAPACK call returned); so that both solvers agree there too, the
-  largest-magnitude entry is first made positive."""
-  pivot = second[jnp.argmax(jnp.abs(second))]
-  second = jnp.where(pivot < 0, -second, second)
+  entries lies strictly between 0.5 and 1, so positive (foreground) is the smaller side."""
   positive = jnp.mean(second > 0)
   return jnp.where((positive > 0.5) & (positive < 1.0), -second, second)
+
+
+def _sign_decided(second: jax.Array) -> jax.Array:
+  """bool scalar: `_fix_sign` gives the same vector for `second` and `-second`. It does not
+  when neither the positive nor the negative entries are a share in (0.5, 1) (e.g. exactly
+  half positive, common on 2 x 2 grids): the reference then keeps the sign its LAPACK SVD
+  returned, so the Gram solver leaves those splits to the SVD."""
+  larger = jnp.maximum(jnp.mean(second > 0), jnp.mean(second < 0))
+  return (larger > 0.5) & (larger < 1.0)
 
 
 @functools.partial(jax.jit, static_argnames=("center", "solver"))
@@ -104,7 +108,8 @@ def fiedler_pair(
 
   Returns:
     (float32 [B, h, w] the sign-fixed second eigenvector, float32 scalar the bound on
-     sin(angle) to the exact one: 0 for "svd"; use the SVD where it exceeds GRAM_TOLERANCE.)
+     sin(angle) to the exact one, +inf where the sign rule cannot decide: 0 for "svd"; use the
+     SVD where it exceeds GRAM_TOLERANCE.)
   """
   if solver not in SOLVERS:
     raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
@@ -115,6 +120,7 @@ def fiedler_pair(
     second, bound = u[:, 1], jnp.float32(0.0)
   else:
     second, bound = _gram_second_vector(flat)
+    bound = jnp.where(_sign_decided(second), bound, jnp.inf)
   return _fix_sign(second).reshape(batch, height, width), bound
 
 
@@ -129,14 +135,14 @@ def fiedler_vector(features: jax.Array, center: bool = False, solver: str = "gra
     solver: "gram" (default): from the eigendecomposition of the smaller Gram matrix
       (`_gram_second_vector`), replaced by the SVD's vector where its error bound exceeds
       GRAM_TOLERANCE (the second vector is then ill-determined: near-equal eigenvalues, or lost
-      to rounding); "svd": the full SVD, as the reference. Not for use under jit (the fallback
-      is decided on the host): use `fiedler_pair` there.
+      to rounding) or where the sign rule leaves the sign to the solver (`_sign_decided`);
+      "svd": the full SVD, as the reference. Not for use under jit (the fallback is decided on
+      the host): use `fiedler_pair` there.
 
   Returns:
     float32 [B, h, w]: the second eigenvector of the affinity f f^T over all B*h*w patches.
     The reference's sign rule is applied: the vector is negated when the fraction of positive
-    entries lies strictly between 0.5 and 1, so positive (foreground) is the smaller side
-    (see `_fix_sign` for the ties).
+    entries lies strictly between 0.5 and 1, so positive (foreground) is the smaller side.
   """
   features = _check_features(features)
   second, bound = fiedler_pair(features, center=center, solver=solver)
@@ -218,8 +224,8 @@ def sign_split(features, center: bool, joint: bool, solver: str = "gram"):
 
   Returns:
     (bool [B, h, w] positive entries of the second eigenvector (joint: one over all B images;
-     else one per image), bool [B] the Gram solver's bound is within GRAM_TOLERANCE for the
-     image's split; always True with "svd".)
+     else one per image), bool [B] the Gram solver's split of the image is good: its bound is
+     within GRAM_TOLERANCE and its sign decided (see fiedler_vector); always True with "svd".)
   """
   if joint:
     second, bound = fiedler_pair(features, center=center, solver=solver)
@@ -262,7 +268,7 @@ def prominent_patches(
   if solver not in SOLVERS:
     raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
   mask, ok = sign_split(features, center=center, joint=joint, solver=solver)
-  if not bool(jnp.all(ok)):  # rare: an ill-determined second vector; the SVD decides there
+  if not bool(jnp.all(ok)):  # an ill-determined vector or an undecided sign: the SVD's there
     fallback, _ = sign_split(features, center=center, joint=joint, solver="svd")
     mask = jnp.where(ok[:, None, None], mask, fallback)
   if not largest_only:

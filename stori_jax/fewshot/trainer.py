@@ -30,7 +30,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
-from stori_jax import encoding, jsonio, run_identity, training_loop
+from stori_jax import encoding, jsonio, multihost, run_identity, training_loop
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpointing import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.config_files import ConfigChecks, ConfigError
@@ -173,13 +173,11 @@ def claim_run(config: ml_collections.ConfigDict, workdir: str, restart: bool = F
   if jax.process_count() == 1:
     run_identity.claim_workdir(workdir, identity(config), restart=restart, **kwargs)
     return
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-
   if jax.process_index() == 0:
     run_identity.claim_workdir(workdir, identity(config), restart=restart, **kwargs)
   elif not restart:
     run_identity.claim_workdir(workdir, identity(config), check_only=True, **kwargs)
-  multihost_utils.sync_global_devices("stori_jax.train: workdir claimed")
+  multihost.wait_for_all_processes("stori_jax.train: workdir claimed")
 
 
 # Data --------------------------------------------------------------------------------------
@@ -492,6 +490,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
     num_shards=mesh.size,
   )
   classifier = WeightedTextClassifier(bundle, bank, config.start_block, mesh)
+  # The first cross-process collective follows: line the processes up for it (see multihost).
+  multihost.wait_for_all_processes("stori_jax.train: features encoded")
   zero_shot = classifier.embed(classifier.init_log_weights())
   zero_shot_report = accuracy_report(zero_shot, test_features, test_labels, split.class_names)
 
