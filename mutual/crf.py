@@ -11,6 +11,9 @@ kernel is an exact dense sum when the image has at most `max_keys` pixels. Large
 over keys pooled on a coarse grid (f x f cells, f the smallest factor leaving <= max_keys
 cells; each cell carries its pixel count, mean position, mean colour and mean Q), every pixel
 still a query: O(N * max_keys) per iteration.
+`filter="lattice"` filters instead with the permutohedral lattice of SimpleCRF (Kraehenbuehl's
+densecrf, which the reference calls), reproduced step for step in float32 (`lattice_refine`):
+the reference's refined masks, label for label.
 The unary is -log of a fixed confidence in the mask (pydensecrf's unary_from_labels with
 gt_prob = confidence). The reference passes a one-hot mask to SimpleCRF, which clips it to
 [0.01, 0.99]: confidence 0.99; config.analysis.mode picks 0.99 or 0.9 (paper_config.MODE_STAGES).
@@ -27,6 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from mutual.foreground import pixel_coordinates
+
+
+#: How the kernels are filtered (`refine`): exactly, or with SimpleCRF's permutohedral lattice.
+FILTERS = ("exact", "lattice")
 
 
 def _gaussian_taps(sigma: float) -> jax.Array:
@@ -172,6 +179,8 @@ def refine(
   gaussian_sigma: float = 3.0,
   confidence: float = 0.9,
   max_keys: int = 4096,
+  filter: str = "exact",  # pylint: disable=redefined-builtin
+  round_trip=None,
 ) -> jax.Array:
   """Dense-CRF refinement of binary masks.
 
@@ -183,10 +192,26 @@ def refine(
     gaussian_weight, gaussian_sigma: smoothness kernel.
     confidence: probability the unary gives the mask's label (in (0.5, 1)).
     max_keys: images with more pixels use pooled appearance keys (see the module docstring).
+    filter: "exact" (the kernels summed exactly, above) or "lattice" (SimpleCRF's permutohedral
+      lattice, `lattice_refine`: the reference's CRF, label for label; max_keys unused).
+    round_trip: (mean, std): refine the uint8 image the reference refines, the pixels after
+      CLIP's normalisation and back with truncation (mutual.ellipse.reference_uint8); None:
+      the pixels as given.
 
   Returns:
     bool [B, H, W], the refined foreground.
   """
+  if filter not in FILTERS:
+    raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}.")
+  if round_trip is not None:
+    from mutual import ellipse  # pylint: disable=import-outside-toplevel
+
+    images = np.asarray(ellipse.reference_uint8(jnp.asarray(images, jnp.uint8), *round_trip))
+  if filter == "lattice":
+    return lattice_refine(
+      images, mask, iterations, bilateral_weight, spatial_sigma, rgb_sigma, gaussian_weight,
+      gaussian_sigma, confidence,
+    )
   images, mask = np.asarray(images), np.asarray(mask)
   if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
     raise ValueError(f"images must be uint8 [B, H, W, 3], got {images.dtype} {images.shape}.")
@@ -211,3 +236,196 @@ def refine(
     factor,
   )
   return _refine(jnp.asarray(images), jnp.asarray(mask, bool), params)
+
+
+# ---------------------------------------------------------------------------------------------
+# The permutohedral-lattice filter of SimpleCRF (Kraehenbuehl's densecrf), for the reference
+# mode: the reference's CRF filters with this lattice, an approximation of the Gaussian kernels
+# whose errors move the refined borders (one pixel of a concept region can move its ellipse).
+
+
+class Lattice(NamedTuple):
+  """A permutohedral lattice over N points, as densecrf's Permutohedral::init builds it.
+
+  offsets int32 [N, d+1]: each point's simplex vertices (slot numbers; slot 0 is the always-zero
+  slot for absent neighbours); weights float32 [N, d+1]: barycentric weights; neighbours int32
+  [d+1, S, 2]: per blur direction, each slot's two neighbour slots (0: absent), S = N*(d+1)+1."""
+
+  offsets: np.ndarray
+  weights: np.ndarray
+  neighbours: np.ndarray
+
+
+def build_lattice(features: np.ndarray) -> Lattice:
+  """densecrf's Permutohedral::init for float32 features [N, d], in float32 as it computes them
+  (elevation, rounding to the nearest remainder-0 point, ranks, barycentric weights, keys);
+  lattice points are numbered by sorted key rather than by hash-table insertion (the numbering
+  changes no value)."""
+  f = np.asarray(features, np.float32)
+  n, d = f.shape
+  inv_std_dev = np.float32(math.sqrt(2.0 / 3.0) * (d + 1))
+  scale = np.array(
+    [1.0 / math.sqrt((i + 2) * (i + 1)) * float(inv_std_dev) for i in range(d)], np.float32
+  )
+  elevated = np.zeros((n, d + 1), np.float32)
+  total = np.zeros(n, np.float32)
+  for j in range(d, 0, -1):
+    cf = f[:, j - 1] * scale[j - 1]
+    elevated[:, j] = total - np.float32(j) * cf
+    total = total + cf
+  elevated[:, 0] = total
+  inv_d1 = np.float32(1.0) / np.float32(d + 1)
+  nearest = np.rint(inv_d1 * elevated).astype(np.float32)  # round half to even, as SSE does
+  rem0 = nearest * np.float32(d + 1)
+  rank = np.zeros((n, d + 1), np.int64)
+  diff = elevated - rem0
+  for i in range(d):
+    for j in range(i + 1, d + 1):
+      c = (diff[:, i] < diff[:, j]).astype(np.int64)
+      rank[:, i] += c
+      rank[:, j] += 1 - c
+  rank += nearest.sum(axis=1).astype(np.int64)[:, None]
+  low, high = rank < 0, rank >= d + 1
+  rank = rank + (d + 1) * low - (d + 1) * high
+  rem0 = rem0 + np.float32(d + 1) * low - np.float32(d + 1) * high
+  bary = np.zeros((n, d + 2), np.float32)
+  v = (elevated - rem0) * inv_d1
+  rows = np.arange(n)
+  for i in range(d + 1):
+    p = d - rank[:, i]
+    bary[rows, p] += v[:, i]
+    bary[rows, p + 1] -= v[:, i]
+  bary[:, 0] += np.float32(1) + bary[:, d + 1]
+  # canonical[r][k] = r for k <= d - r, else r - (d + 1).
+  r = np.arange(d + 1)[:, None]
+  canonical = np.where(np.arange(d + 1)[None, :] <= d - r, r, r - (d + 1))
+  keys = np.empty((n, d + 1, d), np.int64)
+  for rem in range(d + 1):
+    keys[:, rem] = rem0[:, :d].astype(np.int64) + canonical[rem][rank[:, :d]]
+  flat = keys.reshape(-1, d)
+  lowest = flat.min(axis=0) - d - 1
+  base = int((flat.max(axis=0) - lowest).max()) + d + 2
+
+  def code(k):
+    out = np.zeros(k.shape[0], np.int64)
+    for c in range(d):
+      out = out * base + (k[:, c] - lowest[c])
+    return out
+
+  codes = code(flat)
+  unique, inverse = np.unique(codes, return_inverse=True)
+  points = np.empty((len(unique), d), np.int64)
+  points[inverse] = flat
+  slots = n * (d + 1) + 1
+  neighbours = np.zeros((d + 1, slots, 2), np.int32)
+  for j in range(d + 1):
+    n1, n2 = points - 1, points + 1
+    if j < d:
+      n1[:, j] = points[:, j] + d
+      n2[:, j] = points[:, j] - d
+    for side, key in enumerate((n1, n2)):
+      c = code(key)
+      at = np.clip(np.searchsorted(unique, c), 0, len(unique) - 1)
+      found = unique[at] == c
+      neighbours[j, 1 : len(unique) + 1, side] = np.where(found, at + 1, 0)
+  offsets = (inverse.reshape(n, d + 1) + 1).astype(np.int32)
+  return Lattice(offsets, bary[:, : d + 1].copy(), neighbours)
+
+
+def lattice_filter(lattice, values: jax.Array) -> jax.Array:
+  """densecrf's Permutohedral::compute (seqCompute) of float32 values [N, C]: splat onto the
+  lattice, blur along each of the d+1 directions, slice back with densecrf's alpha."""
+  offsets, weights, neighbours = lattice
+  n, d1 = offsets.shape
+  slots = neighbours.shape[1]
+  splat = (weights[:, :, None] * values[:, None, :]).reshape(n * d1, -1)
+  grid = jnp.zeros((slots, values.shape[1]), values.dtype).at[offsets.reshape(-1)].add(splat)
+  for j in range(d1):
+    grid = grid + 0.5 * (grid[neighbours[j, :, 0]] + grid[neighbours[j, :, 1]])
+    grid = grid.at[0].set(0.0)
+  alpha = np.float32(1.0) / (np.float32(1.0) + np.float32(2.0) ** np.float32(-(d1 - 1)))
+  out = jnp.zeros_like(values)
+  for j in range(d1):
+    out = out + weights[:, j, None] * grid[offsets[:, j]] * alpha
+  return out
+
+
+def _lattice_refine_one(mask, bilateral, gaussian, p: CRFParams):
+  """SimpleCRF's densecrf on one image: the unary -log(clip(one-hot, 0.01, 0.99)) (confidence
+  p.confidence), the bilateral then the Gaussian Potts term through lattice filters with
+  symmetric normalisation, p.iterations mean-field steps, label 1 where it wins (ties: 0)."""
+  height, width = mask.shape
+  flat = mask.reshape(-1)
+  confidence = jnp.asarray([1 - p.confidence, p.confidence], jnp.float32)
+  unary = -jnp.log(jnp.where(flat[:, None], confidence, confidence[::-1]))
+  ones = jnp.ones((flat.shape[0], 1), jnp.float32)
+  norms = [1.0 / jnp.sqrt(lattice_filter(lat, ones) + 1e-20) for lat in (bilateral, gaussian)]
+  kernels = ((bilateral, norms[0], p.bilateral_weight), (gaussian, norms[1], p.gaussian_weight))
+
+  def step(_, q):
+    total = -unary
+    for lat, norm, weight in kernels:
+      total = total + weight * (norm * lattice_filter(lat, norm * q))
+    return jax.nn.softmax(total, axis=-1)
+
+  q = jax.lax.fori_loop(0, p.iterations, step, jax.nn.softmax(-unary, axis=-1))
+  return (q[:, 1] > q[:, 0]).reshape(height, width)
+
+
+@functools.partial(jax.jit, static_argnames=("params",))
+def _lattice_refine(masks, bilateral, gaussian, params: CRFParams):
+  return jax.lax.map(
+    lambda args: _lattice_refine_one(args[0], args[1], gaussian, params), (masks, bilateral)
+  )
+
+
+def lattice_refine(
+  images,
+  mask,
+  iterations: int = 5,
+  bilateral_weight: float = 10.0,
+  spatial_sigma: float = 40.0,
+  rgb_sigma: float = 13.0,
+  gaussian_weight: float = 3.0,
+  gaussian_sigma: float = 3.0,
+  confidence: float = 0.99,
+) -> jax.Array:
+  """`refine` as SimpleCRF's densecrf computes it (the reference's CRF): the kernels filtered
+  with densecrf's permutohedral lattice (built on the host, `build_lattice`), in float32.
+  Arguments as `refine`; returns bool [B, H, W]."""
+  images, mask = np.asarray(images), np.asarray(mask)
+  if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
+    raise ValueError(f"images must be uint8 [B, H, W, 3], got {images.dtype} {images.shape}.")
+  if mask.shape != images.shape[:3]:
+    raise ValueError(f"mask {mask.shape} must be [B, H, W] like the images {images.shape[:3]}.")
+  if not 0.5 < confidence < 1.0:
+    raise ValueError(f"confidence must lie in (0.5, 1), got {confidence}.")
+  batch, height, width = mask.shape
+  ys, xs = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+  xs, ys = xs.reshape(-1).astype(np.float32), ys.reshape(-1).astype(np.float32)
+  gaussian = build_lattice(
+    np.stack([xs / np.float32(gaussian_sigma), ys / np.float32(gaussian_sigma)], axis=1)
+  )
+  spatial = [xs / np.float32(spatial_sigma), ys / np.float32(spatial_sigma)]
+  lattices = [
+    build_lattice(
+      np.stack(
+        spatial + [c.astype(np.float32) / np.float32(rgb_sigma) for c in image.reshape(-1, 3).T],
+        axis=1,
+      )
+    )
+    for image in images
+  ]
+  bilateral = Lattice(*(np.stack(parts) for parts in zip(*lattices)))
+  params = CRFParams(
+    int(iterations),
+    float(bilateral_weight),
+    float(spatial_sigma),
+    float(rgb_sigma),
+    float(gaussian_weight),
+    float(gaussian_sigma),
+    float(confidence),
+    1,
+  )
+  as_jax = lambda lat: Lattice(*(jnp.asarray(a) for a in lat))  # noqa: E731
+  return _lattice_refine(jnp.asarray(mask, bool), as_jax(bilateral), as_jax(gaussian), params)

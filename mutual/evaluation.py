@@ -22,6 +22,7 @@ from mutual import (
   data,
   features,
   foreground,
+  paper_config,
   pipeline,
   protocols,
   report,
@@ -145,9 +146,12 @@ def class_curves(
     ex = trained.explain(tokens, bank.descriptor_embeddings, predicted, config.baselines)
     extra = {n: np.argmax(ex[n]["logits"], axis=-1) for n in ("MM-CBM", "MM-ProtoSim")}
   rows = explanations(cls, result, config, ex)
+  stages = paper_config.analysis_stages(config.analysis)  # the analysis mode's prompts
   curves = {}
   for name, (masks, valid, ids, ids_valid) in rows.items():
-    embedded = xai.region_embeddings(bundle, images, masks, batch_size=int(e.batch_size))
+    embedded = xai.region_embeddings(
+      bundle, images, masks, batch_size=int(e.batch_size), ellipse=stages["ellipse"]
+    )
     textual = np.where(ids_valid[..., None], bank.descriptor_embeddings[ids], 0.0)
     order, _ = xai.importance(image_embeddings, embedded, textual, valid)
     ordered, ordered_valid = xai.reorder(order, masks, valid)

@@ -40,12 +40,14 @@ MODE_STAGES = {
   "reference": dict(
     ellipse="reference",  # cv2.fitEllipse on the largest contour (mutual.ellipse)
     crf_confidence=0.99,  # a one-hot unary, clipped to [0.01, 0.99] by SimpleCRF
+    crf_filter="lattice",  # SimpleCRF's permutohedral lattice, on the reference's uint8 image
     pca_sign_rule="sklearn<1.5",  # scikit-learn before 1.5, as the reference ran it
     kmeans_init="random",  # kmeans_pytorch: one random start
   ),
   "improved": dict(
     ellipse="moments",  # the region's pixel moments: no contour noise
     crf_confidence=0.9,  # softer: the CRF moves the coarse patch borders more freely
+    crf_filter="exact",  # the Gaussian kernels summed exactly, on the image's own pixels
     pca_sign_rule="sklearn>=1.5",  # the convention of every current scikit-learn solver
     kmeans_init="k-means++",  # 10 seeded k-means++ starts, the lowest inertia kept
   ),
@@ -55,19 +57,22 @@ STAGE_CHOICES = {
   "ellipse": ("reference", "moments"),
   "pca_sign_rule": ("sklearn<1.5", "sklearn>=1.5"),
   "kmeans_init": ("random", "k-means++"),
+  "crf_filter": ("lattice", "exact"),
 }
 
 
 def analysis_config(**overrides) -> ml_collections.ConfigDict:
   """The analysis settings (config.analysis) at the paper / reference values (App. K).
 
-  mode ("reference" or "improved") sets the ellipse, CRF unary, PCA sign and K-means stages
+  mode ("reference" or "improved") sets the ellipse, CRF unary and filter, PCA sign and K-means
+  stages
   (MODE_STAGES); a stage key given a value overrides its mode. `analysis_stages` resolves them.
   """
   values = dict(
     mode="reference",  # see ANALYSIS_MODES; the stage keys below (None) follow it
     ellipse=config_dict.placeholder(str),
     crf_confidence=config_dict.placeholder(float),
+    crf_filter=config_dict.placeholder(str),
     pca_sign_rule=config_dict.placeholder(str),
     kmeans_init=config_dict.placeholder(str),
     methods=("pca", "kmeans"),
@@ -76,6 +81,8 @@ def analysis_config(**overrides) -> ml_collections.ConfigDict:
     center_features=False,  # centre the patch features before the split (not in the reference)
     n_concepts=5,  # L
     kmeans_seed=0,
+    compute_dtype="float32",  # the vision towers' ("bfloat16" on GPU / TPU); language stages fp32
+    prompt_chunk=32,  # concept regions (3 prompts each) per vision-tower call
     crf=True,
     top_k=500,  # k: per-concept top descriptors intersected
     relevance="mean",  # reference: > mean - offset; "median": paper, > median + offset
@@ -102,7 +109,8 @@ def analysis_stages(analysis) -> dict:
   stage key set (not None).
 
   Returns:
-    dict with ellipse (str), crf_confidence (float), pca_sign_rule (str), kmeans_init (str).
+    dict with ellipse (str), crf_confidence (float), pca_sign_rule (str), kmeans_init (str),
+    crf_filter (str).
 
   Raises:
     ConfigError naming the allowed values, for an unknown mode or stage value.
@@ -242,7 +250,7 @@ def protocols_config(**overrides) -> ml_collections.ConfigDict:
         rgb_sigma=13.0,
         gaussian_weight=3.0,
         gaussian_sigma=3.0,
-        confidence=0.9,
+        confidence=config_dict.placeholder(float),  # None: config.analysis.mode's (0.99 / 0.9)
       ),
     ),
     bank_quality=dict(

@@ -298,7 +298,15 @@ def vision_side(
   size = images.shape[1]
   coarse = foreground.upsample_mask(fg, size)
   confidence = stages["crf_confidence"]
-  refined = crf.refine(images, coarse, confidence=confidence) if analysis.crf else coarse
+  if analysis.crf:
+    # The reference's CRF ("lattice") refines the uint8 image it draws on (the round trip).
+    lattice = stages["crf_filter"] == "lattice"
+    trip = (bundle.preprocess_config.mean, bundle.preprocess_config.std) if lattice else None
+    refined = crf.refine(
+      images, coarse, confidence=confidence, filter=stages["crf_filter"], round_trip=trip
+    )
+  else:
+    refined = coarse
   # Where the CRF removes a whole foreground, keep the unrefined one (the reference would fail
   # to fit an ellipse there).
   refined = jnp.where(jnp.any(refined, axis=(1, 2), keepdims=True), refined, coarse)

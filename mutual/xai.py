@@ -245,6 +245,7 @@ def region_embeddings(
   blur_size: int = 11,
   largest_region: bool = True,
   batch_size: int = 256,
+  ellipse: str = "moments",
 ) -> np.ndarray:
   """Visual-prompt embeddings of possibly overlapping regions, as the analysis embeds concepts.
 
@@ -254,6 +255,9 @@ def region_embeddings(
   Args:
     bundle: a CLIPBundle; images: uint8 [B, S, S, 3].
     masks: bool [B, L, h, w] at S or at a resolution that upsamples to S.
+    ellipse: "moments" or "reference" (visual_prompts.render_prompts; "reference" draws on the
+      reference's uint8 image, the bundle's normalisation round trip); the analysis's stage
+      (paper_config.analysis_stages(config.analysis)["ellipse"]).
 
   Returns:
     float32 [B, L, E]: the mean of the three prompts' unit embeddings; zeros for empty regions.
@@ -264,8 +268,11 @@ def region_embeddings(
   pixels = jnp.asarray(images, jnp.float32) / 255.0
   maps = jnp.where(jnp.asarray(masks), 0, -1).reshape(batch * n, *masks.shape[2:])
   repeated = jnp.repeat(pixels, n, axis=0)
+  trip = None
+  if ellipse == "reference":
+    trip = (bundle.preprocess_config.mean, bundle.preprocess_config.std)
   prompted, ok = visual_prompts.render_prompts(
-    repeated, maps, 1, thickness, blur_size, largest_region
+    repeated, maps, 1, thickness, blur_size, largest_region, ellipse=ellipse, round_trip=trip
   )
   flat = prompted.reshape(-1, *prompted.shape[3:])  # [B L 3, S, S, 3]
   embedded = encoding.encode_images_on_device(bundle, flat, batch_size)

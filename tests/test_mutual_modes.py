@@ -14,7 +14,7 @@ from sklearn.utils.extmath import svd_flip
 from mutual import concepts, paper_config, pipeline
 from stori_jax.config_files import ConfigError
 
-STAGES = ("ellipse", "crf_confidence", "pca_sign_rule", "kmeans_init")
+STAGES = ("ellipse", "crf_confidence", "pca_sign_rule", "kmeans_init", "crf_filter")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -24,11 +24,19 @@ STAGES = ("ellipse", "crf_confidence", "pca_sign_rule", "kmeans_init")
 def test_each_mode_sets_every_stage():
   reference = paper_config.analysis_stages(paper_config.analysis_config(mode="reference"))
   assert reference == dict(
-    ellipse="reference", crf_confidence=0.99, pca_sign_rule="sklearn<1.5", kmeans_init="random"
+    ellipse="reference",
+    crf_confidence=0.99,
+    pca_sign_rule="sklearn<1.5",
+    kmeans_init="random",
+    crf_filter="lattice",
   )
   improved = paper_config.analysis_stages(paper_config.analysis_config(mode="improved"))
   assert improved == dict(
-    ellipse="moments", crf_confidence=0.9, pca_sign_rule="sklearn>=1.5", kmeans_init="k-means++"
+    ellipse="moments",
+    crf_confidence=0.9,
+    pca_sign_rule="sklearn>=1.5",
+    kmeans_init="k-means++",
+    crf_filter="exact",
   )
   assert set(paper_config.MODE_STAGES) == set(paper_config.ANALYSIS_MODES)
   default = paper_config.analysis_config()
@@ -43,7 +51,11 @@ def test_a_stage_set_alone_overrides_its_mode():
   analysis.crf_confidence = 0.95
   stages = paper_config.analysis_stages(analysis)
   assert stages == dict(
-    ellipse="reference", crf_confidence=0.95, pca_sign_rule="sklearn<1.5", kmeans_init="k-means++"
+    ellipse="reference",
+    crf_confidence=0.95,
+    pca_sign_rule="sklearn<1.5",
+    kmeans_init="k-means++",
+    crf_filter="lattice",
   )
   improved = paper_config.analysis_config(mode="improved", ellipse="reference")
   assert paper_config.analysis_stages(improved)["ellipse"] == "reference"
@@ -110,8 +122,11 @@ def test_vision_side_passes_each_stage_on(tiny_synthetic, monkeypatch):
     seen.clear()
     analysis = paper_config.analysis_config(mode=mode, joint_foreground=False)
     pipeline.vision_side(bundle, images, bank, analysis)
+    trip = None
+    if stages["crf_filter"] == "lattice":  # the reference's CRF: on its uint8 round trip
+      trip = (bundle.preprocess_config.mean, bundle.preprocess_config.std)
     assert seen == dict(
-      crf=dict(confidence=stages["crf_confidence"]),
+      crf=dict(confidence=stages["crf_confidence"], filter=stages["crf_filter"], round_trip=trip),
       prompts=dict(ellipse=stages["ellipse"]),
       pca=stages["pca_sign_rule"],
       kmeans=stages["kmeans_init"],

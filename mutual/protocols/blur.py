@@ -55,6 +55,12 @@ def importance_masks(bundle, images: np.ndarray, analysis, settings) -> dict[str
   nn_up = foreground.upsample_mask(raw, size)
   fcc_up = foreground.upsample_mask(fcc, size)
   c = settings.crf
+  # The CRF follows config.analysis.mode where its confidence is left at None (the reference's
+  # 0.99 and lattice filter on its uint8 image, or the improved 0.9 and exact filter).
+  stages = paper_config.analysis_stages(analysis)
+  confidence = c.get("confidence", None)
+  confidence = stages["crf_confidence"] if confidence is None else float(confidence)
+  lattice = stages["crf_filter"] == "lattice"
   refined = crf.refine(
     images,
     fcc_up,
@@ -64,7 +70,9 @@ def importance_masks(bundle, images: np.ndarray, analysis, settings) -> dict[str
     rgb_sigma=float(c.rgb_sigma),
     gaussian_weight=float(c.gaussian_weight),
     gaussian_sigma=float(c.gaussian_sigma),
-    confidence=float(c.confidence),
+    confidence=confidence,
+    filter=stages["crf_filter"],
+    round_trip=(bundle.preprocess_config.mean, bundle.preprocess_config.std) if lattice else None,
   )
   refined = jnp.where(jnp.any(refined, axis=(1, 2), keepdims=True), refined, fcc_up)
   return dict(nn=np.asarray(nn_up), fcc=np.asarray(fcc_up), crf=np.asarray(refined))
@@ -99,7 +107,8 @@ def blur_accuracy(
     bundle: a CLIPBundle.
     classes: iterable of mutual.data.ClassImages (consumed once).
     class_embeddings: float32 [C, E] unit class embeddings (bank.class_embeddings).
-    analysis: config.analysis (feature_kind, joint_foreground, center_features).
+    analysis: config.analysis (feature_kind, joint_foreground, center_features; its mode sets
+      the CRF's confidence, unless settings.crf.confidence is set, and its filter).
     settings: config.protocols.blur (blur_size, keep_second, min_second, crf.*); None: defaults.
 
   Returns:

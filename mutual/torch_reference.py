@@ -1,0 +1,539 @@
+"""The mutual-knowledge analysis image by image on the reference code's own libraries.
+
+A straightforward per-image pipeline that follows the authors' code (fawazsammani/
+clip-interpret-mutual-knowledge, utils.py) step by step, to check `mutual.pipeline` against:
+
+  * PyTorch: the vision tower (an open_clip model; `open_clip_from_bundle` copies a bundle's
+    weights into one), the features read by hooks (the last block's residual tokens, or its keys
+    as ln_1(x) W_k^T without bias), `torch.linalg.svd` for the spectral split, the 1,000-round
+    Sinkhorn loop, top-k and the descriptor scores;
+  * OpenCV: connected components, the upsampled masks (cv2.resize, nearest), findContours,
+    contourArea, fitEllipse, ellipse drawing, RGB2GRAY and GaussianBlur;
+  * scikit-learn: PCA (with the sign rule of releases before 1.5 applied explicitly, so any
+    release gives the reference's labels) and MinMaxScaler;
+  * kmeans_pytorch: the reference's K-means loop;
+  * SimpleCRF (`denseCRF.densecrf`): the dense CRF, with the reference's one-hot unary.
+
+The images go through one at a time from the CRF on, as in the reference; the spectral split and
+the concepts are fitted over all B images jointly, as there. The text side is the caller's
+encoded descriptors and classes (the reference loads them as precomputed linear classifiers).
+
+Where the reference is random or undefined, both sides share one deterministic rule (docs/
+design.md, "Analysis modes"):
+  * K-means start: the reference draws it with numpy's unseeded generator; here it is the
+    project's seeded draw (mutual.concepts.random_start), handed to kmeans_pytorch;
+  * ellipses of contours with at most 5 points, or of collinear points (the reference pads with
+    random points; OpenCV's direct fit and, from 4.12, its degenerate case are random): a
+    zero-size ellipse at the centroid of the contour points (mutual.ellipse's rule);
+  * PCA: the exact SVD (svd_solver="full"); scikit-learn before 1.5 switched to an unseeded
+    randomized SVD above 500 x 500 inputs, whose axes agree with the exact ones;
+  * ties in the transport plan (e.g. the uniform row of a single concept): the entries of a row
+    within 1e-4 of each other (relative to the row's maximum, in the same buckets as
+    mutual.transport.top_descriptors) are ordered by raw score;
+  * a CRF that removes the whole foreground keeps the unrefined mask, and an image without
+    candidates gets an empty visual set (MI 0), where the reference would fail;
+  * a K-means centre left without tokens (kmeans_pytorch 0.3 would make it NaN) jumps to a
+    random token, as later kmeans_pytorch releases do (counted in `stats`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any, Sequence
+
+import cv2
+import numpy as np
+import sklearn
+import torch
+import torch.nn.functional as F
+from sklearn.decomposition import PCA
+from sklearn.preprocessing import MinMaxScaler
+
+#: The reference's SimpleCRF parameters: (bilateral weight, spatial sigma, RGB sigma, Gaussian
+#: weight, Gaussian sigma, iterations).
+CRF_PARAMS = (10.0, 40.0, 13.0, 3.0, 3.0, 5.0)
+#: utils.get_label_colors' first colours: concept l is drawn in LABEL_COLORS[l], and the
+#: reference visits the concepts of an image in np.unique order of their colours.
+LABEL_COLORS = (
+  (255, 0, 0),
+  (0, 255, 0),
+  (0, 0, 255),
+  (255, 255, 0),
+  (255, 165, 0),
+  (255, 192, 203),
+  (160, 32, 240),
+  (0, 255, 255),
+)
+#: Relative width of a tie in a transport-plan row (mutual.transport.top_descriptors).
+TIE_TOLERANCE = 1e-4
+
+
+def have_crf() -> bool:
+  """SimpleCRF (`import denseCRF`) is importable."""
+  try:
+    import denseCRF  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    return False
+  return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The torch model
+
+
+def open_clip_from_bundle(bundle):
+  """An open_clip CLIP (eval mode, float32) holding a bundle's weights.
+
+  The inverse of stori_jax.checkpoints.openai.params_from_state_dict, found by converting a
+  state dict whose entries are their own element ids: each param element then names the state
+  dict element it came from.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from stori_jax import torch_reference  # pylint: disable=import-outside-toplevel
+  from stori_jax.checkpoints import openai  # pylint: disable=import-outside-toplevel
+
+  model = torch_reference.build(bundle.config, "open_clip")
+  state = model.state_dict()
+  ids, start = {}, 1
+  for key, value in state.items():
+    ids[key] = np.arange(start, start + value.numel(), dtype=np.float64).reshape(value.shape)
+    start += value.numel()
+  if start >= 2**24:
+    raise ValueError("open_clip_from_bundle maps models below 2^24 weights (float32 ids).")
+  mapped = openai.params_from_state_dict(ids, bundle.config, "element ids")
+  values = {
+    jax.tree_util.keystr(path): np.asarray(leaf, np.float64)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(bundle.params)
+  }
+  table = np.full(start, np.nan)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(mapped):
+    index = np.rint(np.asarray(leaf, np.float64)).astype(np.int64).ravel()
+    table[index] = values[jax.tree_util.keystr(path)].ravel()
+  weights = {}
+  for key, value in state.items():
+    filled = np.asarray(table[ids[key].astype(np.int64)])
+    if np.isnan(filled).any():  # buffers the bundle does not hold (the attention mask)
+      weights[key] = value
+      continue
+    weights[key] = torch.from_numpy(filled.astype(np.float32))
+  model.load_state_dict(weights)
+  return model.float().eval()
+
+
+def to_tensor(images: np.ndarray, mean, std) -> torch.Tensor:
+  """uint8 [B, S, S, 3] -> float32 NCHW, as ToTensor and Normalize compute it."""
+  x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 255.0
+  mean = torch.tensor(np.asarray(mean, np.float32)).view(1, 3, 1, 1)
+  std = torch.tensor(np.asarray(std, np.float32)).view(1, 3, 1, 1)
+  return (x - mean) / std
+
+
+def shown_uint8(x: torch.Tensor, mean, std) -> np.ndarray:
+  """utils.show_image then (x * 255).astype(uint8): float32 NCHW -> uint8 [B, S, S, 3]."""
+  pixels = x.numpy().transpose(0, 2, 3, 1)
+  back = np.asarray(std, np.float64) * pixels + np.asarray(mean, np.float64)
+  return np.ascontiguousarray((back.clip(0, 1) * 255).astype(np.uint8))
+
+
+def tower_features(model, x: torch.Tensor, kind: str = "tokens"):
+  """(embeddings float32 [B, E] unnormalised, patch features float32 [B, h*w, D]) of one pass.
+
+  tokens: the residual stream after the last block (a hook on the transformer), CLS dropped;
+  keys: the last block's attention input (ln_1 output) times the key rows of in_proj_weight,
+  no bias (the reference's Extractor).
+  """
+  visual = model.visual
+  store = []
+  if kind == "tokens":
+    handle = visual.transformer.register_forward_hook(lambda m, i, o: store.append(o))
+  elif kind == "keys":
+    attn = visual.transformer.resblocks[-1].attn
+    width = attn.in_proj_weight.shape[1]
+    key_rows = attn.in_proj_weight[width : 2 * width]
+    handle = attn.register_forward_hook(lambda m, i, o: store.append(i[1] @ key_rows.T))
+  else:
+    raise ValueError(f"kind must be 'tokens' or 'keys', got {kind!r}.")
+  try:
+    with torch.no_grad():
+      embeddings = model.encode_image(x)
+  finally:
+    handle.remove()
+  features = store[0]
+  if features.shape[0] != x.shape[0]:  # a sequence-first transformer
+    features = features.permute(1, 0, 2)
+  return embeddings.float(), features[:, 1:].float()
+
+
+# ---------------------------------------------------------------------------------------------
+# Vision stages
+
+
+def _largest_component(mask: np.ndarray) -> np.ndarray:
+  """utils.get_largest_cc: the largest 8-connected component (ties: the first in raster order)."""
+  count, labels = cv2.connectedComponents(mask.astype(np.uint8), connectivity=8)
+  if count <= 1:
+    return np.zeros(mask.shape, bool)
+  sizes = np.bincount(labels.ravel())[1:]
+  return labels == int(np.argmax(sizes)) + 1
+
+
+def main_regions(mask: np.ndarray, min_second: int = 5) -> np.ndarray:
+  """The reference's foreground of one image: the largest component, plus the second largest
+  when it has at least min_second patches."""
+  first = _largest_component(mask)
+  second = _largest_component(mask & ~first)
+  return first | second if second.sum() >= min_second else first
+
+
+def spectral_foreground(tokens: torch.Tensor, side: int, joint: bool = True) -> np.ndarray:
+  """utils.get_pca_features(foreground_method='svd') and get_foreground_background_indices:
+  the second left singular vector of the L2-normalised tokens, negated when its positive share
+  lies in (0.5, 1), patches >= 0 kept, then per image the main regions. bool [B, h, w]."""
+  batch, count, _ = tokens.shape
+
+  def second_vector(rows):
+    u = torch.linalg.svd(F.normalize(rows, p=2, dim=-1), full_matrices=False)[0][:, 1].numpy()
+    return -u if 0.5 < np.mean(u > 0) < 1.0 else u
+
+  if joint:
+    second = second_vector(tokens.reshape(batch * count, -1)).reshape(batch, count)
+  else:
+    second = np.stack([second_vector(t) for t in tokens])
+  split = (second >= 0).reshape(batch, side, side)
+  return np.stack([main_regions(m) for m in split])
+
+
+def pca_labels(fg_tokens: np.ndarray, n_concepts: int, sign_rule: str = "sklearn<1.5"):
+  """utils.get_component_feats and the argmax of get_pca_part_segments: int [N] labels.
+
+  scikit-learn before 1.5 made the largest-magnitude score of each component positive
+  (svd_flip on U); the rule is applied here whatever the installed release ("sklearn>=1.5"
+  applies that release's rule: the largest-magnitude entry of each component positive)."""
+  pca = PCA(n_components=n_concepts, svd_solver="full").fit(fg_tokens)
+  projected = pca.transform(fg_tokens)
+  if sign_rule == "sklearn<1.5":
+    pivot = projected[np.argmax(np.abs(projected), axis=0), np.arange(n_concepts)]
+  elif sign_rule == "sklearn>=1.5":
+    components = pca.components_
+    pivot = components[np.arange(n_concepts), np.argmax(np.abs(components), axis=1)]
+  else:
+    raise ValueError(f"unknown sign rule {sign_rule!r}")
+  projected = projected * np.where(pivot < 0, -1.0, 1.0)
+  scaled = MinMaxScaler(clip=True).fit_transform(projected)
+  return scaled.argmax(axis=-1)
+
+
+def kmeans_labels(fg_tokens: torch.Tensor, start: np.ndarray, n_concepts: int, stats=None):
+  """utils.kmeans_clustering: kmeans_pytorch on the L2-normalised tokens, euclidean, from the
+  tokens `start` (int [n_concepts] rows of fg_tokens). int [N] labels."""
+  import kmeans_pytorch  # pylint: disable=import-outside-toplevel
+
+  unit = F.normalize(fg_tokens, p=2, dim=-1)
+  original_initialize = kmeans_pytorch.initialize
+  original_index_select = torch.index_select
+
+  def initialize(x, num_clusters):
+    del num_clusters
+    return x[torch.as_tensor(start, dtype=torch.long)].clone()
+
+  rng = np.random.default_rng(0)
+
+  def index_select(x, dim, index):
+    # A centre with no tokens left would average nothing (NaN in kmeans_pytorch 0.3); later
+    # releases move it to a random token.
+    if index.numel() == 0 and x is unit:
+      if stats is not None:
+        stats["empty_clusters"] = stats.get("empty_clusters", 0) + 1
+      index = torch.as_tensor([int(rng.integers(len(x)))])
+    return original_index_select(x, dim, index)
+
+  kmeans_pytorch.initialize = initialize
+  torch.index_select = index_select
+  try:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+      labels, _ = kmeans_pytorch.kmeans(X=unit, num_clusters=n_concepts, distance="euclidean")
+  finally:
+    kmeans_pytorch.initialize = original_initialize
+    torch.index_select = original_index_select
+  return labels.numpy()
+
+
+def crf_mask(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """utils.get_foreground_crf_map: SimpleCRF on the one-hot mask; bool [S, S] (label != 0)."""
+  import denseCRF  # pylint: disable=import-outside-toplevel
+
+  unary = np.eye(2, dtype=np.float32)[mask.astype(np.int64)]
+  out = denseCRF.densecrf(np.ascontiguousarray(image), unary, CRF_PARAMS)
+  return out != 0
+
+
+def _collinear(points: np.ndarray) -> bool:
+  centred = points.astype(np.float64) - points.mean(axis=0)
+  return np.linalg.matrix_rank(centred) < 2
+
+
+def ellipse_box(region: np.ndarray):
+  """The reference's ellipse of a concept region: fitEllipse on the outer contour of largest
+  contourArea; the shared rule (a zero-size ellipse at the points' centroid) where OpenCV or
+  the reference is random (at most 5 points, collinear points)."""
+  contours, _ = cv2.findContours(
+    region.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE
+  )
+  contour = max(contours, key=cv2.contourArea)
+  points = contour[:, 0]
+  if len(points) <= 5 or _collinear(points):
+    center = points.sum(axis=0).astype(np.float32) / np.float32(len(points))
+    return (float(center[0]), float(center[1])), (0.0, 0.0), 0.0
+  return cv2.fitEllipse(contour)
+
+
+def prompts(image: np.ndarray, box) -> list[np.ndarray]:
+  """utils.draw_circle_on_components_with_augments for one concept: red ellipse; grayscale
+  outside the filled ellipse; 11 x 11 blur outside; each with the red stroke."""
+  red = image.copy()
+  cv2.ellipse(red, box, (255, 0, 0), 1)
+  inside = np.zeros_like(image)
+  cv2.ellipse(inside, box, (255, 255, 255), -1)
+  gray = np.tile(cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)[:, :, None], (1, 1, 3))
+  gray = np.ascontiguousarray(np.where(inside != 0, image, gray))
+  cv2.ellipse(gray, box, (255, 0, 0), 1)
+  blur = np.ascontiguousarray(np.where(inside != 0, image, cv2.GaussianBlur(image, (11, 11), 0)))
+  cv2.ellipse(blur, box, (255, 0, 0), 1)
+  return [red, gray, blur]
+
+
+def concept_order(pixel_map: np.ndarray) -> list[int]:
+  """The concepts present in a pixel map, in the reference's order (np.unique of colours)."""
+  present = [int(c) for c in np.unique(pixel_map) if c >= 0]
+  return sorted(present, key=lambda c: LABEL_COLORS[c])
+
+
+# ---------------------------------------------------------------------------------------------
+# Language stages
+
+
+def sinkhorn(logits: torch.Tensor, iterations: int = 1000) -> torch.Tensor:
+  """utils.sinkhorn_knopp with epsilon 1: exp, then row and column normalisations."""
+  plan = torch.exp(logits)
+  for _ in range(iterations):
+    plan = plan / plan.sum(dim=1, keepdim=True)
+    plan = plan / plan.sum(dim=0, keepdim=True)
+  return plan
+
+
+def top_with_ties(plan: torch.Tensor, scores: torch.Tensor, top: int) -> list[list[int]]:
+  """Each row's `top` columns by plan mass; entries in the same 1e-4 bucket of the row's
+  maximum are ordered by raw score (the shared tie rule), else torch.topk's order."""
+  plan_np = plan.numpy().astype(np.float32)
+  scores_np = scores.numpy()
+  rows = []
+  for p, s in zip(plan_np, scores_np):
+    row_max = np.float32(max(np.max(np.abs(p)), 1e-30))
+    level = np.round(p / row_max / np.float32(TIE_TOLERANCE))
+    rows.append([int(j) for j in np.lexsort((-s, -level))[:top]])
+  return rows
+
+
+def mi_reference(visual: Sequence[int], language: Sequence[int]) -> float:
+  """utils.get_intersection: log N + log M + the joint entropy of the match table; 0 on NaN."""
+  table = np.zeros((len(visual), len(language)))
+  for i, x in enumerate(visual):
+    for j, y in enumerate(language):
+      if x == y:
+        table[i, j] = 1
+  with np.errstate(invalid="ignore", divide="ignore"):
+    table /= np.sum(table)
+    joint = -np.sum(table * np.log(table + 1e-9))
+    value = np.log(len(visual)) + np.log(len(language)) + joint
+  return 0.0 if np.isnan(value) else float(value)
+
+
+def deletion_curve(ordered: Sequence[int], language: Sequence[int], bank_size: int) -> list:
+  """utils.get_deletion_score: MI after replacing the visual descriptors one by one (most
+  important first) by a dummy id. An empty visual set gives [0.0] (the reference would fail)."""
+  if not ordered:
+    return [0.0]
+  perturbed = list(ordered)
+  curve = [mi_reference(perturbed, language)]
+  for t in range(len(perturbed)):
+    perturbed[t] = bank_size + 1
+    curve.append(mi_reference(perturbed, language))
+  return curve
+
+
+def image_concepts(
+  concept_embeddings: torch.Tensor,
+  image_embedding: torch.Tensor,
+  desc: torch.Tensor,
+  k: int,
+  offset: float = 0.02,
+  top: int = 3,
+  scale: float = 2.5,
+  iterations: int = 1000,
+):
+  """utils.get_corresponding_textual_concepts (OT, relevance threshold) and
+  get_relevance_score for one image: (candidates list, per-concept descriptor ids, the unique
+  descriptors by decreasing image score)."""
+  logits = concept_embeddings @ desc.T
+  common = set(torch.topk(logits[0], k).indices.tolist())
+  for row in logits[1:]:
+    common.intersection_update(torch.topk(row, k).indices.tolist())
+  common = torch.tensor(list(common), dtype=torch.long)
+  if len(common):
+    relevance = image_embedding @ desc[common].T
+    common = common[relevance > relevance.mean() - offset]
+  if len(common) == 0:
+    return [], [], []
+  chosen_logits = logits[:, common]
+  plan = sinkhorn(chosen_logits * scale, iterations)
+  picks = top_with_ties(plan, chosen_logits, min(top, len(common)))
+  per_concept = [list(dict.fromkeys(int(common[j]) for j in row)) for row in picks]
+  flat = [d for row in per_concept for d in row]
+  scores = (image_embedding @ desc[flat].T * scale).tolist()
+  unique, unique_scores = [], []
+  for d, s in zip(flat, scores):
+    if d not in unique:
+      unique.append(d)
+      unique_scores.append(s)
+  order = sorted(range(len(unique)), key=lambda i: unique_scores[i], reverse=True)
+  return common.tolist(), per_concept, [unique[i] for i in order]
+
+
+# ---------------------------------------------------------------------------------------------
+# The class
+
+
+def analyze_class(
+  model,
+  images: np.ndarray,
+  mean,
+  std,
+  desc: np.ndarray,
+  classes: np.ndarray,
+  k: int,
+  u: int,
+  *,
+  methods: Sequence[str] = ("pca", "kmeans"),
+  n_concepts: int = 5,
+  feature_kind: str = "tokens",
+  joint: bool = True,
+  crf: bool = True,
+  kmeans_seed: int = 0,
+  pca_sign_rule: str = "sklearn<1.5",
+  offset: float = 0.02,
+  top: int = 3,
+) -> dict[str, Any]:
+  """The reference's analysis of one class's B images.
+
+  Args:
+    model: an open_clip CLIP (eval mode), e.g. `open_clip_from_bundle(bundle)`.
+    images: uint8 [B, S, S, 3] at the model's input size.
+    mean, std: the model's normalisation.
+    desc: float32 [D, E] unit descriptor embeddings; classes: float32 [C, E] unit class ones.
+    k, u: the top-k intersection and the language side's descriptors.
+    methods: "pca" and / or "kmeans".
+    joint: one spectral split over the B images (the reference) or one per image.
+    crf: SimpleCRF refinement (the reference); False uses the upsampled patch mask.
+    kmeans_seed: the seed of the K-means start (`kmeans_start`, shared with the project).
+    pca_sign_rule: "sklearn<1.5" (the reference's) or "sklearn>=1.5".
+    offset, top: the relevance offset and the descriptors per concept.
+
+  Returns:
+    dict: predicted int [B], foreground bool [B, h, w], refined bool [B, S, S]; per method a
+    dict with concept_maps int [B, h, w] (-1 background), pixel_maps int [B, S, S], per-image
+    lists candidates, concept_ids, visual_ids, language_ids, curves, and arrays mi, auc; stats.
+  """
+  x = to_tensor(images, mean, std)
+  desc_t, classes_t = torch.from_numpy(desc), torch.from_numpy(classes)
+  embeddings, tokens = tower_features(model, x, feature_kind)
+  image_emb = F.normalize(embeddings, dim=-1)
+  predicted = (image_emb @ classes_t.T).argmax(-1).numpy()
+  batch, count, width = tokens.shape
+  side = int(round(count**0.5))
+  size = images.shape[1]
+  fg = spectral_foreground(tokens, side, joint)
+  shown = shown_uint8(x, mean, std)  # the uint8 image the reference draws on
+  coarse = np.stack(
+    [
+      cv2.resize(m.astype(np.float32), (size, size), interpolation=cv2.INTER_NEAREST) > 0
+      for m in fg
+    ]
+  )
+  refined = coarse.copy()
+  if crf:
+    for i in range(batch):
+      mask = crf_mask(shown[i], coarse[i])
+      refined[i] = mask if mask.any() else coarse[i]
+  fg_tokens = tokens.reshape(batch, side, side, width)[torch.from_numpy(fg)]
+  weights = classes_t @ desc_t.T
+  stats: dict[str, int] = {}
+  out: dict[str, Any] = dict(predicted=predicted, foreground=fg, refined=refined, stats=stats)
+  for method in methods:
+    if method == "pca":
+      labels = pca_labels(fg_tokens.numpy(), n_concepts, pca_sign_rule)
+    elif method == "kmeans":
+      position = np.cumsum(fg.reshape(-1)) - 1  # patch index -> row of fg_tokens
+      start = position[kmeans_start(fg, n_concepts, kmeans_seed)]
+      labels = kmeans_labels(fg_tokens, start, n_concepts, stats)
+    else:
+      raise ValueError(f"unknown method {method!r}")
+    grid = np.full((batch, side, side), -1)
+    grid[fg] = labels
+    result = dict(
+      concept_maps=grid,
+      pixel_maps=np.full((batch, size, size), -1),
+      candidates=[],
+      concept_ids=[],
+      visual_ids=[],
+      language_ids=[],
+      curves=[],
+    )
+    for i in range(batch):  # per image, as the reference
+      pixels = cv2.resize(grid[i].astype(np.float32), (size, size), interpolation=cv2.INTER_NEAREST)
+      pixels = np.where(refined[i], pixels, -1).astype(np.int64)
+      result["pixel_maps"][i] = pixels
+      present = concept_order(pixels)
+      rendered = [prompts(shown[i], ellipse_box(pixels == c)) for c in present]
+      language = torch.topk(weights[predicted[i]], u).indices.tolist()
+      candidates, per_concept, ordered = [], [], []
+      if rendered:
+        # [variant, concept] as the reference stacks them, then the mean over variants.
+        stack = np.stack([np.stack([r[v] for r in rendered]) for v in range(3)])
+        with torch.no_grad():
+          emb = model.encode_image(to_tensor(stack.reshape(-1, size, size, 3), mean, std))
+        emb = F.normalize(emb.float(), dim=-1).reshape(3, len(present), -1).mean(0)
+        candidates, per_concept, ordered = image_concepts(
+          emb, image_emb[i], desc_t, k, offset, top
+        )
+      curve = deletion_curve(ordered, language, len(desc))
+      result["candidates"].append(candidates)
+      result["concept_ids"].append(dict(zip(present, per_concept)))
+      result["visual_ids"].append(ordered)
+      result["language_ids"].append(language)
+      result["curves"].append(curve)
+    result["mi"] = np.array([c[0] for c in result["curves"]])
+    result["auc"] = np.array([sum(c) / len(c) for c in result["curves"]])
+    out[method] = result
+  return out
+
+
+def kmeans_start(mask: np.ndarray, n_concepts: int, seed: int = 0) -> np.ndarray:
+  """The project's seeded K-means start for a foreground bool [B, h, w]: int [L] indices into
+  the B*h*w patches (mutual.concepts.random_start_kmeans's draw), shared with the reference
+  side, whose own start is unseeded."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  from mutual import concepts  # pylint: disable=import-outside-toplevel
+
+  start_key, _ = jax.random.split(jax.random.PRNGKey(seed))
+  weights = jnp.asarray(np.asarray(mask).reshape(-1))
+  return np.asarray(concepts.random_start(start_key, weights, n_concepts))
+
+
+def sklearn_before_1_5() -> bool:
+  """The installed scikit-learn predates 1.5 (its PCA signs are then the reference's)."""
+  major, minor = (int(p) for p in sklearn.__version__.split(".")[:2])
+  return (major, minor) < (1, 5)
