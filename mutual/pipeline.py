@@ -27,6 +27,7 @@ from mutual import concepts, crf, descriptors, features, foreground, information
 from mutual import paper_config, visual_prompts
 from stori_jax.data import synthetic_tasks
 from stori_jax.encoding import encode_texts, l2_normalize
+from stori_jax.config_files import ConfigError
 from stori_jax.preprocess import normalize
 
 METHODS = ("pca", "kmeans")
@@ -268,6 +269,22 @@ def pixel_concepts(maps: jax.Array, pixel_mask: jax.Array) -> jax.Array:
   return jnp.where(pixel_mask, upsampled, -1)
 
 
+#: config.analysis.compute_dtype -> the vision towers' compute dtype.
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def tower_bundle(bundle, analysis):
+  """The bundle computing in config.analysis.compute_dtype (weights stay float32; outputs are
+  float32). Raises ConfigError for an unknown dtype."""
+  name = analysis.get("compute_dtype", "float32")
+  if name not in COMPUTE_DTYPES:
+    raise ConfigError(
+      f"config.analysis.compute_dtype must be one of {tuple(COMPUTE_DTYPES)}, got {name!r}."
+    )
+  dtype = COMPUTE_DTYPES[name]
+  return bundle if jnp.dtype(bundle.dtype) == jnp.dtype(dtype) else bundle.with_dtype(dtype)
+
+
 def vision_side(
   bundle, images: np.ndarray, bank: TextBank, analysis, methods: Sequence[str] = METHODS
 ) -> dict[str, Any]:
@@ -287,9 +304,15 @@ def vision_side(
     raise ValueError(f"images must be uint8 [B, S, S, 3], got {images.dtype} {images.shape}")
   # config.analysis.mode and the stage keys, resolved (and checked) before any work.
   stages = paper_config.analysis_stages(analysis)
+  chunk = int(analysis.get("prompt_chunk", visual_prompts.PROMPT_CHUNK))
+  if chunk < 1:
+    raise ConfigError(f"config.analysis.prompt_chunk must be at least 1, got {chunk}.")
+  bundle = tower_bundle(bundle, analysis)
   x = normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)
   # One tower pass gives both (the embeddings and the patch grid).
   image_embeddings, patch = features.embeddings_and_patches(bundle, x, kind=analysis.feature_kind)
+  # The splits and fits run in float32 whatever the towers' compute dtype.
+  image_embeddings, patch = image_embeddings.astype(jnp.float32), patch.astype(jnp.float32)
   class_scores = image_embeddings @ jnp.asarray(bank.class_embeddings).T
   predicted = jnp.argmax(class_scores, axis=-1)
   fg = foreground.prominent_patches(
@@ -318,8 +341,9 @@ def vision_side(
     refined=np.asarray(refined),
   )
   n = int(analysis.n_concepts)
+  maps, pixel_maps = {}, {}
   for method in methods:
-    maps = concept_maps(
+    maps[method] = concept_maps(
       patch,
       fg,
       method,
@@ -328,13 +352,21 @@ def vision_side(
       pca_sign_rule=stages["pca_sign_rule"],
       kmeans_init=stages["kmeans_init"],
     )
-    pixel_maps = pixel_concepts(maps, refined)
-    embeddings, valid = visual_prompts.concept_embeddings(
-      bundle, images, pixel_maps, n_concepts=n, ellipse=stages["ellipse"]
-    )
+    pixel_maps[method] = pixel_concepts(maps[method], refined)
+  del patch
+  # The present regions of both methods share the tower calls.
+  embedded = visual_prompts.concept_embeddings_of_maps(
+    bundle,
+    images,
+    [pixel_maps[m] for m in methods],
+    n_concepts=n,
+    ellipse=stages["ellipse"],
+    chunk=chunk,
+  )
+  for method, (embeddings, valid) in zip(methods, embedded):
     out[method] = dict(
-      concept_maps=np.asarray(maps),
-      pixel_maps=np.asarray(pixel_maps),
+      concept_maps=np.asarray(maps[method]),
+      pixel_maps=np.asarray(pixel_maps[method]),
       concept_valid=np.asarray(valid),
       concept_embeddings=np.asarray(embeddings),
     )

@@ -28,7 +28,7 @@ import numpy as np
 
 from mutual import ellipse as reference_ellipse
 from mutual.foreground import main_regions, pixel_coordinates, upsample_mask
-from stori_jax.encoding import encode_images_on_device
+from stori_jax.encoding import l2_normalize_jax
 
 RED = (1.0, 0.0, 0.0)
 # ITU-R BT.601 luma weights, as cv2's RGB2GRAY uses.
@@ -227,6 +227,146 @@ def _unit_pixels(bundle, images, normalized: bool) -> jax.Array:
   return jnp.asarray(np.clip(images, 0.0, 1.0))
 
 
+#: Concept regions whose prompts go through the tower in one call (3 images each); fewer are
+#: padded up to a multiple of PROMPT_GRANULE, so at most PROMPT_CHUNK / PROMPT_GRANULE shapes
+#: are compiled and at most PROMPT_GRANULE - 1 padded regions go through the tower per call.
+PROMPT_CHUNK = 32
+PROMPT_GRANULE = 4
+
+
+def _chunk_sizes(count: int, chunk: int, granule: int = PROMPT_GRANULE) -> list[int]:
+  """Padded sizes of the calls that cover `count` regions: full chunks, then the rest rounded
+  up to a multiple of `granule` (at most `chunk`)."""
+  sizes = [chunk] * (count // chunk)
+  rest = count - chunk * len(sizes)
+  if rest:
+    sizes.append(min(chunk, -(-rest // granule) * granule))
+  return sizes
+
+
+def _region_prompts(pixels, maps, pairs, ellipses, stroke, blur_size, largest_region):
+  """The three prompts of the concept regions `pairs` (int32 [P, 3]: map, image, concept) ->
+  float32 [P, 3, H, W, 3] in [0, 1], rendered as render_prompts renders them. `ellipses`:
+  None (moment ellipses), or the reference's ellipse pixels (stroke, filled bool [P, H, W]),
+  which are computed outside (mutual.ellipse runs them with 64-bit types)."""
+  images = pixels[pairs[:, 1]]  # [P, H, W, 3]: uint8 (reference ellipses) or float in [0, 1]
+  if ellipses is not None:
+    outline, filled = ellipses
+    valid = jnp.ones((len(pairs), 1), bool)
+    prompted = reference_ellipse.compose_prompts(
+      images, outline[:, None], filled[:, None], valid, blur_size
+    )
+    return prompted[:, 0].astype(jnp.float32) / 255.0
+  regions = maps[pairs[:, 0], pairs[:, 1]] == pairs[:, 2, None, None]
+  if largest_region:
+    regions = main_regions(regions, keep_second=False)
+  regions = upsample_mask(regions, images.shape[1:3])
+  prompted, _ = jax.vmap(lambda im, r: _render_one(im, r, stroke, blur_size))(images, regions)
+  return prompted
+
+
+@functools.partial(jax.jit, static_argnames=("image_fn", "stroke", "blur_size", "largest_region"))
+def _region_embeddings(
+  params, mean, std, pixels, maps, pairs, ellipses, *, image_fn, stroke, blur_size, largest_region
+):
+  """Rendering and tower in one program: float32 [P, E], the mean of the L2-normalised
+  embeddings of each region's three prompts."""
+  prompted = _region_prompts(pixels, maps, pairs, ellipses, stroke, blur_size, largest_region)
+  count, size = prompted.shape[0], prompted.shape[2:]
+  x = (prompted.reshape(-1, *size) - mean) / std
+  embedded = l2_normalize_jax(image_fn(params, x, False))
+  return embedded.reshape(count, len(VARIANTS), -1).mean(axis=1)
+
+
+def region_presence(maps, n_concepts: int) -> np.ndarray:
+  """bool [M, B, L]: concept l has a pixel in map [m, b] (int [M, B, h, w]); the regions that
+  get prompts."""
+  maps = np.asarray(maps)
+  return (maps[:, :, None] == np.arange(n_concepts)[None, None, :, None, None]).any(axis=(3, 4))
+
+
+def concept_embeddings_of_maps(
+  bundle,
+  images,
+  maps_per_method,
+  n_concepts: int = 5,
+  normalized: bool = False,
+  thickness: float = 1.0,
+  blur_size: int = 11,
+  largest_region: bool = True,
+  ellipse: str = "moments",
+  chunk: int = PROMPT_CHUNK,
+):
+  """`concept_embeddings` for several concept maps of the same images at once (PCA's and
+  K-means', say): only the regions present are prompted, and the regions of all maps and
+  images share the tower calls, `chunk` regions (3 * chunk images) per call, rendering fused
+  into the same program. Same numbers as one `concept_embeddings` call per map.
+
+  Args:
+    maps_per_method: M int32 maps [B, h, w] of the same images.
+    chunk: regions per tower call.
+    The rest: as concept_embeddings.
+
+  Returns:
+    M pairs (embeddings float32 [B, L, E], zeros for absent concepts; valid bool [B, L]).
+  """
+  if ellipse not in ELLIPSES:
+    raise ValueError(f"ellipse must be one of {ELLIPSES}, got {ellipse!r}.")
+  if ellipse == "reference" and thickness != 1:
+    raise ValueError(
+      f"ellipse='reference' draws OpenCV's 1-pixel stroke; thickness must be 1, got {thickness}."
+    )
+  if chunk < 1:
+    raise ValueError(f"chunk must be at least 1 region, got {chunk}.")
+  pixels = _unit_pixels(bundle, images, normalized)
+  batch, height, width = pixels.shape[:3]
+  maps = jnp.stack([jnp.asarray(m, jnp.int32) for m in maps_per_method])
+  if maps.ndim != 4 or maps.shape[1] != batch:
+    raise ValueError(
+      f"concept maps must be int [B, h, w] with B = {batch}, got {[m.shape for m in maps]}."
+    )
+  if ellipse == "reference":
+    pixels = jnp.round(jnp.clip(pixels, 0.0, 1.0) * 255).astype(jnp.uint8)
+    mean, std = bundle.preprocess_config.mean, bundle.preprocess_config.std
+    pixels = reference_ellipse.reference_uint8(pixels, mean, std)
+    if maps.shape[2:] != (height, width):
+      # Nearest upsampling, indexed as cv2.resize(INTER_NEAREST) and pipeline.pixel_concepts do.
+      rows = (jnp.arange(height) * maps.shape[2]) // height
+      cols = (jnp.arange(width) * maps.shape[3]) // width
+      maps = maps[:, :, rows][:, :, :, cols]
+  present = region_presence(maps, n_concepts)
+  pairs = np.argwhere(present).astype(np.int32)  # [P, 3]: map, image, concept
+  options = dict(
+    image_fn=bundle.image_function,
+    stroke=max(1.0, thickness * height / 224) if ellipse == "moments" else 1.0,
+    blur_size=blur_size,
+    largest_region=largest_region,
+  )
+  mean = jnp.asarray(bundle.preprocess_config.mean, jnp.float32)
+  std = jnp.asarray(bundle.preprocess_config.std, jnp.float32)
+  parts, start = [], 0
+  for size in _chunk_sizes(len(pairs), int(chunk)):
+    real = min(size, len(pairs) - start)
+    # Padding repeats the last region; its rows are dropped.
+    index = jnp.asarray(pairs[np.minimum(np.arange(start, start + size), start + real - 1)])
+    ellipses = None
+    if ellipse == "reference":
+      found = reference_ellipse.concept_ellipses(
+        maps[index[:, 0], index[:, 1]] == index[:, 2:, None]
+      )
+      ellipses = (found["stroke"], found["filled"])
+    embedded = _region_embeddings(
+      bundle.params, mean, std, pixels, maps, index, ellipses, **options
+    )
+    parts.append(embedded[:real])
+    start += real
+  width_e = bundle.config.embed_dim
+  out = jnp.zeros((*present.shape, width_e), jnp.float32)
+  if parts:
+    out = out.at[tuple(pairs.T)].set(jnp.concatenate(parts))
+  return [(out[m], jnp.asarray(present[m])) for m in range(len(maps_per_method))]
+
+
 def concept_embeddings(
   bundle,
   images,
@@ -256,19 +396,15 @@ def concept_embeddings(
     (embeddings float32 [B, L, E]: the mean of the three prompts' L2-normalised embeddings,
      zeros for absent concepts; valid bool [B, L].)
   """
-  pixels = _unit_pixels(bundle, images, normalized)
-  round_trip = None
-  if ellipse == "reference":
-    round_trip = (bundle.preprocess_config.mean, bundle.preprocess_config.std)
-  prompted, valid = render_prompts(
-    pixels, concept_maps, n_concepts, thickness, blur_size, largest_region, ellipse, round_trip
+  (result,) = concept_embeddings_of_maps(
+    bundle,
+    images,
+    [concept_maps],
+    n_concepts,
+    normalized,
+    thickness,
+    blur_size,
+    largest_region,
+    ellipse,
   )
-  batch, size = prompted.shape[0], prompted.shape[3:]
-  out = []
-  for i in range(batch):
-    # The 3 L prompts of one image form one batch through the tower.
-    rows = prompted[i].reshape(-1, *size)
-    embedded = encode_images_on_device(bundle, rows, batch_size=rows.shape[0])
-    out.append(embedded.reshape(n_concepts, len(VARIANTS), -1).mean(axis=1))
-  embeddings = jnp.stack(out)
-  return jnp.where(valid[..., None], embeddings, 0.0), valid
+  return result

@@ -194,6 +194,13 @@ class CLIPBundle:
 
     return jax.jit(encode, static_argnums=2)
 
+  @property
+  def image_function(self):
+    """The image tower as a jitted pure function (params, normalised float32 images
+    [B, S, S, 3], return_hidden: bool static) -> encode_image's output; for callers that run
+    the tower inside their own jitted code (it is hashable, so it can be a static argument)."""
+    return self._image_fn
+
   def check_images(self, images) -> jax.Array:
     """Validates normalised images float [B, S, S, 3] (or one [S, S, 3]) -> float32 [B, S, S, 3].
 

@@ -1,0 +1,93 @@
+"""Visual prompts batched across images and concept methods (issue 19): only the concept regions
+present go through the tower, in padded chunks, with the same embeddings as prompting every
+concept of one image at a time."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mutual import paper_config, pipeline, visual_prompts
+from stori_jax.config_files import ConfigError
+from stori_jax.encoding import encode_images_on_device
+
+
+def _maps(rng, batch, grid, concepts, size):
+  maps = rng.integers(-1, concepts, size=(batch, grid, grid))
+  return np.repeat(np.repeat(maps, size // grid, 1), size // grid, 2).astype(np.int32)
+
+
+def _one_image_at_a_time(bundle, images, maps, n_concepts, ellipse):
+  """Every concept of one image at a time through the tower (what the pipeline did before)."""
+  round_trip = None
+  if ellipse == "reference":
+    round_trip = (bundle.preprocess_config.mean, bundle.preprocess_config.std)
+  prompted, valid = visual_prompts.render_prompts(
+    jnp.asarray(images, jnp.float32) / 255.0,
+    maps,
+    n_concepts,
+    ellipse=ellipse,
+    round_trip=round_trip,
+  )
+  size = prompted.shape[3:]
+  out = []
+  for i in range(len(images)):
+    rows = prompted[i].reshape(-1, *size)
+    embedded = encode_images_on_device(bundle, rows, batch_size=rows.shape[0])
+    out.append(embedded.reshape(n_concepts, 3, -1).mean(axis=1))
+  return np.where(np.asarray(valid)[..., None], np.stack(out), 0.0), np.asarray(valid)
+
+
+@pytest.mark.parametrize("ellipse", visual_prompts.ELLIPSES)
+def test_batched_regions_equal_one_image_at_a_time(tiny_synthetic, ellipse):
+  rng = np.random.default_rng(3)
+  size = tiny_synthetic.config.vision.image_size
+  images = rng.integers(0, 256, size=(5, size, size, 3), dtype=np.uint8)
+  first, second = _maps(rng, 5, 4, 3, size), _maps(rng, 5, 8, 5, size)
+  first[0] = -1  # an image without concepts
+  # chunk=4 regions per call: several full chunks and a padded last one.
+  batched = visual_prompts.concept_embeddings_of_maps(
+    tiny_synthetic, images, [first, second], n_concepts=5, ellipse=ellipse, chunk=4
+  )
+  for maps, (embeddings, valid) in zip([first, second], batched):
+    expected, expected_valid = _one_image_at_a_time(tiny_synthetic, images, maps, 5, ellipse)
+    np.testing.assert_array_equal(np.asarray(valid), expected_valid)
+    np.testing.assert_allclose(np.asarray(embeddings), expected, atol=2e-6)
+  assert not np.asarray(batched[0][1])[0].any()
+
+
+def test_only_present_regions_reach_the_tower(tiny_synthetic, monkeypatch):
+  """Rows through the tower: 3 per present region, padded to the granule, never L per image."""
+  rows = []
+  original = visual_prompts._region_embeddings
+
+  def counting(*args, **kwargs):
+    rows.append(3 * args[5].shape[0])
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(visual_prompts, "_region_embeddings", counting)
+  size = tiny_synthetic.config.vision.image_size
+  images = np.zeros((4, size, size, 3), np.uint8)
+  maps = np.full((4, size, size), -1, np.int32)
+  maps[:, :8, :8] = 0  # one region per image: 4 regions of 4 x 5 concepts
+  visual_prompts.concept_embeddings_of_maps(tiny_synthetic, images, [maps], n_concepts=5)
+  assert rows == [3 * 4]
+  rows.clear()
+  maps[:3, 20:30, 20:30] = 2  # 7 regions: padded to 8 (PROMPT_GRANULE 4)
+  visual_prompts.concept_embeddings_of_maps(tiny_synthetic, images, [maps], n_concepts=5)
+  assert rows == [3 * 8]
+
+
+def test_chunk_sizes():
+  assert visual_prompts._chunk_sizes(0, 32) == []
+  assert visual_prompts._chunk_sizes(22, 32) == [24]
+  assert visual_prompts._chunk_sizes(65, 32) == [32, 32, 4]
+  assert visual_prompts._chunk_sizes(3, 2) == [2, 2]
+
+
+def test_compute_dtype_setting(tiny_synthetic):
+  analysis = paper_config.analysis_config(compute_dtype="bfloat16")
+  bf16 = pipeline.tower_bundle(tiny_synthetic, analysis)
+  assert jnp.dtype(bf16.dtype) == jnp.bfloat16 and bf16.params is tiny_synthetic.params
+  assert pipeline.tower_bundle(tiny_synthetic, paper_config.analysis_config()) is tiny_synthetic
+  with pytest.raises(ConfigError, match="compute_dtype must be one of"):
+    pipeline.tower_bundle(tiny_synthetic, paper_config.analysis_config(compute_dtype="fp8"))
