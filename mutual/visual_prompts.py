@@ -21,10 +21,13 @@ default.
 from __future__ import annotations
 
 import functools
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mutual import ellipse as reference_ellipse
 from mutual.foreground import main_regions, pixel_coordinates, upsample_mask
@@ -36,6 +39,8 @@ LUMA = (0.299, 0.587, 0.114)
 VARIANTS = ("ellipse", "grayscale_outside", "blur_outside")
 # How the ellipse of a concept region is found and drawn (render_prompts' `ellipse`).
 ELLIPSES = ("moments", "reference")
+#: The mesh axis the concept regions of a tower call are sharded over.
+DATA_AXIS = "regions"
 
 
 def gaussian_kernel(size: int = 11, sigma: float | None = None) -> jax.Array:
@@ -296,6 +301,7 @@ def concept_embeddings_of_maps(
   largest_region: bool = True,
   ellipse: str = "moments",
   chunk: int = PROMPT_CHUNK,
+  devices: Sequence[jax.Device] | None = None,
 ):
   """`concept_embeddings` for several concept maps of the same images at once (PCA's and
   K-means', say): only the regions present are prompted, and the regions of all maps and
@@ -304,7 +310,10 @@ def concept_embeddings_of_maps(
 
   Args:
     maps_per_method: M int32 maps [B, h, w] of the same images.
-    chunk: regions per tower call.
+    chunk: regions per tower call (rounded up to a multiple of the devices).
+    devices: the devices the regions of a call are sharded over (the weights, images and maps
+      are replicated on them); default this process's devices. The result does not depend on
+      them beyond float32 summation order.
     The rest: as concept_embeddings.
 
   Returns:
@@ -334,6 +343,16 @@ def concept_embeddings_of_maps(
       rows = (jnp.arange(height) * maps.shape[2]) // height
       cols = (jnp.arange(width) * maps.shape[3]) // width
       maps = maps[:, :, rows][:, :, :, cols]
+  devices = list(devices) if devices is not None else jax.local_devices()
+  granule = -(-PROMPT_GRANULE // len(devices)) * len(devices)
+  chunk = -(-int(chunk) // granule) * granule
+  params = bundle.params
+  shard = None
+  if len(devices) > 1:
+    mesh = Mesh(np.asarray(devices), (DATA_AXIS,))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    shard = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+    params, pixels, maps = jax.device_put((params, pixels, maps), replicated)
   present = region_presence(maps, n_concepts)
   pairs = np.argwhere(present).astype(np.int32)  # [P, 3]: map, image, concept
   options = dict(
@@ -345,19 +364,18 @@ def concept_embeddings_of_maps(
   mean = jnp.asarray(bundle.preprocess_config.mean, jnp.float32)
   std = jnp.asarray(bundle.preprocess_config.std, jnp.float32)
   parts, start = [], 0
-  for size in _chunk_sizes(len(pairs), int(chunk)):
+  for size in _chunk_sizes(len(pairs), chunk, granule):
     real = min(size, len(pairs) - start)
     # Padding repeats the last region; its rows are dropped.
-    index = jnp.asarray(pairs[np.minimum(np.arange(start, start + size), start + real - 1)])
+    index = pairs[np.minimum(np.arange(start, start + size), start + real - 1)]
+    index = jax.device_put(index, shard) if shard is not None else jnp.asarray(index)
     ellipses = None
     if ellipse == "reference":
       found = reference_ellipse.concept_ellipses(
         maps[index[:, 0], index[:, 1]] == index[:, 2:, None]
       )
       ellipses = (found["stroke"], found["filled"])
-    embedded = _region_embeddings(
-      bundle.params, mean, std, pixels, maps, index, ellipses, **options
-    )
+    embedded = _region_embeddings(params, mean, std, pixels, maps, index, ellipses, **options)
     parts.append(embedded[:real])
     start += real
   width_e = bundle.config.embed_dim

@@ -2,6 +2,10 @@
 present go through the tower, in padded chunks, with the same embeddings as prompting every
 concept of one image at a time."""
 
+import os
+import subprocess
+import sys
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -91,3 +95,43 @@ def test_compute_dtype_setting(tiny_synthetic):
   assert pipeline.tower_bundle(tiny_synthetic, paper_config.analysis_config()) is tiny_synthetic
   with pytest.raises(ConfigError, match="compute_dtype must be one of"):
     pipeline.tower_bundle(tiny_synthetic, paper_config.analysis_config(compute_dtype="fp8"))
+
+
+SHARDED_SCRIPT = """
+import jax, numpy as np
+import stori_jax
+from mutual import visual_prompts
+assert jax.device_count() == 8
+bundle = stori_jax.load("tiny-synthetic")
+size = bundle.config.vision.image_size
+rng = np.random.default_rng(5)
+images = rng.integers(0, 256, size=(3, size, size, 3), dtype=np.uint8)
+maps = np.repeat(np.repeat(rng.integers(-1, 5, size=(3, 4, 4)), size // 4, 1), size // 4, 2)
+for ellipse in visual_prompts.ELLIPSES:
+  one = visual_prompts.concept_embeddings_of_maps(
+    bundle, images, [maps], ellipse=ellipse, devices=jax.devices()[:1])[0]
+  eight = visual_prompts.concept_embeddings_of_maps(bundle, images, [maps], ellipse=ellipse)[0]
+  assert len(eight[0].sharding.device_set) >= 1
+  np.testing.assert_array_equal(np.asarray(one[1]), np.asarray(eight[1]))
+  np.testing.assert_allclose(np.asarray(one[0]), np.asarray(eight[0]), atol=2e-6)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_regions_sharded_over_eight_devices_equal_one(tmp_path):
+  """Sharding the regions of a tower call over devices changes nothing (a subprocess: the
+  device count is fixed when JAX starts)."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  script = tmp_path / "sharded.py"
+  script.write_text(SHARDED_SCRIPT)
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(
+    [sys.executable, str(script)],
+    cwd=repo,
+    env=dict(env, PYTHONPATH=repo),
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
