@@ -44,7 +44,6 @@ from typing import Any, Sequence
 
 import cv2
 import numpy as np
-import sklearn
 import torch
 import torch.nn.functional as F
 from sklearn.decomposition import PCA
@@ -532,8 +531,3 @@ def kmeans_start(mask: np.ndarray, n_concepts: int, seed: int = 0) -> np.ndarray
   weights = jnp.asarray(np.asarray(mask).reshape(-1))
   return np.asarray(concepts.random_start(start_key, weights, n_concepts))
 
-
-def sklearn_before_1_5() -> bool:
-  """The installed scikit-learn predates 1.5 (its PCA signs are then the reference's)."""
-  major, minor = (int(p) for p in sklearn.__version__.split(".")[:2])
-  return (major, minor) < (1, 5)

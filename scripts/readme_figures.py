@@ -20,6 +20,8 @@ Sections:
                    what weight 0 and the Fig. 5 sweep do (scripts/embedded_world_figures.py)
   mutual_analyze   mutual.analyze on configs/mutual_synthetic.py, plus the concept pixels on
                    objects and descriptors naming attributes (a second pass, as the test does)
+  mutual_modes     Table 3's row of configs/mutual_synthetic.py in both analysis modes, and
+                   reference mode's per-image agreement with mutual/torch_reference.py
   mutual_evaluate  mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1 and protocols
 """
 
@@ -397,6 +399,77 @@ def mutual_analyze_figures() -> dict[str, str]:
   return {"mutual_analyze": text}
 
 
+def mutual_modes_figures() -> dict[str, str]:
+  """Table 3's row of the embedded world in both analysis modes (configs/mutual_synthetic.py
+  with config.analysis.mode set; results aggregated as mutual.analyze aggregates them), and the
+  per-image agreement of reference mode with mutual/torch_reference.py (the reference's
+  libraries, image by image; SimpleCRF where it is installed) on the same images and settings."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  import stori_jax  # pylint: disable=import-outside-toplevel
+  from mutual import data, pipeline, report  # pylint: disable=import-outside-toplevel
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+
+  config = load_config(os.path.join(CONFIGS, "mutual_synthetic.py"))
+  dataset = data.prepare(config)
+  bundle = stori_jax.load(config.model.source)
+  bank = pipeline.encode_config_bank(bundle, config, dataset, progress=False)
+  methods = tuple(config.analysis.methods)
+  size = int(bundle.config.vision.image_size)
+  names = list(dataset.names)
+  a = config.analysis
+  try:
+    from mutual import torch_reference  # pylint: disable=import-outside-toplevel
+
+    import kmeans_pytorch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    torch_reference = None
+  use_crf = bool(a.crf) and torch_reference is not None and torch_reference.have_crf()
+  model = torch_reference.open_clip_from_bundle(bundle) if torch_reference else None
+  rows, same = {}, {m: [] for m in methods}
+  for mode in ("reference", "improved"):
+    a.mode = mode
+    records = []
+    for cls in dataset.classes(size):
+      result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
+      records += report.image_records(cls, result, bank.descriptors, names, methods)
+      if mode == "reference" and model is not None:
+        theirs = torch_reference.analyze_class(
+          model, cls.images, bundle.preprocess_config.mean, bundle.preprocess_config.std,
+          bank.descriptor_embeddings, bank.class_embeddings, int(a.top_k), int(a.u),
+          methods=methods, joint=bool(a.joint_foreground), crf=use_crf,
+          kmeans_seed=int(a.kmeans_seed),
+        )
+        for m in methods:
+          ours = pipeline.summarise(result, m)
+          same[m].append(
+            np.isclose(ours["mi"], theirs[m]["mi"], rtol=1e-5, atol=1e-5)
+            & np.isclose(ours["auc"], theirs[m]["auc"], rtol=1e-5, atol=1e-5)
+          )
+    rows[mode] = report.aggregate(records, methods)["dataset"]
+  head = ["mode", "Top-1 (%)"] + [f"MI {pipeline.METHOD_TITLES[m]}" for m in methods]
+  head += [f"AUC {pipeline.METHOD_TITLES[m]}" for m in methods]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for mode, ds in rows.items():
+    cells = [f"`{mode}`", f"{ds['top1']:.2f}"] + [f"{ds[m]['mi']:.3f}" for m in methods]
+    lines.append("| " + " | ".join(cells + [f"{ds[m]['auc']:.3f}" for m in methods]) + " |")
+  if model is None:
+    prose = "(mutual/torch_reference.py needs the torch extra and kmeans_pytorch: no agreement "
+    prose += "figure measured.)"
+  else:
+    shares = {m: float(np.concatenate(v).mean()) for m, v in same.items()}
+    n_images = sum(len(v) for v in same[methods[0]])
+    split = "per-image" if not a.joint_foreground else "joint"
+    prose = (
+      f"Reference mode against `mutual/torch_reference.py` on the same {n_images} images "
+      f"({split} split, CRF {'on: SimpleCRF' if use_crf else 'off on both sides'}): identical "
+      "MI and AUC on "
+      + " / ".join(f"{100 * shares[m]:.1f}% ({pipeline.METHOD_TITLES[m]})" for m in methods)
+      + " of the images."
+    )
+  return {"mutual_modes": "\n".join(lines) + "\n\n" + fill(prose)}
+
+
 METRIC_NAMES = {
   "deletion": "Deletion",
   "insertion": "Insertion",
@@ -513,6 +586,11 @@ SECTIONS: dict[str, Section] = {
     mutual_analyze_figures,
     ("mutual_analyze",),
     "mutual.analyze on configs/mutual_synthetic.py",
+  ),
+  "mutual_modes": Section(
+    mutual_modes_figures,
+    ("mutual_modes",),
+    "configs/mutual_synthetic.py in both analysis modes; reference mode vs the torch reference",
   ),
   "mutual_evaluate": Section(
     mutual_evaluate_figures,
