@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+
+import jax
 
 from absl import logging
 from tqdm import tqdm
 
 import stori_jax
 from mutual import cli, data, pipeline, report
+from stori_jax import multihost
+from stori_jax.errors import UserError
 
 
 def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
@@ -19,9 +24,17 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   The data are checked first (descriptor file, classes matched by name, no empty class) and the
   workdir claimed for this config (`cli.claim_workdir`; `restart` moves another run aside),
   both before the model loads.
+
+  In a multi-process run (jax.distributed initialised, see stori_jax.multihost) process p
+  analyses the classes i with i % processes == p and writes their per-image records; process 0
+  then reads every record back from the workdir, which must be on a filesystem all processes
+  share, and writes the aggregates: the same files as one process writes.
   """
   dataset = data.prepare(config)
-  cli.claim_workdir(config, workdir, restart, "mutual-knowledge analysis")
+  processes, rank = jax.process_count(), jax.process_index()
+  if rank == 0:
+    cli.claim_workdir(config, workdir, restart, "mutual-knowledge analysis")
+  multihost.wait_for_all_processes("mutual.analyze: workdir claimed")
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
   class_names = list(dataset.names)
@@ -29,21 +42,23 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   a = config.analysis
   bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
   methods = tuple(a.methods)
-  records, figured = [], 0
+  records, counts = [], []
   start, n_images = time.perf_counter(), 0
   figures = os.path.join(workdir, "figures")
   os.makedirs(figures, exist_ok=True)
-  for cls in tqdm(classes, desc="classes", disable=not progress, dynamic_ncols=True):
+  for index, cls in enumerate(
+    tqdm(classes, desc="classes", disable=not progress or rank != 0, dynamic_ncols=True)
+  ):
+    counts.append((cls.label, len(cls.images)))
+    if index % processes != rank:
+      continue
     result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
     class_records = report.image_records(cls, result, bank.descriptors, class_names, methods)
     for i, record in enumerate(class_records):
-      report.write_json(
-        os.path.join(workdir, "per_image", f"{cls.label:04d}", f"{i:05d}.json"), record
-      )
+      report.write_json(_record_path(workdir, cls.label, i), record)
     records += class_records
     n_images += len(cls.images)
-    if figured < config.figure_classes:
-      figured += 1
+    if index < config.figure_classes:
       k = min(config.figures_per_class, len(cls.images))
       for method in methods:
         report.plot_concepts(
@@ -66,6 +81,11 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
         title=cls.name,
       )
   seconds = time.perf_counter() - start
+  if processes > 1:
+    multihost.wait_for_all_processes("mutual.analyze: classes done")
+    if rank != 0:
+      return {}
+    records = _read_records(workdir, counts)
   results = report.aggregate(records, methods)
   results["model"] = config.model.get("name", config.model.source)
   if dataset.skipped:  # never a silent disappearance: what was left out, and why
@@ -82,3 +102,26 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   )
   logging.info("%d images in %.1f s (%.2f images/s)", n_images, seconds, n_images / seconds)
   return results
+
+
+def _record_path(workdir: str, label: int, image: int) -> str:
+  return os.path.join(workdir, "per_image", f"{label:04d}", f"{image:05d}.json")
+
+
+def _read_records(workdir: str, counts) -> list[dict]:
+  """Every class's per-image records, in class order, read back from the workdir (`counts`:
+  (label, images) per class)."""
+  records = []
+  for label, count in counts:
+    for i in range(count):
+      path = _record_path(workdir, label, i)
+      try:
+        with open(path, encoding="utf-8") as f:
+          records.append(json.load(f))
+      except FileNotFoundError:
+        raise UserError(
+          f"{path} was not found after every process finished its classes: in a multi-process "
+          "analysis the workdir must be on a filesystem all processes share (a network or "
+          "cloud path), so that process 0 can aggregate the others' records."
+        ) from None
+  return records

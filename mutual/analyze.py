@@ -12,32 +12,40 @@ Writes to the workdir:
   figures/concepts_<method>_<class>.png        Fig. 4: concept overlays with their descriptors
   figures/curves_<class>.png, curves.png       Fig. 3 / 5: MI curves
   figures/mutual_<method>_<class>.png          Fig. 6: vision / language / mutual descriptors
-Same config and seed, same JSON.
+Same config and seed, same JSON. Several processes share the classes (a TPU pod or SLURM job
+with --distributed, or local processes: `MODULE=mutual.analyze launch/local_multiprocess.sh 2
+--config ... --workdir DIR`); the workdir must then be on a filesystem they all share.
 """
 
 from __future__ import annotations
 
 import os
 
+import jax
 from absl import flags
 
 from mutual import analysis, cli, report
 from stori_jax import cli as stori_cli
+from stori_jax import multihost
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
   cli.define_run_flags("Analysis", values)
+  multihost.define_flags(values)
 
 
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Analyses the config's images in its workdir and prints the table."""
+  multihost.initialize_from_flags(values)
   config, workdir, results = cli.run_from_flags(
     argv,
     values,
     analysis.run,
     "python -m mutual.analyze --config configs/mutual_synthetic.py --workdir DIR",
   )
+  if jax.process_index() != 0:  # process 0 aggregates and reports
+    return
   print(report.markdown_table(results["dataset"], results["model"], tuple(config.analysis.methods)))
   print(f"Wrote {os.path.join(workdir, 'results.json')}")
 

@@ -1,4 +1,8 @@
-"""Barriers between the processes of a multi-host run.
+"""Multi-process runs: the flags that start one, and barriers between its processes.
+
+Commands that run on several hosts (stori_jax.train, mutual.analyze) define `define_flags` and
+call `initialize_from_flags` first. `launch/` starts the processes (a TPU pod, SLURM, or
+several local processes for tests).
 
 JAX's CPU collectives (gloo) give a process 30 s, not configurable, to meet the others at the
 first collective of a device group; processes that reach it further apart (one still importing
@@ -9,6 +13,7 @@ distributed runtime's key-value store, whose timeout is ours, lines the processe
 from __future__ import annotations
 
 import jax
+from absl import flags
 
 # Long enough for a slow host to finish encoding a dataset.
 BARRIER_TIMEOUT_S = 3600
@@ -24,3 +29,36 @@ def wait_for_all_processes(name: str, timeout_s: int = BARRIER_TIMEOUT_S) -> Non
   multihost.sync_global_processes(
     name, timeout=timeout_s, processes=set(range(jax.process_count()))
   )
+
+
+def define_flags(values: flags.FlagValues) -> None:
+  """--distributed, --coordinator, --num_processes and --process_id on `values`."""
+  fv = {"flag_values": values}
+  flags.DEFINE_bool(
+    "distributed",
+    False,
+    "Call jax.distributed.initialize() first: one process per host of a TPU pod or of a SLURM "
+    "allocation (auto-detected), or the explicit --coordinator/--num_processes/--process_id.",
+    **fv,
+  )
+  flags.DEFINE_string(
+    "coordinator", None, "host:port of process 0 (explicit multi-process runs).", **fv
+  )
+  flags.DEFINE_integer(
+    "num_processes", None, "Processes in the run (explicit multi-process runs).", **fv
+  )
+  flags.DEFINE_integer(
+    "process_id", None, "This process's index (explicit multi-process runs).", **fv
+  )
+
+
+def initialize_from_flags(values: flags.FlagValues) -> None:
+  """jax.distributed.initialize from --coordinator/--num_processes/--process_id, or
+  auto-detected (TPU pod, SLURM) with --distributed; nothing for a single-process run."""
+  if values.coordinator:
+    # CPU processes need a collectives backend for cross-process psums (no effect on
+    # accelerators). Set before initialize: querying the backend here would start it.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(values.coordinator, values.num_processes, values.process_id)
+  elif values.distributed:
+    jax.distributed.initialize()

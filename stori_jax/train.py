@@ -23,7 +23,7 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from stori_jax import cli
+from stori_jax import cli, multihost
 from stori_jax.errors import UserError
 
 
@@ -47,42 +47,14 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
     "start afresh (without it such a workdir is refused).",
     **fv,
   )
-  flags.DEFINE_bool(
-    "distributed",
-    False,
-    "Call jax.distributed.initialize() first: one process per host of a TPU pod or of a SLURM "
-    "allocation (auto-detected), or the explicit --coordinator/--num_processes/--process_id.",
-    **fv,
-  )
-  flags.DEFINE_string(
-    "coordinator", None, "host:port of process 0 (explicit multi-process runs).", **fv
-  )
-  flags.DEFINE_integer(
-    "num_processes", None, "Processes in the run (explicit multi-process runs).", **fv
-  )
-  flags.DEFINE_integer(
-    "process_id", None, "This process's index (explicit multi-process runs).", **fv
-  )
-
-
-def initialize_distributed(values: flags.FlagValues = flags.FLAGS) -> None:
-  """jax.distributed.initialize from --coordinator/--num_processes/--process_id, else
-  auto-detected (TPU pod, SLURM)."""
-  if values.coordinator:
-    # CPU processes need a collectives backend for cross-process psums (no effect on
-    # accelerators). Set before initialize: querying the backend here would start it.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(values.coordinator, values.num_processes, values.process_id)
-  else:
-    jax.distributed.initialize()
+  multihost.define_flags(values)
 
 
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Trains the config's weights in its workdir and prints the accuracies and top words."""
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
-  if values.distributed or values.coordinator:
-    initialize_distributed(values)
+  multihost.initialize_from_flags(values)
   from stori_jax.fewshot import trainer  # pylint: disable=import-outside-toplevel
 
   config = values.config

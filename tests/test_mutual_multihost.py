@@ -1,0 +1,56 @@
+"""mutual.analyze on several processes (jax.distributed, launch/local_multiprocess.sh): the
+processes share the classes and process 0 writes the same results as one process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Two classes of the embedded world, so that each of two processes analyses one.
+FLAGS = ["--config=configs/mutual_synthetic.py:smoke", "--config.data.classes=(0, 5)"]
+
+
+def _results(workdir):
+  with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _per_image(workdir):
+  out = {}
+  for root, _, files in os.walk(os.path.join(workdir, "per_image")):
+    for name in files:
+      with open(os.path.join(root, name), encoding="utf-8") as f:
+        out[os.path.relpath(os.path.join(root, name), workdir)] = json.load(f)
+  return out
+
+
+@pytest.mark.slow
+def test_two_processes_write_what_one_writes(tmp_path, run_command):
+  single = run_command("mutual.analyze", *FLAGS, f"--workdir={tmp_path / 'single'}")
+  assert single.returncode == 0, single.stderr[-3000:]
+  env = dict(os.environ, PYTHON=sys.executable, MODULE="mutual.analyze", DEVICES_PER_PROCESS="1")
+  multi = subprocess.run(
+    [
+      "bash",
+      os.path.join(REPO, "launch", "local_multiprocess.sh"),
+      "2",
+      *FLAGS,
+      f"--workdir={tmp_path / 'multi'}",
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert multi.returncode == 0, multi.stderr[-3000:]
+  assert "MI" in multi.stdout  # process 0 printed the table, once
+  assert multi.stdout.count("Wrote ") == 1
+  per_image = _per_image(tmp_path / "single")
+  assert len(per_image) == 8 and _per_image(tmp_path / "multi") == per_image
+  single_results, multi_results = _results(tmp_path / "single"), _results(tmp_path / "multi")
+  assert multi_results["dataset"] == single_results["dataset"]
+  assert multi_results["classes"] == single_results["classes"]
