@@ -38,7 +38,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
   class_names = list(dataset.names)
-  classes = dataset.classes(size)
+  classes = dataset.classes(size).prefetched()  # the next class is read during this one
   a = config.analysis
   bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
   methods = tuple(a.methods)

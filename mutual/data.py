@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
+import threading
 from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -245,6 +247,36 @@ class ClassStream:
 
   def __len__(self) -> int:
     return self._count
+
+  def prefetched(self, ahead: int = 1) -> "ClassStream":
+    """The same classes, read up to `ahead` classes in advance on a background thread, so that
+    reading and decoding the next class's images overlaps the analysis of this one. An error
+    while reading is raised where that class would have been yielded."""
+    if ahead < 1:
+      return self
+    items: queue.Queue = queue.Queue(maxsize=ahead)
+    done = object()
+
+    def read():
+      try:
+        for item in self._classes:
+          items.put((item, None))
+      except BaseException as error:  # pylint: disable=broad-exception-caught
+        items.put((None, error))
+      items.put((done, None))
+
+    threading.Thread(target=read, daemon=True).start()
+
+    def take():
+      while True:
+        item, error = items.get()
+        if error is not None:
+          raise error
+        if item is done:
+          return
+        yield item
+
+    return ClassStream(take(), self._count)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

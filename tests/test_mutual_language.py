@@ -332,3 +332,19 @@ def test_real_imagenet_descriptors_give_the_papers_bank_size():
   bank = data.load_descriptors(os.path.join(SHARED_DESCRIPTORS, "descriptors_imagenet.json"))
   assert len(bank) == 1000
   assert len(descriptors.unique_descriptors(bank)) == 4229  # paper Sec. 3: D = 4,229
+
+
+def test_class_stream_prefetched_yields_the_same_classes_and_errors():
+  """Reading ahead on a thread changes neither the classes, their order, nor the count; an
+  error while reading surfaces where its class would have come."""
+  stream = data.ClassStream(iter(range(5)), 5).prefetched(2)
+  assert len(stream) == 5 and list(stream) == [0, 1, 2, 3, 4]
+
+  def failing():
+    yield 0
+    raise OSError("unreadable image")
+
+  stream = data.ClassStream(failing(), 2).prefetched()
+  assert next(stream) == 0
+  with pytest.raises(OSError, match="unreadable image"):
+    next(stream)
