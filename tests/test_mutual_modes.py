@@ -96,10 +96,12 @@ def test_vision_side_passes_each_stage_on(tiny_synthetic, monkeypatch):
     seen["crf"] = kwargs
     return jnp.asarray(mask)
 
-  def embeddings(bundle, images, maps, n_concepts, **kwargs):
-    seen["prompts"] = kwargs
-    b = maps.shape[0]
-    return jnp.zeros((b, n_concepts, 4)), jnp.ones((b, n_concepts), bool)
+  def embeddings(bundle, images, maps_per_method, n_concepts, **kwargs):
+    seen["prompts"] = dict(ellipse=kwargs["ellipse"])
+    b = maps_per_method[0].shape[0]
+    return [(jnp.zeros((b, n_concepts, 4)), jnp.ones((b, n_concepts), bool))] * len(
+      maps_per_method
+    )
 
   def pca(features, mask, n_concepts, sign_rule):
     seen["pca"] = sign_rule
@@ -110,7 +112,7 @@ def test_vision_side_passes_each_stage_on(tiny_synthetic, monkeypatch):
     return jnp.zeros(mask.shape, jnp.int32)
 
   monkeypatch.setattr(pipeline.crf, "refine", refine)
-  monkeypatch.setattr(pipeline.visual_prompts, "concept_embeddings", embeddings)
+  monkeypatch.setattr(pipeline.visual_prompts, "concept_embeddings_of_maps", embeddings)
   monkeypatch.setattr(pipeline.concepts, "pca_concepts", pca)
   monkeypatch.setattr(pipeline.concepts, "kmeans_concepts", kmeans)
   bundle = tiny_synthetic
