@@ -22,6 +22,8 @@ Sections:
                    objects and descriptors naming attributes (a second pass, as the test does)
   mutual_modes     Table 3's row of configs/mutual_synthetic.py in both analysis modes, and
                    reference mode's per-image agreement with mutual/torch_reference.py
+  mutual_precision the images whose MI or AUC change with bfloat16 towers (both modes;
+                   scripts/mutual_precision.py)
   mutual_evaluate  mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1 and protocols
 """
 
@@ -479,6 +481,29 @@ METRIC_NAMES = {
 METHOD_NAMES = {"Ours (PCA)": "PCA", "Ours (K-means)": "K-means"}
 
 
+def mutual_precision_figures() -> dict[str, str]:
+  """How often bfloat16 towers change MI or AUC per image (scripts/mutual_precision.py)."""
+  import mutual_precision  # pylint: disable=import-outside-toplevel  (scripts/, beside this)
+
+  runs = {m: mutual_precision.bf16_changes(m, progress=False) for m in ("reference", "improved")}
+  parts = []
+  for mode, r in runs.items():
+    n = r["images"]
+    parts.append(
+      f"{mode} mode: MI or AUC change on {100 * r['pca']['either'] / n:.1f}% (PCA) / "
+      f"{100 * r['kmeans']['either'] / n:.1f}% (K-means) of the {n} images, the prediction on "
+      f"{100 * r['predicted'] / n:.1f}%"
+    )
+  text = (
+    "With `config.analysis.compute_dtype=\"bfloat16\"` (the towers in bf16; splits, fits "
+    "and language stages in fp32) on configs/mutual_synthetic.py's images: "
+    + "; ".join(parts)
+    + ". A concept's patches and descriptors are discrete choices, and bf16 features move "
+    "enough of them on this tiny model to change a curve; reproduce the paper's numbers in fp32."
+  )
+  return {"mutual_precision": fill(text)}
+
+
 def _beats_random(beats: Mapping[str, Mapping[str, bool]]) -> str:
   """Where the method's concept order beats a random order of the same concepts: "on all four
   metrics", else per concept method ("on Deletion and Insertion for K-means")."""
@@ -591,6 +616,11 @@ SECTIONS: dict[str, Section] = {
     mutual_modes_figures,
     ("mutual_modes",),
     "configs/mutual_synthetic.py in both analysis modes; reference mode vs the torch reference",
+  ),
+  "mutual_precision": Section(
+    mutual_precision_figures,
+    ("mutual_precision",),
+    "configs/mutual_synthetic.py with bfloat16 towers against float32, both modes",
   ),
   "mutual_evaluate": Section(
     mutual_evaluate_figures,
