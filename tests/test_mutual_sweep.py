@@ -296,6 +296,9 @@ class _Bars:
       def update(self, n=1):
         pass
 
+      def close(self):
+        pass
+
       def set_postfix_str(self, text):
         pass
 
@@ -324,7 +327,8 @@ def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles, m
   sweep.run(config, str(tmp_path / "again"), progress=True)
   assert bars.totals == {
     "class chunks": 2,
-    "vision side (model x class)": len(FAST_MODELS),
+    "vision side: models": len(FAST_MODELS),
+    "vision side: classes": 1,
     "language stages (batched)": 1,
   }
   for name in ("results.json", "table.md"):

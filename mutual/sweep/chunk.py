@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, MutableMapping, Sequence
 
 import numpy as np
@@ -49,25 +50,29 @@ def analyze_classes(
   options = pipeline.stage_options(analysis)
 
   vision: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
-  with tqdm(
-    total=n_models * n_classes,
-    desc="vision side (model x class)",
-    disable=not progress,
-    dynamic_ncols=True,
-    leave=False,
-  ) as bar:
+  bar = functools.partial(tqdm, disable=not progress, dynamic_ncols=True)
+  with bar(total=n_models, desc="vision side: models", leave=False) as models_bar:
     for index in pool.order(indices):
       m, bundle = position[index], pool.get(index)
-      bar.set_postfix_str(pool.models[index].name)
+      models_bar.set_postfix_str(pool.models[index].name)
       if index not in banks:
         if encode is None:
           raise ValueError(f"no text bank for model {index} and no `encode` to make one")
         banks[index] = encode(bundle)
+      classes_bar = bar(total=n_classes, desc="vision side: classes", leave=False)
       for c in range(n_classes):
         vision[m][c] = pipeline.vision_side(
           bundle, class_images[m][c].images, banks[index], analysis, methods
         )
-        bar.update()
+        if c == 0 and n_classes > 1:
+          # The first class compiles the model's programs: the bar restarts after it, so its
+          # rate and ETA count the classes that only run.
+          classes_bar.close()
+          classes_bar = bar(total=n_classes, initial=1, desc="vision side: classes", leave=False)
+        else:
+          classes_bar.update()
+      classes_bar.close()
+      models_bar.update()
       del bundle  # the pool alone decides what stays loaded
 
   results: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
