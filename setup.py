@@ -30,8 +30,9 @@ EXTRAS = {
   "explore": ["flask>=2.3", "werkzeug>=2.3"],
   # Reference implementations the mutual-knowledge stages are compared against (a C++ dense
   # CRF; OpenCV and kmeans_pytorch, the reference pipeline's libraries, for mutual/
-  # torch_reference.py; its SimpleCRF builds from source only: CFLAGS=-DNPY_IN_ARRAY=
-  # NPY_ARRAY_IN_ARRAY pip install SimpleCRF, else its check runs with the CRF off) and the
+  # torch_reference.py; its SimpleCRF builds from source only: CPPFLAGS=-DNPY_IN_ARRAY=
+  # NPY_ARRAY_IN_ARRAY pip install SimpleCRF, as `make install` does; else its check runs with
+  # the CRF off) and the
   # sentence encoder of the descriptor-bank diversity check (App. A.4; ships its weights).
   "mutual": [
     "pydensecrf2>=1.1",
