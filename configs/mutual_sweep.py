@@ -35,11 +35,15 @@ Sweep fields:
 The argument (`:variant=NAME`, or just `:NAME`) picks one of:
   imagenet   (default) the study: the 13 models on ImageNet val, as above
   random     the offline path: random-weight instances of all 13 architectures at about 64 px on
-             the embedded synthetic world with its descriptor bank (configs/mutual_synthetic.py's
-             data and analysis), 4 images per class. It exercises every stage of the sweep for
-             every tower; its numbers carry no meaning. One model is held at a time and the 12
-             classes form one chunk, so each model is made once and peak memory is about the
-             largest model's (ViT-L/14: 1.7 GB of weights).
+             4 classes x 2 images of the embedded synthetic world with its descriptor bank
+             (configs/mutual_synthetic.py's data and analysis; 4 concept regions per tower call,
+             so each model compiles one visual-prompt program). It exercises every stage of the
+             sweep for every tower; its numbers carry no meaning. One model is held at a time and
+             the 4 classes form one chunk, so each model is made once and peak memory is about the
+             largest model's (ViT-L/14: 1.7 GB of weights). Measured on 2 shared CPU cores (load
+             about 2): 3 min 55 s, 3.2 GB peak RSS; the time is mostly visual-prompt tower passes
+             (the ResNets' and ConvNeXts' most: XLA's CPU convolutions run at about a fifth of
+             its matmul rate), then compilation and the 13 text banks.
   smoke      `random` for one architecture per tower kind (ViT, ResNet, ConvNeXt), widths shrunk
              16x, on 2 classes x 2 images: the whole path in under a minute on 2 CPU cores
              (the tests' run)
@@ -52,15 +56,25 @@ from stori_jax.config_files import config_arguments, sibling_config
 #: (48 / 128 / 64, on one 2 x 2 grid) all differ, so both zero paddings are exercised.
 SMOKE_MODELS = ("openai-vit-b-32", "openai-rn50", "laion-aesthetic-convnext-base-w")
 
+#: `random`'s classes of the embedded world (2 images each): every stage for every full-size
+#: tower in under 5 minutes on 2 CPU cores (all 12 classes x 4 images took 37 min on 2 shared
+#: cores).
+RANDOM_CLASSES = (0, 3, 6, 9)
+
 
 def get_config(argument=None):
   variant = config_arguments(argument, __file__, variant=("imagenet", "random", "smoke"))["variant"]
   if variant == "imagenet":
     return sweep_config(sibling_config(__file__, "mutual_imagenet"))
   config = sweep_config(sibling_config(__file__, "mutual_synthetic"), random_weights=True)
-  config.data.images_per_class = 4
+  config.data.classes = RANDOM_CLASSES
+  config.data.images_per_class = 2
   config.max_loaded_models = 1
-  config.classes_per_chunk = 12
+  config.classes_per_chunk = len(RANDOM_CLASSES)
+  # 4 concept regions (12 prompts) per tower call: one compiled program per model (a class has
+  # at most 2 x 2 x 5 regions, which 32-region calls padded to multiples of 4 split into up to
+  # 5 shapes, each compiled).
+  config.analysis.prompt_chunk = 4
   if variant == "smoke":
     config.name = "mutual_sweep_smoke"
     config.models = SMOKE_MODELS

@@ -172,6 +172,10 @@ def test_sweep_bundles_share_compiled_towers_and_match_the_plain_bundle():
   assert isinstance(a, sweep.SweepBundle) and a._image_fn is b._image_fn
   assert a._text_fn is b._text_fn
   assert a._image_fn is not sweep.random_bundle("openai-rn50", 64, 16)._image_fn
+  # Names are not architectures: ViT-L/14 and ViT-L/14@336px at one input size share theirs.
+  l14, l336 = (sweep.random_bundle(n, 64, 16) for n in ("openai-vit-l-14", "openai-vit-l-14-336"))
+  assert l14.config.name != l336.config.name and l14._image_fn is l336._image_fn
+  assert not np.array_equal(*(_leaves(b.params)[-1][1] for b in (l14, l336)))  # own weights
   plain = CLIPBundle(a.config, a.params, a.dtype, a.preprocess_config, a.source)
   images = np.random.default_rng(5).normal(size=(2, 64, 64, 3)).astype(np.float32)
   np.testing.assert_array_equal(a.encode_image(images), plain.encode_image(images))

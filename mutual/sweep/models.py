@@ -130,20 +130,27 @@ def _encoders(config: CLIPConfig, dtype) -> tuple[Any, Any]:
   return jax.jit(text, static_argnums=(3, 4)), jax.jit(image, static_argnums=2)
 
 
+def _architecture(config: CLIPConfig) -> CLIPConfig:
+  """The config without its name, which the modules never read: models of one architecture
+  under different names (ViT-L/14 and ViT-L/14@336px at the same input size, OpenAI's and
+  DFN's ViT-B/16) share their compiled towers and visual-prompt programs."""
+  return config.replace(name="")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class SweepBundle(CLIPBundle):
   """A CLIPBundle whose jitted towers are shared by every SweepBundle of the same architecture
-  and dtype (`_encoders`): the pool can drop a model's weights and reload them later without
+  (whatever its name) and dtype (`_encoders`): the pool can drop a model's weights and reload them later without
   compiling its towers again, and a dropped bundle holds no reference cycle through its
   compiled functions. Same programs, same numbers as the plain bundle."""
 
   @property
   def _text_fn(self):
-    return _encoders(self.config, jnp.dtype(self.dtype))[0]
+    return _encoders(_architecture(self.config), jnp.dtype(self.dtype))[0]
 
   @property
   def _image_fn(self):
-    return _encoders(self.config, jnp.dtype(self.dtype))[1]
+    return _encoders(_architecture(self.config), jnp.dtype(self.dtype))[1]
 
   @classmethod
   def of(cls, bundle: CLIPBundle) -> "SweepBundle":
