@@ -41,9 +41,9 @@ The argument (`:variant=NAME`, or just `:NAME`) picks one of:
              sweep for every tower; its numbers carry no meaning. One model is held at a time and
              the 4 classes form one chunk, so each model is made once and peak memory is about the
              largest model's (ViT-L/14: 1.7 GB of weights). Measured on 2 shared CPU cores (load
-             about 2): 3 min 55 s, 3.2 GB peak RSS; the time is mostly visual-prompt tower passes
-             (the ResNets' and ConvNeXts' most: XLA's CPU convolutions run at about a fifth of
-             its matmul rate), then compilation and the 13 text banks.
+             about 2): 3 min 55 s, 3.2 GB peak RSS; of that, visual prompts 100 s, the rest of the
+             vision side 50 s, the 13 text banks 47 s, making the weights 24 s, the language
+             stages 3 s, and compilation about 95 s of these.
   smoke      `random` for one architecture per tower kind (ViT, ResNet, ConvNeXt), widths shrunk
              16x, on 2 classes x 2 images: the whole path in under a minute on 2 CPU cores
              (the tests' run)
