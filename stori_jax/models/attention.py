@@ -37,7 +37,14 @@ def attention_probs(
     log_weights: float [B, L] log-weights of the key positions, or None for
       plain attention. -inf (w = 0) excludes a key cleanly.
   """
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+  # Heads moved ahead of positions first: XLA:CPU runs the batched products far faster with the
+  # batch dims leading on both sides (same values).
+  logits = jnp.einsum(
+    "bhqd,bhkd->bhqk",
+    query.transpose(0, 2, 1, 3),
+    key.transpose(0, 2, 1, 3),
+    preferred_element_type=jnp.float32,
+  )
   logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
   if log_weights is not None:
     log_weights = jnp.maximum(log_weights.astype(jnp.float32), LOG_WEIGHT_FLOOR)
@@ -61,6 +68,12 @@ def reweighted_attention(
   for the arguments.
   """
   probs = attention_probs(query, key, mask, log_weights)
-  return jnp.einsum(
-    "bhqk,bkhd->bqhd", probs.astype(value.dtype), value, preferred_element_type=jnp.float32
-  ).astype(value.dtype)
+  # [B, H, L, D], then back to [B, L, H, D]: 4x faster on XLA:CPU than writing "bqhd" directly
+  # (ViT-B/16 at batch 24: 0.26 vs 1.08 s for the 12 blocks' products).
+  out = jnp.einsum(
+    "bhqk,bhkd->bhqd",
+    probs.astype(value.dtype),
+    value.transpose(0, 2, 1, 3),
+    preferred_element_type=jnp.float32,
+  )
+  return out.transpose(0, 2, 1, 3).astype(value.dtype)
