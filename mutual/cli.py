@@ -57,8 +57,8 @@ def claim_workdir(config: ml_collections.ConfigDict, workdir: str, restart: bool
   Prints where an old run went.
   """
   if config.get("analysis") is not None:
-    # A bad analysis mode or stage value would otherwise surface after the model loads.
-    paper_config.analysis_stages(config.analysis)
+    # A bad analysis mode, stage, dtype or chunk would otherwise surface after the model loads.
+    paper_config.check_analysis(config.analysis)
   # The command too: an analysis workdir is no place for an evaluation's files.
   identity: dict[str, Any] = {"command": what, "config": config}
   data = config.get("data")

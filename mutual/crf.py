@@ -207,11 +207,6 @@ def refine(
     from mutual import ellipse  # pylint: disable=import-outside-toplevel
 
     images = np.asarray(ellipse.reference_uint8(jnp.asarray(images, jnp.uint8), *round_trip))
-  if filter == "lattice":
-    return lattice_refine(
-      images, mask, iterations, bilateral_weight, spatial_sigma, rgb_sigma, gaussian_weight,
-      gaussian_sigma, confidence,
-    )
   images, mask = np.asarray(images), np.asarray(mask)
   if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
     raise ValueError(f"images must be uint8 [B, H, W, 3], got {images.dtype} {images.shape}.")
@@ -224,7 +219,8 @@ def refine(
     raise ValueError(f"confidence must lie in (0.5, 1), got {confidence}.")
   if min(spatial_sigma, rgb_sigma, gaussian_sigma) <= 0:
     raise ValueError("CRF sigmas must be positive.")
-  factor = pooling_factor(images.shape[1], images.shape[2], max_keys)
+  # The lattice needs no pooled keys (factor 1).
+  factor = 1 if filter == "lattice" else pooling_factor(images.shape[1], images.shape[2], max_keys)
   params = CRFParams(
     int(iterations),
     float(bilateral_weight),
@@ -235,6 +231,8 @@ def refine(
     float(confidence),
     factor,
   )
+  if filter == "lattice":
+    return lattice_refine(images, mask, params)
   return _refine(jnp.asarray(images), jnp.asarray(mask, bool), params)
 
 
@@ -379,53 +377,27 @@ def _lattice_refine(masks, bilateral, gaussian, params: CRFParams):
   )
 
 
-def lattice_refine(
-  images,
-  mask,
-  iterations: int = 5,
-  bilateral_weight: float = 10.0,
-  spatial_sigma: float = 40.0,
-  rgb_sigma: float = 13.0,
-  gaussian_weight: float = 3.0,
-  gaussian_sigma: float = 3.0,
-  confidence: float = 0.99,
-) -> jax.Array:
-  """`refine` as SimpleCRF's densecrf computes it (the reference's CRF): the kernels filtered
-  with densecrf's permutohedral lattice (built on the host, `build_lattice`), in float32.
-  Arguments as `refine`; returns bool [B, H, W]."""
-  images, mask = np.asarray(images), np.asarray(mask)
-  if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
-    raise ValueError(f"images must be uint8 [B, H, W, 3], got {images.dtype} {images.shape}.")
-  if mask.shape != images.shape[:3]:
-    raise ValueError(f"mask {mask.shape} must be [B, H, W] like the images {images.shape[:3]}.")
-  if not 0.5 < confidence < 1.0:
-    raise ValueError(f"confidence must lie in (0.5, 1), got {confidence}.")
+def lattice_refine(images: np.ndarray, mask: np.ndarray, p: CRFParams) -> jax.Array:
+  """`refine(filter="lattice")` on checked inputs (uint8 [B, H, W, 3], bool [B, H, W]), as
+  SimpleCRF's densecrf computes it (the reference's CRF): the kernels filtered with densecrf's
+  permutohedral lattice (built on the host, `build_lattice`), in float32. Returns bool
+  [B, H, W]."""
   batch, height, width = mask.shape
   ys, xs = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
   xs, ys = xs.reshape(-1).astype(np.float32), ys.reshape(-1).astype(np.float32)
   gaussian = build_lattice(
-    np.stack([xs / np.float32(gaussian_sigma), ys / np.float32(gaussian_sigma)], axis=1)
+    np.stack([xs / np.float32(p.gaussian_sigma), ys / np.float32(p.gaussian_sigma)], axis=1)
   )
-  spatial = [xs / np.float32(spatial_sigma), ys / np.float32(spatial_sigma)]
+  spatial = [xs / np.float32(p.spatial_sigma), ys / np.float32(p.spatial_sigma)]
   lattices = [
     build_lattice(
       np.stack(
-        spatial + [c.astype(np.float32) / np.float32(rgb_sigma) for c in image.reshape(-1, 3).T],
+        spatial + [c.astype(np.float32) / np.float32(p.rgb_sigma) for c in image.reshape(-1, 3).T],
         axis=1,
       )
     )
     for image in images
   ]
   bilateral = Lattice(*(np.stack(parts) for parts in zip(*lattices)))
-  params = CRFParams(
-    int(iterations),
-    float(bilateral_weight),
-    float(spatial_sigma),
-    float(rgb_sigma),
-    float(gaussian_weight),
-    float(gaussian_sigma),
-    float(confidence),
-    1,
-  )
   as_jax = lambda lat: Lattice(*(jnp.asarray(a) for a in lat))  # noqa: E731
-  return _lattice_refine(jnp.asarray(mask, bool), as_jax(bilateral), as_jax(gaussian), params)
+  return _lattice_refine(jnp.asarray(mask, bool), as_jax(bilateral), as_jax(gaussian), p)

@@ -141,6 +141,24 @@ def analysis_stages(analysis) -> dict:
   return stages
 
 
+#: config.analysis.compute_dtype's values (the vision towers' compute dtype).
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def check_analysis(analysis) -> None:
+  """Raises ConfigError for a bad config.analysis before any work: the mode and stage keys
+  (`analysis_stages`), compute_dtype and prompt_chunk."""
+  analysis_stages(analysis)
+  dtype = analysis.get("compute_dtype", "float32")
+  if dtype not in COMPUTE_DTYPES:
+    raise ConfigError(
+      f"config.analysis.compute_dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}."
+    )
+  chunk = analysis.get("prompt_chunk", 32)
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+    raise ConfigError(f"config.analysis.prompt_chunk must be an integer >= 1, got {chunk!r}.")
+
+
 def real_dataset_config(
   dataset: str, tfds_name: str, templates, root: str = "", descriptors_path: str = ""
 ) -> ml_collections.ConfigDict:

@@ -27,7 +27,6 @@ from mutual import concepts, crf, descriptors, features, foreground, information
 from mutual import paper_config, visual_prompts
 from stori_jax.data import synthetic_tasks
 from stori_jax.encoding import encode_texts, l2_normalize
-from stori_jax.config_files import ConfigError
 from stori_jax.preprocess import normalize
 
 METHODS = ("pca", "kmeans")
@@ -275,14 +274,8 @@ COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 def tower_bundle(bundle, analysis):
   """The bundle computing in config.analysis.compute_dtype (weights stay float32; outputs are
-  float32). Raises ConfigError for an unknown dtype."""
-  name = analysis.get("compute_dtype", "float32")
-  if name not in COMPUTE_DTYPES:
-    raise ConfigError(
-      f"config.analysis.compute_dtype must be one of {tuple(COMPUTE_DTYPES)}, got {name!r}."
-    )
-  dtype = COMPUTE_DTYPES[name]
-  return bundle if jnp.dtype(bundle.dtype) == jnp.dtype(dtype) else bundle.with_dtype(dtype)
+  float32; one bundle per dtype, so its compiled towers are reused)."""
+  return bundle.with_dtype(COMPUTE_DTYPES[analysis.get("compute_dtype", "float32")])
 
 
 def vision_side(
@@ -303,10 +296,9 @@ def vision_side(
   if images.dtype != np.uint8 or images.ndim != 4:
     raise ValueError(f"images must be uint8 [B, S, S, 3], got {images.dtype} {images.shape}")
   # config.analysis.mode and the stage keys, resolved (and checked) before any work.
+  paper_config.check_analysis(analysis)
   stages = paper_config.analysis_stages(analysis)
   chunk = int(analysis.get("prompt_chunk", visual_prompts.PROMPT_CHUNK))
-  if chunk < 1:
-    raise ConfigError(f"config.analysis.prompt_chunk must be at least 1, got {chunk}.")
   bundle = tower_bundle(bundle, analysis)
   x = normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)
   # One tower pass gives both (the embeddings and the patch grid).

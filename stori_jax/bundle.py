@@ -16,6 +16,27 @@ from stori_jax.preprocess import ImageLike, PreprocessConfig, preprocess
 from stori_jax.tokenizer import Tokenizer, default_tokenizer, tokenize_weighted
 
 
+def tower_functions(model: CLIP) -> tuple[Any, Any]:
+  """The jitted pure encoders of a Flax CLIP, closing over the module only (never parameters):
+  text (params, ids, log_weights, reweight_blocks, return_hidden; the last two static) and
+  image (params, normalised images, return_hidden static), as CLIP.encode_text / encode_image."""
+
+  def text(params, ids, log_weights, reweight_blocks, return_hidden):
+    return model.apply(
+      {"params": params},
+      ids,
+      log_weights,
+      reweight_blocks,
+      return_hidden,
+      method=CLIP.encode_text,
+    )
+
+  def image(params, images, return_hidden):
+    return model.apply({"params": params}, images, return_hidden, method=CLIP.encode_image)
+
+  return jax.jit(text, static_argnums=(3, 4)), jax.jit(image, static_argnums=2)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class CLIPBundle:
   """Everything needed to encode text and images with one CLIP checkpoint.
@@ -58,18 +79,12 @@ class CLIPBundle:
   # Text -------------------------------------------------------------------------
 
   @functools.cached_property
-  def _text_fn(self):
-    def encode(params, ids, log_weights, reweight_blocks, return_hidden):
-      return self.model.apply(
-        {"params": params},
-        ids,
-        log_weights,
-        reweight_blocks,
-        return_hidden,
-        method=CLIP.encode_text,
-      )
+  def _towers(self):
+    return tower_functions(self.model)
 
-    return jax.jit(encode, static_argnums=(3, 4))
+  @functools.cached_property
+  def _text_fn(self):
+    return self._towers[0]
 
   def check_tokens(self, ids) -> np.ndarray:
     """Validates token ids int [B, L]: L <= context and an end-of-text token in every row."""
@@ -189,10 +204,7 @@ class CLIPBundle:
 
   @functools.cached_property
   def _image_fn(self):
-    def encode(params, images, return_hidden):
-      return self.model.apply({"params": params}, images, return_hidden, method=CLIP.encode_image)
-
-    return jax.jit(encode, static_argnums=2)
+    return self._towers[1]
 
   @property
   def image_function(self):
@@ -259,5 +271,14 @@ class CLIPBundle:
     return self.logit_scale * image @ text.T
 
   def with_dtype(self, dtype) -> "CLIPBundle":
-    """The same weights computing in another dtype (params stay float32)."""
-    return dataclasses.replace(self, dtype=dtype)
+    """The same weights computing in another dtype (params stay float32). The bundle itself
+    for its own dtype; one bundle per dtype is kept, so repeated calls (a class at a time, say)
+    reuse its compiled towers instead of compiling them again."""
+    if jnp.dtype(dtype) == jnp.dtype(self.dtype):
+      return self
+    # A frozen dataclass: the cache lives in __dict__, as cached_property's values do.
+    variants = self.__dict__.setdefault("_dtype_variants", {})
+    key = jnp.dtype(dtype).name
+    if key not in variants:
+      variants[key] = dataclasses.replace(self, dtype=dtype)
+    return variants[key]

@@ -92,9 +92,14 @@ def test_compute_dtype_setting(tiny_synthetic):
   analysis = paper_config.analysis_config(compute_dtype="bfloat16")
   bf16 = pipeline.tower_bundle(tiny_synthetic, analysis)
   assert jnp.dtype(bf16.dtype) == jnp.bfloat16 and bf16.params is tiny_synthetic.params
+  # One bf16 bundle per bundle: a class at a time reuses its compiled towers.
+  assert pipeline.tower_bundle(tiny_synthetic, analysis) is bf16
   assert pipeline.tower_bundle(tiny_synthetic, paper_config.analysis_config()) is tiny_synthetic
+  # Bad values stop before any work (mutual.cli.claim_workdir checks them first).
   with pytest.raises(ConfigError, match="compute_dtype must be one of"):
-    pipeline.tower_bundle(tiny_synthetic, paper_config.analysis_config(compute_dtype="fp8"))
+    paper_config.check_analysis(paper_config.analysis_config(compute_dtype="fp8"))
+  with pytest.raises(ConfigError, match="prompt_chunk must be an integer >= 1"):
+    paper_config.check_analysis(paper_config.analysis_config(prompt_chunk=0))
 
 
 SHARDED_SCRIPT = """
@@ -135,3 +140,14 @@ def test_regions_sharded_over_eight_devices_equal_one(tmp_path):
     timeout=900,
   )
   assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_bad_compute_dtype_is_one_paragraph_before_any_work(tmp_path, run_command):
+  done = run_command(
+    "mutual.analyze",
+    "--config=configs/mutual_synthetic.py:smoke",
+    "--config.analysis.compute_dtype=fp16",
+    f"--workdir={tmp_path / 'run'}",
+  )
+  assert done.returncode == 2 and "compute_dtype must be one of" in done.stderr
+  assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import stori_jax
-from stori_jax.bundle import CLIPBundle
+from stori_jax.bundle import CLIPBundle, tower_functions
 from stori_jax.checkpoints import hub
 from stori_jax.models import CLIP, CLIPConfig, param_shapes, registry
 from stori_jax.preprocess import PreprocessConfig
@@ -112,22 +112,7 @@ def _encoders(config: CLIPConfig, dtype) -> tuple[Any, Any]:
   """The jitted text and image encoders of an architecture and compute dtype, as CLIPBundle
   builds them, but closing over the Flax module only (never a bundle or its parameters), so
   every bundle of the architecture shares them and their compiled executables."""
-  model = CLIP(config, dtype=dtype)
-
-  def text(params, ids, log_weights, reweight_blocks, return_hidden):
-    return model.apply(
-      {"params": params},
-      ids,
-      log_weights,
-      reweight_blocks,
-      return_hidden,
-      method=CLIP.encode_text,
-    )
-
-  def image(params, images, return_hidden):
-    return model.apply({"params": params}, images, return_hidden, method=CLIP.encode_image)
-
-  return jax.jit(text, static_argnums=(3, 4)), jax.jit(image, static_argnums=2)
+  return tower_functions(CLIP(config, dtype=dtype))
 
 
 def _architecture(config: CLIPConfig) -> CLIPConfig:
