@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Several JAX processes on one machine, as a multi-host run would have (tests the
 # multi-host path without a cluster). Each process gets DEVICES_PER_PROCESS CPU devices and
-# runs `python -m $MODULE` (default stori_jax.train; mutual.analyze also takes the flags).
+# runs `python -m $MODULE` (default stori_jax.train; mutual.analyze and mutual.sweep also take
+# the flags).
 #
 #   launch/local_multiprocess.sh 2 --config configs/demo.py --workdir workdirs/demo_2proc
 #   MODULE=mutual.analyze launch/local_multiprocess.sh 2 --config configs/mutual_synthetic.py \

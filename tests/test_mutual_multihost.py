@@ -1,5 +1,6 @@
-"""mutual.analyze on several processes (jax.distributed, launch/local_multiprocess.sh): the
-processes share the classes and process 0 writes the same results as one process."""
+"""mutual.analyze and mutual.sweep on several processes (jax.distributed, launch/
+local_multiprocess.sh): the processes share the classes and process 0 writes the same results
+as one process."""
 
 import json
 import os
@@ -27,18 +28,16 @@ def _per_image(workdir):
   return out
 
 
-@pytest.mark.slow
-def test_two_processes_write_what_one_writes(tmp_path, run_command):
-  single = run_command("mutual.analyze", *FLAGS, f"--workdir={tmp_path / 'single'}")
-  assert single.returncode == 0, single.stderr[-3000:]
-  env = dict(os.environ, PYTHON=sys.executable, MODULE="mutual.analyze", DEVICES_PER_PROCESS="1")
-  multi = subprocess.run(
+def _launch(module, flags, workdir):
+  """`launch/local_multiprocess.sh 2` running `python -m module`, one CPU device per process."""
+  env = dict(os.environ, PYTHON=sys.executable, MODULE=module, DEVICES_PER_PROCESS="1")
+  return subprocess.run(
     [
       "bash",
       os.path.join(REPO, "launch", "local_multiprocess.sh"),
       "2",
-      *FLAGS,
-      f"--workdir={tmp_path / 'multi'}",
+      *flags,
+      f"--workdir={workdir}",
     ],
     cwd=REPO,
     env=env,
@@ -46,6 +45,13 @@ def test_two_processes_write_what_one_writes(tmp_path, run_command):
     text=True,
     timeout=900,
   )
+
+
+@pytest.mark.slow
+def test_two_processes_write_what_one_writes(tmp_path, run_command):
+  single = run_command("mutual.analyze", *FLAGS, f"--workdir={tmp_path / 'single'}")
+  assert single.returncode == 0, single.stderr[-3000:]
+  multi = _launch("mutual.analyze", FLAGS, tmp_path / "multi")
   assert multi.returncode == 0, multi.stderr[-3000:]
   assert "MI" in multi.stdout  # process 0 printed the table, once
   assert multi.stdout.count("Wrote ") == 1
@@ -54,3 +60,33 @@ def test_two_processes_write_what_one_writes(tmp_path, run_command):
   single_results, multi_results = _results(tmp_path / "single"), _results(tmp_path / "multi")
   assert multi_results["dataset"] == single_results["dataset"]
   assert multi_results["classes"] == single_results["classes"]
+
+
+# Two one-class chunks of the embedded world through two shrunk random-weight towers.
+SWEEP_FLAGS = [
+  "--config=configs/mutual_sweep.py:smoke",
+  "--config.classes_per_chunk=1",
+  "--config.models=('openai-vit-b-32','openai-rn50')",
+]
+
+
+@pytest.mark.slow
+def test_two_process_sweep_writes_what_one_writes(tmp_path, run_command):
+  single = run_command("mutual.sweep", *SWEEP_FLAGS, f"--workdir={tmp_path / 'single'}")
+  assert single.returncode == 0, single.stderr[-3000:]
+  multi = _launch("mutual.sweep", SWEEP_FLAGS, tmp_path / "multi")
+  assert multi.returncode == 0, multi.stderr[-3000:]
+  assert multi.stdout.count("Wrote ") == 1  # process 0 reports, once
+  # Each process analysed one chunk; process 0 aggregated both.
+  assert sorted(os.listdir(tmp_path / "multi" / "shards")) == [
+    "chunk_00000.json",
+    "chunk_00001.json",
+  ]
+  single_results, multi_results = _results(tmp_path / "single"), _results(tmp_path / "multi")
+  assert multi_results["images_per_model"] == single_results["images_per_model"] == 4
+  assert multi_results["models"] == single_results["models"]
+  assert multi_results["fits"] == single_results["fits"]
+  with open(tmp_path / "multi" / "table.md", encoding="utf-8") as f:
+    multi_table = f.read()
+  with open(tmp_path / "single" / "table.md", encoding="utf-8") as f:
+    assert f.read() == multi_table

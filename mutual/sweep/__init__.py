@@ -28,6 +28,12 @@ an accelerator with room for the 13 models' ~11 GB of fp32 weights); a smaller p
 model's weights once per chunk of `config.classes_per_chunk` classes (not its compiled towers,
 which `SweepBundle` shares by architecture). The `:random` config holds one model at a time.
 
+Several processes (a TPU pod or SLURM job with --distributed, or local processes:
+`MODULE=mutual.sweep launch/local_multiprocess.sh 2 --config ... --workdir DIR`) share the class
+chunks: process p runs the chunks c with c % processes == p through every model and leaves their
+slimmed records in workdir/shards; process 0 aggregates them in chunk order and writes what one
+process writes (tests/test_mutual_multihost.py). The workdir must be on a filesystem they share.
+
 Missing weights stop the run before any image is read, with the registry's message (what to fetch
 and where to put it), unless `config.skip_missing` is set: then the missing models are left out
 with a warning and listed under "skipped" in results.json.
@@ -51,6 +57,7 @@ Writes to the workdir:
   fig3_auc_vs_accuracy.png      Figure 3 (right): Top-1 against AUC, least-squares lines, r
   fig3_curves_<method>.png      the models' MI curves (Figure 3 left / middle)
   per_image/<model>/<class>/<image>.json   with config.per_image
+  shards/chunk_<c>.json         a multi-process run's per-chunk records (process 0 reads them)
 """
 
 from mutual.sweep.batched import batched_language_stages, pad_stack

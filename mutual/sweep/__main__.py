@@ -4,27 +4,33 @@ from __future__ import annotations
 
 import os
 
+import jax
 from absl import flags
 
 from mutual import cli
 from mutual.sweep.runner import run
 from mutual.sweep.table import markdown_table
 from stori_jax import cli as stori_cli
+from stori_jax import multihost
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
   cli.define_run_flags("Sweep", values)
+  multihost.define_flags(values)
 
 
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
-  """Runs the sweep in its workdir and prints Table 3 and the fits."""
+  """Runs the sweep in its workdir and prints Table 3 and the fits (process 0 of several)."""
+  multihost.initialize_from_flags(values)
   config, workdir, results = cli.run_from_flags(
     argv,
     values,
     run,
     "python -m mutual.sweep --config configs/mutual_sweep.py:random --workdir DIR",
   )
+  if jax.process_index() != 0:  # process 0 aggregates and reports
+    return
   rows = [results["models"][n] for n in results["order"]]
   print(markdown_table(rows, tuple(config.analysis.methods)))
   for method, groups in results["fits"].items():

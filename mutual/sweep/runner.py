@@ -4,10 +4,12 @@ Table 3, Figure 3 and the MI curves in the workdir."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from typing import Any, Mapping, Sequence
 
+import jax
 from absl import logging
 from tqdm import tqdm
 
@@ -17,8 +19,10 @@ from mutual.sweep.fits import ACCURACIES, auc_accuracy_fits
 from mutual.sweep.models import ModelPool, family, model_image_size, shrink_config, sweep_models
 from mutual.sweep.plots import plot_auc_vs_accuracy
 from mutual.sweep.table import markdown_table, table_order
+from stori_jax import multihost
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.config_files import ConfigError
+from stori_jax.errors import UserError
 from stori_jax.models import registry
 
 
@@ -120,14 +124,45 @@ def _write_outputs(workdir: str, config, results: Mapping[str, Any], rows, metho
     )
 
 
+def _shard_path(workdir: str, chunk: int) -> str:
+  """Where a multi-process sweep keeps one class chunk's slimmed records for process 0."""
+  return os.path.join(workdir, "shards", f"chunk_{chunk:05d}.json")
+
+
+def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]:
+  """Every chunk's slimmed records, per model in chunk order, as one process would hold them."""
+  records: list[list[dict]] = [[] for _ in range(n_models)]
+  for chunk in range(n_chunks):
+    path = _shard_path(workdir, chunk)
+    try:
+      with open(path, encoding="utf-8") as f:
+        shard = json.load(f)
+    except FileNotFoundError:
+      raise UserError(
+        f"{path} was not found after every process finished its chunks: in a multi-process "
+        "sweep the workdir must be on a filesystem all processes share (a network or cloud "
+        "path), so that process 0 can aggregate the others' records."
+      ) from None
+    for j in range(n_models):
+      records[j] += shard[j]
+  return records
+
+
 def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
   """Runs the sweep; returns results.json's content (also written with table.md and figures).
 
   The data (descriptor file, classes matched by name, no empty class) and every model's weights
   are checked, and the workdir claimed for this config (`restart` moves another run aside),
   before any image is read.
+
+  In a multi-process run (jax.distributed initialised, see stori_jax.multihost) process p
+  analyses the class chunks c with c % processes == p through every model and writes their
+  slimmed records to workdir/shards; process 0 then reads them back in chunk order (the
+  workdir must be on a filesystem all processes share) and writes the same files as one process
+  writes. Other processes return {}.
   """
   check_config(config)
+  processes, rank = jax.process_count(), jax.process_index()
   dataset = data.prepare(config)  # a data mistake stops before any model loads
   a = config.analysis
   methods = tuple(a.methods)
@@ -152,7 +187,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   if not kept:
     raise CheckpointError("No model of config.models could be loaded (see the warnings above).")
   # Run identity once the inputs are known good (a missing model is a mistake to fix first).
-  cli.claim_workdir(config, workdir, restart, "mutual-knowledge sweep")
+  if rank == 0:
+    cli.claim_workdir(config, workdir, restart, "mutual-knowledge sweep")
+  multihost.wait_for_all_processes("mutual.sweep: workdir claimed")
   sizes = sorted({sizes_by_model[i] for i in kept})
   # One class stream per input size (each resizes the source images itself).
   class_names = list(dataset.names)
@@ -167,11 +204,23 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   per_chunk = int(config.classes_per_chunk)
   chunks = _class_chunks(streams, sizes, per_chunk)
   n_chunks = -(-len(streams[sizes[0]]) // per_chunk)  # the streams know their class count
-  for chunk in tqdm(
-    chunks, desc="class chunks", total=n_chunks, disable=not progress, dynamic_ncols=True
+  for index, chunk in enumerate(
+    tqdm(
+      chunks,
+      desc="class chunks",
+      total=n_chunks,
+      disable=not progress or rank != 0,
+      dynamic_ncols=True,
+    )
   ):
+    n_images += sum(len(items[0].images) for items in chunk)
+    if index % processes != rank:
+      continue
     class_images = [[items[sizes.index(sizes_by_model[i])] for items in chunk] for i in kept]
-    results = analyze_classes(pool, kept, banks, class_images, a, methods, progress, encode)
+    results = analyze_classes(
+      pool, kept, banks, class_images, a, methods, progress and rank == 0, encode
+    )
+    chunk_records: list[list[dict]] = [[] for _ in kept]
     for j, i in enumerate(kept):
       for c, cls in enumerate(class_images[j]):
         image_records = report.image_records(
@@ -185,11 +234,20 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
               ),
               record,
             )
-        records[j] += [_slim(r) for r in image_records]
-    n_images += sum(len(items[0].images) for items in chunk)
+        chunk_records[j] += [_slim(r) for r in image_records]
+    if processes > 1:
+      report.write_json(_shard_path(workdir, index), chunk_records)
+    else:
+      for j in range(len(kept)):
+        records[j] += chunk_records[j]
   seconds = time.perf_counter() - start
   if not n_images:
     raise ConfigError("No images were analysed: check config.data (classes, images_per_class).")
+  if processes > 1:
+    multihost.wait_for_all_processes("mutual.sweep: chunks done")
+    if rank != 0:
+      return {}
+    records = _read_shards(workdir, n_chunks, len(kept))
 
   rows = [
     _model_row(config, models[i].entry, sizes_by_model[i], records[j], methods)
