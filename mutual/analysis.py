@@ -32,9 +32,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   """
   dataset = data.prepare(config)
   processes, rank = jax.process_count(), jax.process_index()
-  if rank == 0:
-    cli.claim_workdir(config, workdir, restart, "mutual-knowledge analysis")
-  multihost.wait_for_all_processes("mutual.analyze: workdir claimed")
+  cli.claim_workdir_once(config, workdir, restart, "mutual-knowledge analysis")
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
   class_names = list(dataset.names)

@@ -21,7 +21,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from mutual import paper_config
-from stori_jax import run_identity
+from stori_jax import multihost, run_identity
 from stori_jax.cli import require_flags
 from stori_jax.errors import UserError
 
@@ -49,12 +49,18 @@ def _file_digest(path: str) -> str | None:
     return None
 
 
-def claim_workdir(config: ml_collections.ConfigDict, workdir: str, restart: bool, what: str):
+def claim_workdir(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  restart: bool,
+  what: str,
+  check_only: bool = False,
+):
   """Records the run's identity in `workdir` (see stori_jax.run_identity.claim_workdir).
 
   The identity is the command (`what`), the resolved config and the content of the descriptor
   file it names, since editing that file changes the results as much as the config does.
-  Prints where an old run went.
+  Prints where an old run went. `check_only`: raise as a claim would, change nothing.
   """
   if config.get("analysis") is not None:
     # A bad analysis mode, stage, dtype or chunk would otherwise surface after the model loads.
@@ -64,10 +70,20 @@ def claim_workdir(config: ml_collections.ConfigDict, workdir: str, restart: bool
   data = config.get("data")
   if data is not None and data.get("source") != "synthetic" and data.get("descriptors"):
     identity["data"] = {"descriptors_sha256": _file_digest(data.descriptors)}
-  moved = run_identity.claim_workdir(workdir, identity, restart=restart, what=what)
+  moved = run_identity.claim_workdir(
+    workdir, identity, restart=restart, what=what, check_only=check_only
+  )
   if moved:
     print(f"Moved the old run in {workdir} to {moved} (--restart).")
   return moved
+
+
+def claim_workdir_once(config, workdir: str, restart: bool, what: str) -> None:
+  """`claim_workdir` for a run of one or several processes: every process checks, then process
+  0 claims (stori_jax.multihost.claim_on_process_zero)."""
+  multihost.claim_on_process_zero(
+    lambda check_only: claim_workdir(config, workdir, restart, what, check_only), what
+  )
 
 
 def run_from_flags(

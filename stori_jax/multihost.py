@@ -12,8 +12,12 @@ distributed runtime's key-value store, whose timeout is ours, lines the processe
 
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 import jax
 from absl import flags
+
+T = TypeVar("T")
 
 # Long enough for a slow host to finish encoding a dataset.
 BARRIER_TIMEOUT_S = 3600
@@ -29,6 +33,22 @@ def wait_for_all_processes(name: str, timeout_s: int = BARRIER_TIMEOUT_S) -> Non
   multihost.sync_global_processes(
     name, timeout=timeout_s, processes=set(range(jax.process_count()))
   )
+
+
+def claim_on_process_zero(claim: Callable[[bool], T], name: str) -> T | None:
+  """Claims a run's workdir once for all processes: `claim(check_only)` (e.g. a partial of
+  run_identity.claim_workdir) first checks on every process, before anything is written, so
+  that a refused workdir stops all of them alike with the same message; then process 0 claims
+  while the others wait. (A process that checked while process 0 was writing run.json could
+  see the temporary file without run.json and refuse a workdir that is fine.) Returns process
+  0's claim result (None elsewhere); in a single-process run just `claim(False)`."""
+  if jax.process_count() == 1:
+    return claim(False)
+  claim(True)
+  wait_for_all_processes(f"{name}: workdir checked")
+  result = claim(False) if jax.process_index() == 0 else None
+  wait_for_all_processes(f"{name}: workdir claimed")
+  return result
 
 
 def define_flags(values: flags.FlagValues) -> None:

@@ -187,9 +187,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   if not kept:
     raise CheckpointError("No model of config.models could be loaded (see the warnings above).")
   # Run identity once the inputs are known good (a missing model is a mistake to fix first).
-  if rank == 0:
-    cli.claim_workdir(config, workdir, restart, "mutual-knowledge sweep")
-  multihost.wait_for_all_processes("mutual.sweep: workdir claimed")
+  cli.claim_workdir_once(config, workdir, restart, "mutual-knowledge sweep")
   sizes = sorted({sizes_by_model[i] for i in kept})
   # One class stream per input size (each resizes the source images itself).
   class_names = list(dataset.names)

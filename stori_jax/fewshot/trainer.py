@@ -167,17 +167,19 @@ def identity(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def claim_run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) -> None:
   """Makes `workdir` this run's home, or refuses one made by another config (see
-  `run_identity.claim_workdir`). On several hosts process 0 claims; the others only check,
-  then all wait until the claim is done (a restart moves the old run aside first)."""
-  kwargs = dict(what="training run", ignore=IDENTITY_IGNORED)
-  if jax.process_count() == 1:
-    run_identity.claim_workdir(workdir, identity(config), restart=restart, **kwargs)
-    return
-  if jax.process_index() == 0:
-    run_identity.claim_workdir(workdir, identity(config), restart=restart, **kwargs)
-  elif not restart:
-    run_identity.claim_workdir(workdir, identity(config), check_only=True, **kwargs)
-  multihost.wait_for_all_processes("stori_jax.train: workdir claimed")
+  `run_identity.claim_workdir`). On several hosts every process checks, then process 0 claims
+  (`multihost.claim_on_process_zero`)."""
+  multihost.claim_on_process_zero(
+    lambda check_only: run_identity.claim_workdir(
+      workdir,
+      identity(config),
+      restart=restart,
+      what="training run",
+      ignore=IDENTITY_IGNORED,
+      check_only=check_only,
+    ),
+    "stori_jax.train",
+  )
 
 
 # Data --------------------------------------------------------------------------------------
