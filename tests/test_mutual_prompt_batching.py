@@ -81,6 +81,44 @@ def test_only_present_regions_reach_the_tower(tiny_synthetic, monkeypatch):
   assert rows == [3 * 8]
 
 
+def test_equal_regions_of_two_maps_are_prompted_once(tiny_synthetic, monkeypatch):
+  """A region with the same pixels in both maps (whatever its concept number) goes through the
+  tower once, and both maps get its embedding; a region of another image is not shared."""
+  rows = []
+  original = visual_prompts._region_embeddings
+
+  def counting(*args, **kwargs):
+    rows.append(args[5].shape[0])
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(visual_prompts, "_region_embeddings", counting)
+  rng = np.random.default_rng(5)
+  size = tiny_synthetic.config.vision.image_size
+  images = rng.integers(0, 256, size=(2, size, size, 3), dtype=np.uint8)
+  first = np.full((2, size, size), -1, np.int32)
+  first[:, :10, :10] = 0
+  first[:, 20:, 20:] = 1
+  second = np.full((2, size, size), -1, np.int32)
+  second[:, :10, :10] = 3  # the same pixels as first's concept 0, in both images
+  second[:, 20:, 25:] = 1  # not first's concept 1
+  pairs = np.argwhere(visual_prompts.region_presence(np.stack([first, second]), 5))
+  unique, copies = visual_prompts.distinct_regions(np.stack([first, second]), pairs)
+  assert len(pairs) == 8 and len(unique) == 6
+  np.testing.assert_array_equal(unique[copies][:, 1], pairs[:, 1])  # never across images
+  (a, valid_a), (b, valid_b) = visual_prompts.concept_embeddings_of_maps(
+    tiny_synthetic, images, [first, second], n_concepts=5
+  )
+  assert sum(rows) == 8  # 6 regions, padded to the granule of 4
+  np.testing.assert_array_equal(np.asarray(a)[:, 0], np.asarray(b)[:, 3])
+  assert np.asarray(valid_a)[:, [0, 1]].all() and np.asarray(valid_b)[:, [1, 3]].all()
+  assert np.abs(np.asarray(a)[:, 1] - np.asarray(b)[:, 1]).max() > 1e-3
+  # Each map's own call gives the same embeddings.
+  ((alone, _),) = visual_prompts.concept_embeddings_of_maps(
+    tiny_synthetic, images, [second], n_concepts=5
+  )
+  np.testing.assert_allclose(np.asarray(alone), np.asarray(b), atol=2e-6)
+
+
 def test_chunk_sizes():
   assert visual_prompts._chunk_sizes(0, 32) == []
   assert visual_prompts._chunk_sizes(22, 32) == [24]
