@@ -362,6 +362,35 @@ def deletion_curve(ordered: Sequence[int], language: Sequence[int], bank_size: i
   return curve
 
 
+class Reencode:
+  """The reference's encodings as written: utils.get_concept_relevance_with_image encodes the
+  image and the scored descriptors' texts again at each call (twice per image and method: the
+  relevance filter and get_relevance_score), where the project reads them from the features
+  pass and the encoded bank.
+
+  Args:
+    model: the open_clip CLIP; image: float32 [1, 3, S, S], the normalised image.
+    tokens: int [D, context] the descriptors' token ids (open_clip's tokenizer output).
+  Counts the tower rows it runs in `image_rows` and `text_rows`.
+  """
+
+  def __init__(self, model, image: torch.Tensor, tokens: torch.Tensor):
+    self.model, self.image_tensor, self.tokens = model, image, tokens
+    self.image_rows = self.text_rows = 0
+
+  def image(self) -> torch.Tensor:
+    """float32 [E] unit image embedding."""
+    self.image_rows += 1
+    with torch.no_grad():
+      return F.normalize(self.model.encode_image(self.image_tensor).float(), dim=-1)[0]
+
+  def texts(self, ids: torch.Tensor) -> torch.Tensor:
+    """float32 [n, E] unit text embeddings of descriptors `ids`."""
+    self.text_rows += len(ids)
+    with torch.no_grad():
+      return F.normalize(self.model.encode_text(self.tokens[ids]).float(), dim=-1)
+
+
 def image_concepts(
   concept_embeddings: torch.Tensor,
   image_embedding: torch.Tensor,
@@ -371,17 +400,28 @@ def image_concepts(
   top: int = 3,
   scale: float = 2.5,
   iterations: int = 1000,
+  reencode: "Reencode | None" = None,
 ):
   """utils.get_corresponding_textual_concepts (OT, relevance threshold) and
   get_relevance_score for one image: (candidates list, per-concept descriptor ids, the unique
-  descriptors by decreasing image score)."""
+  descriptors by decreasing image score).
+
+  With `reencode`, the two image scores re-encode the image and the scored descriptors first,
+  as the reference's get_concept_relevance_with_image does each time; otherwise they read
+  `image_embedding` and the rows of `desc`."""
+
+  def image_scores(ids):
+    if reencode is None:
+      return image_embedding @ desc[ids].T
+    return reencode.image() @ reencode.texts(ids).T
+
   logits = concept_embeddings @ desc.T
   common = set(torch.topk(logits[0], k).indices.tolist())
   for row in logits[1:]:
     common.intersection_update(torch.topk(row, k).indices.tolist())
   common = torch.tensor(list(common), dtype=torch.long)
   if len(common):
-    relevance = image_embedding @ desc[common].T
+    relevance = image_scores(common)
     common = common[relevance > relevance.mean() - offset]
   if len(common) == 0:
     return [], [], []
@@ -390,7 +430,7 @@ def image_concepts(
   picks = top_with_ties(plan, chosen_logits, min(top, len(common)))
   per_concept = [list(dict.fromkeys(int(common[j]) for j in row)) for row in picks]
   flat = [d for row in per_concept for d in row]
-  scores = (image_embedding @ desc[flat].T * scale).tolist()
+  scores = (image_scores(torch.tensor(flat, dtype=torch.long)) * scale).tolist()
   unique, unique_scores = [], []
   for d, s in zip(flat, scores):
     if d not in unique:
@@ -423,6 +463,7 @@ def analyze_class(
   pca_sign_rule: str = "sklearn<1.5",
   offset: float = 0.02,
   top: int = 3,
+  desc_tokens: torch.Tensor | None = None,
 ) -> dict[str, Any]:
   """The reference's analysis of one class's B images.
 
@@ -438,6 +479,10 @@ def analyze_class(
     kmeans_seed: the seed of the K-means start (`kmeans_start`, shared with the project).
     pca_sign_rule: "sklearn<1.5" (the reference's) or "sklearn>=1.5".
     offset, top: the relevance offset and the descriptors per concept.
+    desc_tokens: int [D, context], the descriptors' token ids: when given, the image scores
+      re-encode the image and the scored descriptors each time, as the reference's code does
+      (`Reencode`; `desc` must then be those texts' embeddings, for the same results), and
+      stats counts those rows ("reencoded_image_rows", "reencoded_text_rows").
 
   Returns:
     dict: predicted int [B], foreground bool [B, h, w], refined bool [B, S, S]; per method a
@@ -503,9 +548,13 @@ def analyze_class(
         with torch.no_grad():
           emb = model.encode_image(to_tensor(stack.reshape(-1, size, size, 3), mean, std))
         emb = F.normalize(emb.float(), dim=-1).reshape(3, len(present), -1).mean(0)
+        reencode = None if desc_tokens is None else Reencode(model, x[i : i + 1], desc_tokens)
         candidates, per_concept, ordered = image_concepts(
-          emb, image_emb[i], desc_t, k, offset, top
+          emb, image_emb[i], desc_t, k, offset, top, reencode=reencode
         )
+        if reencode is not None:
+          for key, rows in (("image", reencode.image_rows), ("text", reencode.text_rows)):
+            stats[f"reencoded_{key}_rows"] = stats.get(f"reencoded_{key}_rows", 0) + rows
       curve = deletion_curve(ordered, language, len(desc))
       result["candidates"].append(candidates)
       result["concept_ids"].append(dict(zip(present, per_concept)))
