@@ -1,14 +1,32 @@
 """Fixtures shared by test files: the shipped tiny CLIP and a random-weight one (one per
-session), running a command in-process, and the explorer on the tiny CLIP (one per module)."""
+session), running a command in-process, the explorer on the tiny CLIP (one per module), and
+JAX's compiled programs released after each test file."""
 
+import gc
 import importlib
 import os
 import subprocess
 
+import jax
 import pytest
 
 from stori_jax.explorer.app import create_app
 from stori_jax.explorer.index import build_explorer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+  """Frees the programs XLA compiled for a test file once it is done.
+
+  Every program XLA:CPU compiles keeps about six memory mappings while it is cached, and one
+  process running the whole suite (CI runs the slow tests too) compiles thousands: past the
+  kernel's default limit of 65,530 mappings per process (vm.max_map_count), the next
+  compilation segfaults inside LLVM. That is how CI died, at test 412 of 653. Test files share
+  few programs, so clearing JAX's caches between them costs little recompilation.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 @pytest.fixture(scope="module")

@@ -189,9 +189,11 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   # Run identity once the inputs are known good (a missing model is a mistake to fix first).
   cli.claim_workdir_once(config, workdir, restart, "mutual-knowledge sweep")
   sizes = sorted({sizes_by_model[i] for i in kept})
-  # One class stream per input size (each resizes the source images itself).
+  # One class stream per input size (each resizes the source images itself), reading the next
+  # chunk's classes on a background thread while this chunk runs.
   class_names = list(dataset.names)
-  streams = {size: dataset.classes(size) for size in sizes}
+  per_chunk = int(config.classes_per_chunk)
+  streams = {size: dataset.classes(size).prefetched(per_chunk) for size in sizes}
   banks: dict[int, pipeline.TextBank] = {}
   encode = functools.partial(
     pipeline.encode_config_bank, config=config, dataset=dataset, progress=False
@@ -199,7 +201,6 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
 
   records: list[list[dict]] = [[] for _ in kept]
   n_images, start = 0, time.perf_counter()
-  per_chunk = int(config.classes_per_chunk)
   chunks = _class_chunks(streams, sizes, per_chunk)
   n_chunks = -(-len(streams[sizes[0]]) // per_chunk)  # the streams know their class count
   for index, chunk in enumerate(
