@@ -73,6 +73,13 @@ flags.DEFINE_string("json", None, "Also write the figures here.")
 flags.DEFINE_string(
   "mode", "", "config.analysis.mode (reference / improved); empty: analysis_config's default."
 )
+flags.DEFINE_enum(
+  "compute_dtype",
+  "float32",
+  ["float32", "bfloat16"],
+  "config.analysis.compute_dtype of this pipeline's towers; the per-image side runs under "
+  "torch.autocast in the same dtype, and the matmul rate is measured in it.",
+)
 flags.DEFINE_integer("matmul", 4096, "Side of the square fp32 matmul timed for the machine's rate.")
 FLAGS = flags.FLAGS
 
@@ -353,11 +360,11 @@ def print_profile(rows, total_seconds):
   print(f"{'total':36s} {total_seconds:8.3f}")
 
 
-def matmul_rate(side: int, repeats: int = 3) -> dict:
-  """GFLOP/s of a dense fp32 [side, side] @ [side, side] product, best of `repeats`, in JAX
-  (XLA, this pipeline's backend) and PyTorch."""
+def matmul_rate(side: int, dtype: str = "float32", repeats: int = 3) -> dict:
+  """GFLOP/s of a dense [side, side] @ [side, side] product in `dtype`, best of `repeats`, in
+  JAX (XLA, this pipeline's backend) and PyTorch."""
   flops = 2.0 * side**3
-  a = jax.random.normal(jax.random.PRNGKey(0), (side, side), jax.numpy.float32)
+  a = jax.random.normal(jax.random.PRNGKey(0), (side, side), jax.numpy.float32).astype(dtype)
   product = jax.jit(lambda x, y: x @ y)
   jax.block_until_ready(product(a, a))
   best = np.inf
@@ -365,7 +372,7 @@ def matmul_rate(side: int, repeats: int = 3) -> dict:
     start = time.perf_counter()
     jax.block_until_ready(product(a, a))
     best = min(best, time.perf_counter() - start)
-  t = torch.randn(side, side)
+  t = torch.randn(side, side).to(getattr(torch, dtype))
   torch.mm(t, t)
   best_torch = np.inf
   for _ in range(repeats):
@@ -374,6 +381,7 @@ def matmul_rate(side: int, repeats: int = 3) -> dict:
     best_torch = min(best_torch, time.perf_counter() - start)
   return dict(
     side=side,
+    dtype=dtype,
     jax_gflop_per_s=round(flops / best / 1e9, 2),
     torch_gflop_per_s=round(flops / best_torch / 1e9, 2),
   )
@@ -409,7 +417,12 @@ def main(argv):
   k = FLAGS.top_k or min(500, max(3, FLAGS.descriptors // 8))
   modes = dict(mode=FLAGS.mode) if FLAGS.mode else {}
   analysis = analysis_config(
-    crf=False, top_k=k, u=min(FLAGS.u, FLAGS.descriptors), solver="reference", **modes
+    crf=False,
+    top_k=k,
+    u=min(FLAGS.u, FLAGS.descriptors),
+    solver="reference",
+    compute_dtype=FLAGS.compute_dtype,
+    **modes,
   )
   timed = synthetic.generate(FLAGS.images, (31, 1), image_size=size, max_objects=1).images
   mean = np.asarray(bundle.preprocess_config.mean, np.float32)
@@ -425,6 +438,17 @@ def main(argv):
   plain = run_jax(timed)
   jax_seconds = time.perf_counter() - start
   torch.set_num_threads(max(1, torch.get_num_threads()))
+
+  if FLAGS.compute_dtype == "bfloat16":
+    # The towers under autocast, their outputs float32: the language stages stay float32 on
+    # both sides.
+    for name in ("encode_image", "encode_text"):
+
+      def in_bfloat16(*args, _encode=getattr(model, name), **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+          return _encode(*args, **kwargs).float()
+
+      setattr(model, name, in_bfloat16)
 
   def run_reference(tokens):
     """Seconds, image-tower rows and text-tower rows of the per-image side."""
@@ -457,14 +481,14 @@ def main(argv):
   # The profile: the timed call again with the stages wrapped (outputs blocked on per stage);
   # the compilations for cost_analysis are timed apart and left out.
   profile = Profile()
-  with profile.installed(bundle):
+  with profile.installed(pipeline.tower_bundle(bundle, analysis)):
     start = time.perf_counter()
     profiled = run_jax(timed)
     profiled_seconds = time.perf_counter() - start - profile.excluded
   for method in pipeline.METHODS:  # the wrappers change no output
     np.testing.assert_array_equal(profiled[method]["curve"], plain[method]["curve"])
   stages = profile.table(profiled_seconds)
-  machine = matmul_rate(FLAGS.matmul)
+  machine = matmul_rate(FLAGS.matmul, FLAGS.compute_dtype)
   rate = max(machine["jax_gflop_per_s"], machine["torch_gflop_per_s"])
   flops = sum(profile.flops.values())
   tower_names = [n for n in profile.tower_rows]
@@ -478,6 +502,7 @@ def main(argv):
     descriptors=FLAGS.descriptors,
     top_k=k,
     mode=analysis.get("mode", ""),
+    compute_dtype=FLAGS.compute_dtype,
     jax_images_per_s=round(FLAGS.images / jax_seconds, 3),
     reference_images_per_s=round(FLAGS.images / ref_seconds, 3),
     speedup=round(ref_seconds / jax_seconds, 2),
