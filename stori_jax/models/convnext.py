@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from stori_jax.models.config import ConvNeXtConfig
 from stori_jax.models.modified_resnet import check_image_size, spatial_details
-from stori_jax.models.transformer import exact_gelu, layer_norm
+from stori_jax.models.transformer import dense, exact_gelu, layer_norm
 
 
 class ConvNeXtBlock(nn.Module):
@@ -39,10 +39,8 @@ class ConvNeXtBlock(nn.Module):
       name="conv_dw",
     )(x)
     y = layer_norm(c.layer_norm_eps, "norm")(y).astype(self.dtype)
-    dense = lambda features, name: nn.Dense(
-      features, dtype=self.dtype, param_dtype=jnp.float32, name=name
-    )
-    y = dense(channels, "fc2")(exact_gelu(dense(c.mlp_ratio * channels, "fc1")(y)))
+    linear = lambda features, name: dense(features, self.dtype, name)
+    y = linear(channels, "fc2")(exact_gelu(linear(c.mlp_ratio * channels, "fc1")(y)))
     gamma = self.param("gamma", nn.initializers.constant(1e-6), (channels,))
     return x + y * gamma.astype(y.dtype)
 

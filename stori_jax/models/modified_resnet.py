@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from stori_jax.models.attention import reweighted_attention
 from stori_jax.models.config import ResNetConfig
+from stori_jax.models.transformer import dense
 
 BATCH_NORM_EPS = 1e-5  # torch.nn.BatchNorm2d default.
 
@@ -101,15 +102,13 @@ class AttentionPool(nn.Module):
       (height * width + 1, channels),
     )
     x = x + positions.astype(x.dtype)
-    dense = lambda features, name: nn.Dense(
-      features, dtype=self.dtype, param_dtype=jnp.float32, name=name
-    )
+    linear = lambda features, name: dense(features, self.dtype, name)
     split = lambda t: t.reshape(batch, t.shape[1], self.heads, channels // self.heads)
-    keys = dense(channels, "k_proj")(x)
-    values = dense(channels, "v_proj")(x)
-    query = dense(channels, "q_proj")(x[:, :1])  # Only the mean token's output is kept.
+    keys = linear(channels, "k_proj")(x)
+    values = linear(channels, "v_proj")(x)
+    query = linear(channels, "q_proj")(x[:, :1])  # Only the mean token's output is kept.
     out = reweighted_attention(split(query), split(keys), split(values))
-    out = dense(self.output_dim, "c_proj")(out.reshape(batch, channels))
+    out = linear(self.output_dim, "c_proj")(out.reshape(batch, channels))
     return out, keys
 
 
