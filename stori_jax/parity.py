@@ -97,9 +97,10 @@ def compare(
 
 
 def random_pair(arch: str | CLIPConfig, reference: str = "open_clip", seed: int = 0):
-  """(torch model, CLIPBundle) sharing the same random weights."""
+  """(torch model, CLIPBundle) sharing the same random weights, the same for the same seed in
+  every process (the library's initialisation is seeded too, not only the noise added to it)."""
   config = arch if isinstance(arch, CLIPConfig) else architecture_config(arch)
-  model = torch_reference.randomize_(torch_reference.build(config, reference), seed)
+  model = torch_reference.randomize_(torch_reference.build(config, reference, seed), seed)
   state_dict = torch_reference.state_dict_numpy(model)
   convert = hf if reference == "transformers" else openai
   params = convert.params_from_state_dict(state_dict, config, f"random {reference}")

@@ -153,10 +153,18 @@ def build_transformers(config: CLIPConfig):
   return transformers.CLIPModel(hf_config).eval()
 
 
-def build(config: CLIPConfig, reference: str = "open_clip"):
+def build(config: CLIPConfig, reference: str = "open_clip", seed: int | None = None):
+  """The reference library's model of `config`, randomly initialised; with `seed`, the same
+  initialisation in every process (torch's global generator is left as it was)."""
   if reference not in REFERENCES:
     raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}.")
-  return build_open_clip(config) if reference == "open_clip" else build_transformers(config)
+  make = build_open_clip if reference == "open_clip" else build_transformers
+  if seed is None:
+    return make(config)
+  torch = _torch()
+  with torch.random.fork_rng(devices=[]):
+    torch.manual_seed(seed)
+    return make(config)
 
 
 def randomize_(model, seed: int = 0, scale: float = 0.02):

@@ -55,6 +55,22 @@ def test_random_weights_match_reference(reference, activation):
   assert len(report["vision_blocks"]) == config.vision.layers + 1
 
 
+@pytest.mark.parametrize("reference", ["transformers", "open_clip"])
+def test_random_pair_is_the_same_for_the_same_seed(reference):
+  """The library's own initialisation is seeded too (it drew from torch's global generator, so
+  a benchmark's 'same' random model differed from run to run); another seed differs."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  config = small_config("gelu")
+  leaves = lambda seed: jax.tree_util.tree_leaves(
+    parity.random_pair(config, reference, seed)[1].params
+  )
+  first, again, other = leaves(3), leaves(3), leaves(4)
+  for a, b in zip(first, again):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert any(not np.array_equal(np.asarray(a), np.asarray(c)) for a, c in zip(first, other))
+
+
 def test_parity_would_catch_a_wrong_activation():
   """The tolerance is tight enough to tell QuickGELU from GELU."""
   model, bundle = parity.random_pair(small_config("gelu"), "open_clip", seed=1)
