@@ -145,10 +145,10 @@ def analysis_stages(analysis) -> dict:
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
-def check_analysis(analysis) -> None:
-  """Raises ConfigError for a bad config.analysis before any work: the mode and stage keys
-  (`analysis_stages`), compute_dtype and prompt_chunk."""
-  analysis_stages(analysis)
+def check_analysis(analysis) -> dict:
+  """Raises ConfigError for a bad config.analysis before any work: the mode and stage keys,
+  compute_dtype and prompt_chunk. Returns `analysis_stages(analysis)`."""
+  stages = analysis_stages(analysis)
   dtype = analysis.get("compute_dtype", "float32")
   if dtype not in COMPUTE_DTYPES:
     raise ConfigError(
@@ -157,6 +157,7 @@ def check_analysis(analysis) -> None:
   chunk = analysis.get("prompt_chunk", 32)
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
     raise ConfigError(f"config.analysis.prompt_chunk must be an integer >= 1, got {chunk!r}.")
+  return stages
 
 
 def real_dataset_config(

@@ -268,14 +268,11 @@ def pixel_concepts(maps: jax.Array, pixel_mask: jax.Array) -> jax.Array:
   return jnp.where(pixel_mask, upsampled, -1)
 
 
-#: config.analysis.compute_dtype -> the vision towers' compute dtype.
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
 def tower_bundle(bundle, analysis):
   """The bundle computing in config.analysis.compute_dtype (weights stay float32; outputs are
   float32; one bundle per dtype, so its compiled towers are reused)."""
-  return bundle.with_dtype(COMPUTE_DTYPES[analysis.get("compute_dtype", "float32")])
+  # A name of paper_config.COMPUTE_DTYPES, checked there.
+  return bundle.with_dtype(jnp.dtype(analysis.get("compute_dtype", "float32")))
 
 
 def vision_side(
@@ -296,8 +293,7 @@ def vision_side(
   if images.dtype != np.uint8 or images.ndim != 4:
     raise ValueError(f"images must be uint8 [B, S, S, 3], got {images.dtype} {images.shape}")
   # config.analysis.mode and the stage keys, resolved (and checked) before any work.
-  paper_config.check_analysis(analysis)
-  stages = paper_config.analysis_stages(analysis)
+  stages = paper_config.check_analysis(analysis)
   chunk = int(analysis.get("prompt_chunk", visual_prompts.PROMPT_CHUNK))
   bundle = tower_bundle(bundle, analysis)
   x = normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)

@@ -47,12 +47,19 @@ def _launch(module, flags, workdir):
   )
 
 
+def _one_and_two_processes(run_command, module, flags, tmp_path):
+  """Runs `module` in this process (workdir tmp_path/single), then on two processes
+  (tmp_path/multi); both must succeed. Returns the two processes' CompletedProcess."""
+  single = run_command(module, *flags, f"--workdir={tmp_path / 'single'}")
+  assert single.returncode == 0, single.stderr[-3000:]
+  multi = _launch(module, flags, tmp_path / "multi")
+  assert multi.returncode == 0, multi.stderr[-3000:]
+  return multi
+
+
 @pytest.mark.slow
 def test_two_processes_write_what_one_writes(tmp_path, run_command):
-  single = run_command("mutual.analyze", *FLAGS, f"--workdir={tmp_path / 'single'}")
-  assert single.returncode == 0, single.stderr[-3000:]
-  multi = _launch("mutual.analyze", FLAGS, tmp_path / "multi")
-  assert multi.returncode == 0, multi.stderr[-3000:]
+  multi = _one_and_two_processes(run_command, "mutual.analyze", FLAGS, tmp_path)
   assert "MI" in multi.stdout  # process 0 printed the table, once
   assert multi.stdout.count("Wrote ") == 1
   per_image = _per_image(tmp_path / "single")
@@ -72,10 +79,7 @@ SWEEP_FLAGS = [
 
 @pytest.mark.slow
 def test_two_process_sweep_writes_what_one_writes(tmp_path, run_command):
-  single = run_command("mutual.sweep", *SWEEP_FLAGS, f"--workdir={tmp_path / 'single'}")
-  assert single.returncode == 0, single.stderr[-3000:]
-  multi = _launch("mutual.sweep", SWEEP_FLAGS, tmp_path / "multi")
-  assert multi.returncode == 0, multi.stderr[-3000:]
+  multi = _one_and_two_processes(run_command, "mutual.sweep", SWEEP_FLAGS, tmp_path)
   assert multi.stdout.count("Wrote ") == 1  # process 0 reports, once
   # Each process analysed one chunk; process 0 aggregated both.
   assert sorted(os.listdir(tmp_path / "multi" / "shards")) == [
