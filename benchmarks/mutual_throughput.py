@@ -190,6 +190,9 @@ class Profile:
   def add_cost(self, fn, args, kwargs):
     """Adds fn's XLA cost_analysis (flops, bytes accessed) for these arguments to the current
     stage (compiled once per argument signature)."""
+    # XLA counts a loop's body once: the cost of passes of a few regions (a loop in the
+    # program) is that of the same call in one pass.
+    kwargs = dict(kwargs, regions_per_pass=None) if "regions_per_pass" in kwargs else kwargs
     key = (id(fn), _signature(args, kwargs))
     if key not in self._costs:
       start = time.perf_counter()
@@ -503,6 +506,10 @@ def main(argv):
     top_k=k,
     mode=analysis.get("mode", ""),
     compute_dtype=FLAGS.compute_dtype,
+    # Images per vision-tower pass (config.analysis.tower_batch's device rule); None: whole calls.
+    images_per_pass=features.images_per_pass(
+      pipeline.tower_bundle(bundle, analysis), int(analysis.get("tower_batch", 0))
+    ),
     jax_images_per_s=round(FLAGS.images / jax_seconds, 3),
     reference_images_per_s=round(FLAGS.images / ref_seconds, 3),
     speedup=round(ref_seconds / jax_seconds, 2),

@@ -36,7 +36,8 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
   class_names = list(dataset.names)
-  classes = dataset.classes(size).prefetched()  # the next class is read during this one
+  # The next class is read during this one; a process reads only the classes it analyses.
+  classes = dataset.classes(size, read=lambda i: i % processes == rank).prefetched()
   a = config.analysis
   bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
   methods = tuple(a.methods)
@@ -47,7 +48,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   for index, cls in enumerate(
     tqdm(classes, desc="classes", disable=not progress or rank != 0, dynamic_ncols=True)
   ):
-    counts.append((cls.label, len(cls.images)))
+    counts.append((cls.label, len(cls)))
     if index % processes != rank:
       continue
     result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)

@@ -70,16 +70,21 @@ class ClassImages:
 
   Attributes:
     label: the class index; name: its name.
-    images: uint8 [B, S, S, 3].
-    ids: B image identifiers (file names, or "synthetic/<class>/<i>").
+    images: uint8 [B, S, S, 3]; None where the stream was told not to read the class (another
+      process analyses it; `Dataset.classes`' `read`).
+    ids: B image identifiers (file names, or "synthetic/<class>/<i>"), read or not.
     truth: for the synthetic world, the SyntheticBatch with masks and attributes; else None.
   """
 
   label: int
   name: str
-  images: np.ndarray
+  images: np.ndarray | None
   ids: tuple[str, ...]
   truth: synthetic.SyntheticBatch | None = None
+
+  def __len__(self) -> int:
+    """B, the class's images (known without reading them)."""
+    return len(self.ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,19 +184,27 @@ def synthetic_descriptors() -> dict[str, list[str]]:
 
 
 def synthetic_classes(
-  images_per_class: int, seed: int = 0, image_size: int = 64, classes: Sequence[int] | None = None
+  images_per_class: int,
+  seed: int = 0,
+  image_size: int = 64,
+  classes: Sequence[int] | None = None,
+  read: Callable[[int], bool] | None = None,
 ) -> Iterator[ClassImages]:
-  """The synthetic few-shot classes' images, class by class, with ground truth."""
+  """The synthetic few-shot classes' images, class by class, with ground truth (`read`: see
+  `Dataset.classes`)."""
   specs = synthetic_tasks.FEWSHOT_CLASSES
-  for label in classes if classes is not None else range(len(specs)):
+  for position, label in enumerate(classes if classes is not None else range(len(specs))):
     spec = specs[label]
+    ids = tuple(f"synthetic/{spec.name}/{i}" for i in range(images_per_class))
+    if read is not None and not read(position):
+      yield ClassImages(label, spec.name, None, ids)
+      continue
     batch = synthetic.generate_with(
       images_per_class,
       (SYNTHETIC_STREAM, seed, label),
       image_size=image_size,
       **spec.attributes(),
     )
-    ids = tuple(f"synthetic/{spec.name}/{i}" for i in range(images_per_class))
     yield ClassImages(label, spec.name, batch.images, ids, batch)
 
 
@@ -289,15 +302,18 @@ class Dataset:
     keys: the data-side key of each label (folder name, TFDS label name, or the class name).
     skipped: {folder or class: why} for classes left out under
       config.data.skip_missing_classes (empty otherwise: a mismatch is an error).
-    classes: `classes(image_size)` iterates over the chosen classes' ClassImages (a
-      ClassStream, whose len() is their count).
+    classes: `classes(image_size, read=None)` iterates over the chosen classes' ClassImages
+      (a ClassStream, whose len() is their count). `read(position) -> bool`, given a class's
+      0-based place in the stream, says whether to read its images: a class not read is
+      yielded with `images=None` and its ids (so its image count), and costs no file read or
+      decode (a process of a multi-process run reads only the classes it analyses).
   """
 
   names: tuple[str, ...]
   descriptors: dict[str, list[str]]
   keys: tuple[str, ...]
   skipped: dict[str, str]
-  classes: Callable[[int], Iterator[ClassImages]]
+  classes: Callable[..., ClassStream]
 
   def lists(self) -> list[list[str]]:
     """The descriptors of each label, [C][n_c] (classes that share a name share them)."""
@@ -306,13 +322,13 @@ class Dataset:
 
 def _matched_dataset(names, descriptors, keys, skipped, iterate, count: int) -> Dataset:
   """The Dataset of a real dataset's classes matched to the descriptor file (`names` in label
-  order; `iterate(image_size)` yields the `count` chosen classes)."""
+  order; `iterate(image_size, read)` yields the `count` chosen classes)."""
   return Dataset(
     names,
     {n: list(descriptors[n]) for n in names},
     keys,
     skipped,
-    lambda size: ClassStream(iterate(size), count),
+    lambda size, read=None: ClassStream(iterate(size, read), count),
   )
 
 
@@ -539,18 +555,22 @@ def folder_dataset(
   kept_keys = tuple(k for k, _ in pairs)
   chosen = _selected(len(pairs), classes)
 
-  def iterate(image_size: int) -> Iterator[ClassImages]:
-    for label in chosen:
+  def iterate(image_size: int, read=None) -> Iterator[ClassImages]:
+    for position, label in enumerate(chosen):
       key = kept_keys[label]
       folder = os.path.join(root, key)
       some = files[key][:images_per_class] if images_per_class else files[key]
+      ids = tuple(f"{key}/{f}" for f in some)
+      if read is not None and not read(position):
+        yield ClassImages(label, names[label], None, ids)
+        continue
       images = np.stack(
         [
           _as_model_input(os.path.join(folder, f), image_size, os.path.join(folder, f))
           for f in some
         ]
       )
-      yield ClassImages(label, names[label], images, tuple(f"{key}/{f}" for f in some))
+      yield ClassImages(label, names[label], images, ids)
 
   return _matched_dataset(names, descriptors, kept_keys, skipped, iterate, len(chosen))
 
@@ -605,15 +625,15 @@ def tfds_dataset(
       dataset=dataset,
     )
   counts = np.zeros(len(raw), np.int64)
-  read: dict[int, list] = {label: [] for label in range(len(raw))}
+  encoded: dict[int, list] = {label: [] for label in range(len(raw))}
   dataset_split = builder.as_dataset(
     split=split, shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()}
   )
   for index, example in enumerate(tfds.as_numpy(dataset_split)):
     label = int(example["label"])
     counts[label] += 1
-    if not images_per_class or len(read[label]) < images_per_class:
-      read[label].append((f"{name}/{split}/{index}", bytes(example["image"])))
+    if not images_per_class or len(encoded[label]) < images_per_class:
+      encoded[label].append((f"{name}/{split}/{index}", bytes(example["image"])))
   pairs, skipped = match_classes(
     raw,
     descriptors,
@@ -628,13 +648,17 @@ def tfds_dataset(
   kept_keys = tuple(k for k, _ in pairs)
   chosen = _selected(len(pairs), classes)
   index_of = {k: i for i, k in enumerate(raw)}
-  kept = {label: read[index_of[kept_keys[label]]] for label in chosen}
-  del read
+  kept = {label: encoded[index_of[kept_keys[label]]] for label in chosen}
+  del encoded
 
-  def iterate(image_size: int) -> Iterator[ClassImages]:
-    for label, items in kept.items():
+  def iterate(image_size: int, read=None) -> Iterator[ClassImages]:
+    for position, (label, items) in enumerate(kept.items()):
+      ids = tuple(i for i, _ in items)
+      if read is not None and not read(position):
+        yield ClassImages(label, names[label], None, ids)
+        continue
       images = np.stack([_as_model_input(b, image_size, i) for i, b in items])
-      yield ClassImages(label, names[label], images, tuple(i for i, _ in items))
+      yield ClassImages(label, names[label], images, ids)
 
   return _matched_dataset(names, descriptors, kept_keys, skipped, iterate, len(chosen))
 
@@ -667,8 +691,8 @@ def prepare(config) -> Dataset:
       synthetic_descriptors(),
       names,
       {},
-      lambda size: ClassStream(
-        synthetic_classes(data.images_per_class, data.seed, size, classes), len(chosen)
+      lambda size, read=None: ClassStream(
+        synthetic_classes(data.images_per_class, data.seed, size, classes, read), len(chosen)
       ),
     )
   path = data.descriptors

@@ -83,6 +83,7 @@ def analysis_config(**overrides) -> ml_collections.ConfigDict:
     kmeans_seed=0,
     compute_dtype="float32",  # the vision towers' ("bfloat16" on GPU / TPU); language stages fp32
     prompt_chunk=32,  # concept regions (3 prompts each) per vision-tower call
+    tower_batch=0,  # images per tower pass in a call; 0: a few on a CPU, all on GPU / TPU
     crf=True,
     top_k=500,  # k: per-concept top descriptors intersected
     relevance="mean",  # reference: > mean - offset; "median": paper, > median + offset
@@ -147,7 +148,7 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 
 def check_analysis(analysis) -> dict:
   """Raises ConfigError for a bad config.analysis before any work: the mode and stage keys,
-  compute_dtype and prompt_chunk. Returns `analysis_stages(analysis)`."""
+  compute_dtype, prompt_chunk and tower_batch. Returns `analysis_stages(analysis)`."""
   stages = analysis_stages(analysis)
   dtype = analysis.get("compute_dtype", "float32")
   if dtype not in COMPUTE_DTYPES:
@@ -157,6 +158,12 @@ def check_analysis(analysis) -> dict:
   chunk = analysis.get("prompt_chunk", 32)
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
     raise ConfigError(f"config.analysis.prompt_chunk must be an integer >= 1, got {chunk!r}.")
+  per_pass = analysis.get("tower_batch", 0)
+  if isinstance(per_pass, bool) or not isinstance(per_pass, int) or per_pass < 0:
+    raise ConfigError(
+      "config.analysis.tower_batch must be an integer >= 0 (images per vision-tower pass; 0: "
+      f"the device's rule, a few on a CPU and the whole call on GPU / TPU), got {per_pass!r}."
+    )
   return stages
 
 

@@ -296,9 +296,13 @@ def vision_side(
   stages = paper_config.check_analysis(analysis)
   chunk = int(analysis.get("prompt_chunk", visual_prompts.PROMPT_CHUNK))
   bundle = tower_bundle(bundle, analysis)
+  # Images per tower pass: a few on a CPU (its tower slows once activations leave the cache).
+  per_pass = features.images_per_pass(bundle, int(analysis.get("tower_batch", 0)))
   x = normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)
   # One tower pass gives both (the embeddings and the patch grid).
-  image_embeddings, patch = features.embeddings_and_patches(bundle, x, kind=analysis.feature_kind)
+  image_embeddings, patch = features.embeddings_and_patches(
+    bundle, x, kind=analysis.feature_kind, per_pass=per_pass
+  )
   # The splits and fits run in float32 whatever the towers' compute dtype.
   image_embeddings, patch = image_embeddings.astype(jnp.float32), patch.astype(jnp.float32)
   class_scores = image_embeddings @ jnp.asarray(bank.class_embeddings).T
@@ -350,6 +354,7 @@ def vision_side(
     n_concepts=n,
     ellipse=stages["ellipse"],
     chunk=chunk,
+    per_pass=per_pass,
   )
   for method, (embeddings, valid) in zip(methods, embedded):
     out[method] = dict(

@@ -277,9 +277,7 @@ def ellipse_box(region: np.ndarray):
   """The reference's ellipse of a concept region: fitEllipse on the outer contour of largest
   contourArea; the shared rule (a zero-size ellipse at the points' centroid) where OpenCV or
   the reference is random (at most 5 points, collinear points)."""
-  contours, _ = cv2.findContours(
-    region.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE
-  )
+  contours, _ = cv2.findContours(region.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
   contour = max(contours, key=cv2.contourArea)
   points = contour[:, 0]
   if len(points) <= 5 or _collinear(points):
@@ -579,4 +577,3 @@ def kmeans_start(mask: np.ndarray, n_concepts: int, seed: int = 0) -> np.ndarray
   start_key, _ = jax.random.split(jax.random.PRNGKey(seed))
   weights = jnp.asarray(np.asarray(mask).reshape(-1))
   return np.asarray(concepts.random_start(start_key, weights, n_concepts))
-

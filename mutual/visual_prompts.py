@@ -270,17 +270,57 @@ def _region_prompts(pixels, maps, pairs, ellipses, stroke, blur_size, largest_re
   return prompted
 
 
-@functools.partial(jax.jit, static_argnames=("image_fn", "stroke", "blur_size", "largest_region"))
+@functools.partial(
+  jax.jit,
+  static_argnames=("image_fn", "stroke", "blur_size", "largest_region", "regions_per_pass"),
+)
 def _region_embeddings(
-  params, mean, std, pixels, maps, pairs, ellipses, *, image_fn, stroke, blur_size, largest_region
+  params,
+  mean,
+  std,
+  pixels,
+  maps,
+  pairs,
+  ellipses,
+  *,
+  image_fn,
+  stroke,
+  blur_size,
+  largest_region,
+  regions_per_pass=None,
 ):
   """Rendering and tower in one program: float32 [P, E], the mean of the L2-normalised
-  embeddings of each region's three prompts."""
-  prompted = _region_prompts(pixels, maps, pairs, ellipses, stroke, blur_size, largest_region)
-  count, size = prompted.shape[0], prompted.shape[2:]
-  x = (prompted.reshape(-1, *size) - mean) / std
-  embedded = l2_normalize_jax(image_fn(params, x, False))
-  return embedded.reshape(count, len(VARIANTS), -1).mean(axis=1)
+  embeddings of each region's three prompts. `regions_per_pass` (a divisor of P, or None for
+  all P) regions are rendered and go through the tower at a time, in a loop inside the
+  program."""
+
+  def embed(part):
+    part_pairs, part_ellipses = part
+    prompted = _region_prompts(
+      pixels, maps, part_pairs, part_ellipses, stroke, blur_size, largest_region
+    )
+    count, size = prompted.shape[0], prompted.shape[2:]
+    x = (prompted.reshape(-1, *size) - mean) / std
+    embedded = l2_normalize_jax(image_fn(params, x, False))
+    return embedded.reshape(count, len(VARIANTS), -1).mean(axis=1)
+
+  count = pairs.shape[0]
+  if regions_per_pass is None or regions_per_pass >= count:
+    return embed((pairs, ellipses))
+  steps = count // regions_per_pass
+  parts = jax.tree.map(
+    lambda a: a.reshape(steps, regions_per_pass, *a.shape[1:]), (pairs, ellipses)
+  )
+  return jax.lax.map(embed, parts).reshape(count, -1)
+
+
+def _regions_per_pass(size: int, per_pass: int | None) -> int | None:
+  """The largest divisor of a call's `size` regions whose 3 prompts each fit in `per_pass`
+  images (at least 1 region); None (per_pass None): the whole call."""
+  if per_pass is None:
+    return None
+  target = max(1, int(per_pass) // len(VARIANTS))
+  return max(d for d in range(1, min(size, target) + 1) if size % d == 0)
 
 
 def region_presence(maps, n_concepts: int) -> np.ndarray:
@@ -318,6 +358,7 @@ def concept_embeddings_of_maps(
   ellipse: str = "moments",
   chunk: int = PROMPT_CHUNK,
   devices: Sequence[jax.Device] | None = None,
+  per_pass: int | None = None,
 ):
   """`concept_embeddings` for several concept maps of the same images at once (PCA's and
   K-means', say): only the regions present are prompted, and the regions of all maps and
@@ -332,6 +373,9 @@ def concept_embeddings_of_maps(
     devices: the devices the regions of a call are sharded over (the weights, images and maps
       are replicated on them); default this process's devices. The result does not depend on
       them beyond float32 summation order.
+    per_pass: on one device, images per tower pass inside a call (mutual.features.
+      images_per_pass: a few on a CPU, whose tower slows once a pass's activations leave the
+      cache); None, or several devices (each holding its share of the call): the whole call.
     The rest: as concept_embeddings.
 
   Returns:
@@ -395,7 +439,10 @@ def concept_embeddings_of_maps(
         maps[index[:, 0], index[:, 1]] == index[:, 2:, None]
       )
       ellipses = (found["stroke"], found["filled"])
-    embedded = _region_embeddings(params, mean, std, pixels, maps, index, ellipses, **options)
+    per_call = _regions_per_pass(size, per_pass if shard is None else None)
+    embedded = _region_embeddings(
+      params, mean, std, pixels, maps, index, ellipses, regions_per_pass=per_call, **options
+    )
     parts.append(embedded[:real])
     start += real
   width_e = bundle.config.embed_dim

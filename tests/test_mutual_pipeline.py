@@ -3,6 +3,7 @@
 
 import json
 import os
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -210,6 +211,81 @@ def test_folder_source_names_classes_from_the_descriptor_file(tmp_path):
     data.folder_classes(str(tmp_path / "images"), {"only one": ["x"]}, 32)
   with pytest.raises(FileNotFoundError, match="does not exist"):
     data.folder_classes(str(tmp_path / "missing"), per_class, 32)
+
+
+def _fake_tfds_module(names, examples):
+  """The few tensorflow_datasets calls mutual.data.tfds_dataset makes, over (png bytes, label)
+  examples."""
+
+  class SkipDecoding:
+    pass
+
+  class Builder:
+    data_dir = "/fake"
+    info = types.SimpleNamespace(features={"label": types.SimpleNamespace(names=names)})
+
+    def is_prepared(self):
+      return True
+
+    def as_dataset(self, split, shuffle_files, decoders):
+      return [{"image": image, "label": np.int64(label)} for image, label in examples]
+
+  return types.SimpleNamespace(
+    builder=lambda name, data_dir=None: Builder(),
+    as_numpy=iter,
+    decode=types.SimpleNamespace(SkipDecoding=SkipDecoding),
+  )
+
+
+def test_streams_decode_only_the_classes_a_process_reads(tmp_path, monkeypatch):
+  """`Dataset.classes(size, read)`: every class comes in order with its label and ids (so its
+  image count), and only the classes `read` picks are decoded, with the same pixels as a
+  stream that reads them all. Synthetic, folder and TFDS sources."""
+  decoded = []
+  as_model_input = data._as_model_input
+
+  def counting(source, image_size, where=""):
+    decoded.append(where)
+    return as_model_input(source, image_size, where)
+
+  monkeypatch.setattr(data, "_as_model_input", counting)
+  generate_with = data.synthetic.generate_with
+
+  def generating(*args, **options):
+    decoded.append("synthetic")
+    return generate_with(*args, **options)
+
+  monkeypatch.setattr(data.synthetic, "generate_with", generating)
+  _image_folder(tmp_path / "images", classes=("a", "b", "c"), per_class=2)
+  bank = {"a": ["round"], "b": ["square"], "c": ["striped"]}
+  pngs = []
+  for name in ("a", "b", "c"):
+    for i in range(2):
+      pngs.append(((tmp_path / "images" / name / f"{i}.png").read_bytes(), len(pngs) // 2))
+  monkeypatch.setattr(data, "_import_tfds", lambda: _fake_tfds_module(["a", "b", "c"], pngs))
+  config = _config("configs/mutual_synthetic.py")
+  config.data.classes = (0, 1, 2)
+  config.data.images_per_class = 2
+  sources = {
+    "synthetic": data.prepare(config),
+    "folder": data.folder_dataset(str(tmp_path / "images"), bank),
+    "tfds": data.tfds_dataset("fake", bank),
+  }
+  for source, dataset in sources.items():
+    every = list(dataset.classes(32))
+    decoded.clear()
+    stream = dataset.classes(32, read=lambda position: position % 2 == 1)
+    assert len(stream) == 3
+    got = list(stream)
+    assert [c.label for c in got] == [c.label for c in every] == [0, 1, 2], source
+    assert [c.ids for c in got] == [c.ids for c in every] and [len(c) for c in got] == [2] * 3
+    assert got[0].images is None and got[2].images is None, source
+    np.testing.assert_array_equal(got[1].images, every[1].images)
+    if source == "synthetic":  # generated, one call per class read
+      assert decoded == ["synthetic"]
+    else:
+      assert len(decoded) == 2, (source, decoded)
+      assert all(any(w.endswith(i) for i in got[1].ids) for w in decoded), (source, decoded)
 
 
 @pytest.mark.slow

@@ -59,6 +59,95 @@ def test_batched_regions_equal_one_image_at_a_time(tiny_synthetic, ellipse):
   assert not np.asarray(batched[0][1])[0].any()
 
 
+@pytest.mark.parametrize("ellipse", visual_prompts.ELLIPSES)
+def test_passes_of_a_few_images_equal_the_whole_call(tiny_synthetic, monkeypatch, ellipse):
+  """per_pass: the regions of a call go through the tower a few at a time (a loop inside the
+  program) with the embeddings of one pass over the whole call; the passes divide the call."""
+  passes = []
+  original = visual_prompts._region_embeddings
+
+  def recording(*args, **kwargs):
+    passes.append((args[5].shape[0], kwargs["regions_per_pass"]))
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(visual_prompts, "_region_embeddings", recording)
+  rng = np.random.default_rng(4)
+  size = tiny_synthetic.config.vision.image_size
+  images = rng.integers(0, 256, size=(4, size, size, 3), dtype=np.uint8)
+  maps = [_maps(rng, 4, 4, 5, size), _maps(rng, 4, 8, 5, size)]
+  options = dict(n_concepts=5, ellipse=ellipse, chunk=8)
+  whole = visual_prompts.concept_embeddings_of_maps(tiny_synthetic, images, maps, **options)
+  assert passes and all(per is None for _, per in passes)
+  passes.clear()
+  few = visual_prompts.concept_embeddings_of_maps(
+    tiny_synthetic, images, maps, per_pass=7, **options
+  )
+  # 7 images hold the prompts of 2 regions; 2 divides every padded call size (multiples of 4).
+  assert passes and all(per == 2 for _, per in passes)
+  for (a, valid_a), (b, valid_b) in zip(whole, few):
+    np.testing.assert_array_equal(np.asarray(valid_a), np.asarray(valid_b))
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-6)
+
+
+def test_features_pass_of_a_few_images_equals_one_pass(tiny_synthetic, monkeypatch):
+  from mutual import features
+
+  calls = []
+  original = tiny_synthetic.image_details
+  monkeypatch.setattr(
+    type(tiny_synthetic),
+    "image_details",
+    lambda self, x: calls.append(len(x)) or original(x),
+  )
+  size = tiny_synthetic.config.vision.image_size
+  x = np.random.default_rng(5).normal(size=(5, size, size, 3)).astype(np.float32)
+  whole = features.embeddings_and_patches(tiny_synthetic, x)
+  few = features.embeddings_and_patches(tiny_synthetic, x, per_pass=2)
+  assert calls == [5, 2, 2, 1]
+  for a, b in zip(whole, few):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-6)
+
+
+def test_regions_per_pass_divides_the_call():
+  assert visual_prompts._regions_per_pass(12, None) is None
+  assert visual_prompts._regions_per_pass(12, 6) == 2  # 6 images: 2 regions of 3 prompts
+  assert visual_prompts._regions_per_pass(12, 15) == 4  # 5 regions would not divide 12
+  assert visual_prompts._regions_per_pass(12, 1) == 1  # at least one region
+  assert visual_prompts._regions_per_pass(4, 300) == 4  # never more than the call
+
+
+def test_images_per_pass_keeps_a_cpu_pass_in_cache():
+  """The device rule (config.analysis.tower_batch = 0): on a CPU, as many images as keep the
+  largest activation within CPU_PASS_BYTES; the whole call elsewhere; a setting wins."""
+  from types import SimpleNamespace
+
+  from mutual import features
+  from stori_jax.models import registry
+
+  def bundle(name, size=None, dtype=jnp.float32):
+    config = registry.get(name).config
+    vision = config.vision
+    if size:
+      vision = type(vision)(**{**vision.__dict__, "image_size": size})
+    return SimpleNamespace(config=SimpleNamespace(vision=vision), dtype=dtype)
+
+  vit = bundle("openai-vit-b-16")
+  # ViT-B/16 at 224 px: 197 tokens x 3,072 MLP units x 4 bytes per image, 6 images in 16 MiB.
+  assert features.activation_bytes(vit.config.vision) == 197 * 3072 * 4
+  assert features.images_per_pass(vit, platform="cpu") == 6
+  assert features.images_per_pass(bundle("openai-vit-b-16", dtype=jnp.bfloat16), 0, "cpu") == 13
+  assert features.images_per_pass(bundle("openai-rn50"), platform="cpu") == 5
+  assert features.images_per_pass(bundle("laion400m-convnext-base"), platform="cpu") == 2
+  assert features.images_per_pass(bundle("openai-vit-b-16", 64), platform="cpu") > 64
+  assert features.images_per_pass(vit, platform="gpu") is None
+  assert features.images_per_pass(vit, 24, platform="cpu") == 24
+  with pytest.raises(ValueError, match="tower_batch must be >= 0"):
+    features.images_per_pass(vit, -1)
+  with pytest.raises(ConfigError, match="tower_batch must be an integer >= 0"):
+    paper_config.check_analysis(paper_config.analysis_config(tower_batch=-2))
+
+
 def test_only_present_regions_reach_the_tower(tiny_synthetic, monkeypatch):
   """Rows through the tower: 3 per present region, padded to the granule, never L per image."""
   rows = []

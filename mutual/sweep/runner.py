@@ -65,7 +65,7 @@ def _class_chunks(streams: Mapping[int, Any], sizes: Sequence[int], chunk: int):
   same classes in the same order."""
   batch: list[tuple] = []
   for items in zip(*(streams[size] for size in sizes)):
-    if len({(c.label, c.images.shape[0]) for c in items}) != 1:
+    if len({(c.label, len(c)) for c in items}) != 1:
       raise ConfigError("The image streams of the models' input sizes disagree; check config.data.")
     batch.append(items)
     if len(batch) == chunk:
@@ -190,10 +190,15 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   cli.claim_workdir_once(config, workdir, restart, "mutual-knowledge sweep")
   sizes = sorted({sizes_by_model[i] for i in kept})
   # One class stream per input size (each resizes the source images itself), reading the next
-  # chunk's classes on a background thread while this chunk runs.
+  # chunk's classes on a background thread while this chunk runs; a process reads only the
+  # images of its own chunks.
   class_names = list(dataset.names)
   per_chunk = int(config.classes_per_chunk)
-  streams = {size: dataset.classes(size).prefetched(per_chunk) for size in sizes}
+
+  def mine(position: int) -> bool:
+    return (position // per_chunk) % processes == rank
+
+  streams = {size: dataset.classes(size, read=mine).prefetched(per_chunk) for size in sizes}
   banks: dict[int, pipeline.TextBank] = {}
   encode = functools.partial(
     pipeline.encode_config_bank, config=config, dataset=dataset, progress=False
@@ -212,7 +217,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       dynamic_ncols=True,
     )
   ):
-    n_images += sum(len(items[0].images) for items in chunk)
+    n_images += sum(len(items[0]) for items in chunk)
     if index % processes != rank:
       continue
     class_images = [[items[sizes.index(sizes_by_model[i])] for items in chunk] for i in kept]
