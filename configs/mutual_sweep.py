@@ -40,8 +40,8 @@ The argument (`:variant=NAME`, or just `:NAME`) picks one of:
              so each model compiles one visual-prompt program). It exercises every stage of the
              sweep for every tower; its numbers carry no meaning. One model is held at a time and
              the 4 classes form one chunk, so each model is made once and peak memory is about the
-             largest model's (ViT-L/14: 1.7 GB of weights). Measured on 2 shared CPU cores (load
-             about 2): 3 min 55 s, 3.2 GB peak RSS; of that, visual prompts 100 s, the rest of the
+             largest model's (ViT-L/14: 1.7 GB of weights). Measured on 2 quiet CPU cores: 3 min 9 s,
+             3.3 GB peak RSS; on 2 shared cores (load about 2): 3 min 55 s, 3.2 GB, of which visual prompts 100 s, the rest of the
              vision side 50 s, the 13 text banks 47 s, making the weights 24 s, the language
              stages 3 s, and compilation about 95 s of these.
   smoke      `random` for one architecture per tower kind (ViT, ResNet, ConvNeXt), widths shrunk
