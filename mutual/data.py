@@ -24,10 +24,11 @@ shorter side and centre crop, bicubic, as CLIP's preprocessing).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import queue
 import threading
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from absl import logging
@@ -85,6 +86,24 @@ class ClassImages:
   def __len__(self) -> int:
     """B, the class's images (known without reading them)."""
     return len(self.ids)
+
+
+#: One class of a source before its images are read: (label, name, ids, load), where load()
+#: returns (images uint8 [B, S, S, 3], truth or None).
+ClassEntry = tuple[int, str, tuple[str, ...], Callable[[], tuple[np.ndarray, Any]]]
+
+
+def read_classes(
+  entries: Iterable[ClassEntry], read: Callable[[int], bool] | None = None
+) -> Iterator[ClassImages]:
+  """ClassImages of a source's classes in order; a class's images are loaded only where
+  `read(position)` (None: every class) says so, the others come with `images=None`."""
+  for position, (label, name, ids, load) in enumerate(entries):
+    if read is not None and not read(position):
+      yield ClassImages(label, name, None, ids)
+      continue
+    images, truth = load()
+    yield ClassImages(label, name, images, ids, truth)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,19 +212,26 @@ def synthetic_classes(
   """The synthetic few-shot classes' images, class by class, with ground truth (`read`: see
   `Dataset.classes`)."""
   specs = synthetic_tasks.FEWSHOT_CLASSES
-  for position, label in enumerate(classes if classes is not None else range(len(specs))):
-    spec = specs[label]
-    ids = tuple(f"synthetic/{spec.name}/{i}" for i in range(images_per_class))
-    if read is not None and not read(position):
-      yield ClassImages(label, spec.name, None, ids)
-      continue
+
+  def generate(label):
     batch = synthetic.generate_with(
       images_per_class,
       (SYNTHETIC_STREAM, seed, label),
       image_size=image_size,
-      **spec.attributes(),
+      **specs[label].attributes(),
     )
-    yield ClassImages(label, spec.name, batch.images, ids, batch)
+    return batch.images, batch
+
+  entries = (
+    (
+      label,
+      specs[label].name,
+      tuple(f"synthetic/{specs[label].name}/{i}" for i in range(images_per_class)),
+      functools.partial(generate, label),
+    )
+    for label in (classes if classes is not None else range(len(specs)))
+  )
+  return read_classes(entries, read)
 
 
 def descriptor_hits(truth: synthetic.SyntheticBatch, descriptors: Sequence[str], ids, valid):
@@ -555,22 +581,18 @@ def folder_dataset(
   kept_keys = tuple(k for k, _ in pairs)
   chosen = _selected(len(pairs), classes)
 
+  def decode(key: str, some: Sequence[str], image_size: int):
+    paths = [os.path.join(root, key, f) for f in some]
+    return np.stack([_as_model_input(p, image_size, p) for p in paths]), None
+
   def iterate(image_size: int, read=None) -> Iterator[ClassImages]:
-    for position, label in enumerate(chosen):
+    entries = []
+    for label in chosen:
       key = kept_keys[label]
-      folder = os.path.join(root, key)
       some = files[key][:images_per_class] if images_per_class else files[key]
       ids = tuple(f"{key}/{f}" for f in some)
-      if read is not None and not read(position):
-        yield ClassImages(label, names[label], None, ids)
-        continue
-      images = np.stack(
-        [
-          _as_model_input(os.path.join(folder, f), image_size, os.path.join(folder, f))
-          for f in some
-        ]
-      )
-      yield ClassImages(label, names[label], images, ids)
+      entries.append((label, names[label], ids, functools.partial(decode, key, some, image_size)))
+    return read_classes(entries, read)
 
   return _matched_dataset(names, descriptors, kept_keys, skipped, iterate, len(chosen))
 
@@ -651,14 +673,20 @@ def tfds_dataset(
   kept = {label: encoded[index_of[kept_keys[label]]] for label in chosen}
   del encoded
 
+  def decode(items, image_size: int):
+    return np.stack([_as_model_input(b, image_size, i) for i, b in items]), None
+
   def iterate(image_size: int, read=None) -> Iterator[ClassImages]:
-    for position, (label, items) in enumerate(kept.items()):
-      ids = tuple(i for i, _ in items)
-      if read is not None and not read(position):
-        yield ClassImages(label, names[label], None, ids)
-        continue
-      images = np.stack([_as_model_input(b, image_size, i) for i, b in items])
-      yield ClassImages(label, names[label], images, ids)
+    entries = (
+      (
+        label,
+        names[label],
+        tuple(i for i, _ in items),
+        functools.partial(decode, items, image_size),
+      )
+      for label, items in kept.items()
+    )
+    return read_classes(entries, read)
 
   return _matched_dataset(names, descriptors, kept_keys, skipped, iterate, len(chosen))
 

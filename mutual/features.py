@@ -114,7 +114,7 @@ def embeddings_and_patches(
     apart).
   """
   _check_kind(bundle, kind)
-  step = len(images) if per_pass is None else max(1, int(per_pass))
+  step = max(1, len(images) if per_pass is None else int(per_pass))
   embeddings, grids = [], []
   for start in range(0, len(images), step):
     part, details = bundle.image_details(images[start : start + step])
