@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mutual import ellipse
 from mutual.foreground import pixel_coordinates
 
 
@@ -203,11 +204,9 @@ def refine(
   """
   if filter not in FILTERS:
     raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}.")
-  if round_trip is not None:
-    from mutual import ellipse  # pylint: disable=import-outside-toplevel
-
-    images = np.asarray(ellipse.reference_uint8(jnp.asarray(images, jnp.uint8), *round_trip))
-  images, mask = np.asarray(images), np.asarray(mask)
+  # Shapes and types are checked without a transfer: the arrays may live on the device.
+  images = images if isinstance(images, jax.Array) else np.asarray(images)
+  mask = mask if isinstance(mask, jax.Array) else np.asarray(mask)
   if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
     raise ValueError(f"images must be uint8 [B, H, W, 3], got {images.dtype} {images.shape}.")
   if mask.shape != images.shape[:3]:
@@ -215,6 +214,8 @@ def refine(
       f"mask {mask.shape} must be [B, H, W] like the images {images.shape[:3]}; upsample the "
       "patch mask first (mutual.foreground.upsample_mask)."
     )
+  if round_trip is not None:
+    images = ellipse.reference_uint8(jnp.asarray(images), *round_trip)
   if not 0.5 < confidence < 1.0:
     raise ValueError(f"confidence must lie in (0.5, 1), got {confidence}.")
   if min(spatial_sigma, rgb_sigma, gaussian_sigma) <= 0:
@@ -254,52 +255,89 @@ class Lattice(NamedTuple):
   neighbours: np.ndarray
 
 
-def build_lattice(features: np.ndarray) -> Lattice:
-  """densecrf's Permutohedral::init for float32 features [N, d], in float32 as it computes them
-  (elevation, rounding to the nearest remainder-0 point, ranks, barycentric weights, keys);
-  lattice points are numbered by sorted key rather than by hash-table insertion (the numbering
-  changes no value)."""
-  f = np.asarray(features, np.float32)
-  n, d = f.shape
+def _lattice_constants(d: int):
+  """densecrf's per-dimension scale (float32 [d]) and canonical simplex table (int [d+1, d+1])."""
   inv_std_dev = np.float32(math.sqrt(2.0 / 3.0) * (d + 1))
   scale = np.array(
     [1.0 / math.sqrt((i + 2) * (i + 1)) * float(inv_std_dev) for i in range(d)], np.float32
   )
-  elevated = np.zeros((n, d + 1), np.float32)
-  total = np.zeros(n, np.float32)
-  for j in range(d, 0, -1):
-    cf = f[:, j - 1] * scale[j - 1]
-    elevated[:, j] = total - np.float32(j) * cf
-    total = total + cf
-  elevated[:, 0] = total
-  inv_d1 = np.float32(1.0) / np.float32(d + 1)
-  nearest = np.rint(inv_d1 * elevated).astype(np.float32)  # round half to even, as SSE does
-  rem0 = nearest * np.float32(d + 1)
-  rank = np.zeros((n, d + 1), np.int64)
-  diff = elevated - rem0
-  for i in range(d):
-    for j in range(i + 1, d + 1):
-      c = (diff[:, i] < diff[:, j]).astype(np.int64)
-      rank[:, i] += c
-      rank[:, j] += 1 - c
-  rank += nearest.sum(axis=1).astype(np.int64)[:, None]
-  low, high = rank < 0, rank >= d + 1
-  rank = rank + (d + 1) * low - (d + 1) * high
-  rem0 = rem0 + np.float32(d + 1) * low - np.float32(d + 1) * high
-  bary = np.zeros((n, d + 2), np.float32)
-  v = (elevated - rem0) * inv_d1
-  rows = np.arange(n)
-  for i in range(d + 1):
-    p = d - rank[:, i]
-    bary[rows, p] += v[:, i]
-    bary[rows, p + 1] -= v[:, i]
-  bary[:, 0] += np.float32(1) + bary[:, d + 1]
   # canonical[r][k] = r for k <= d - r, else r - (d + 1).
   r = np.arange(d + 1)[:, None]
   canonical = np.where(np.arange(d + 1)[None, :] <= d - r, r, r - (d + 1))
-  keys = np.empty((n, d + 1, d), np.int64)
-  for rem in range(d + 1):
-    keys[:, rem] = rem0[:, :d].astype(np.int64) + canonical[rem][rank[:, :d]]
+  return scale, canonical
+
+
+def _fence(x: jax.Array, zero: jax.Array) -> jax.Array:
+  """float32 x unchanged, through an XOR of its bits with `zero`, an int32 0 that is an
+  argument of the program, so the compiler cannot fold it away or fuse the product that made x
+  with the sum that uses it."""
+  bits = jax.lax.bitcast_convert_type(x, jnp.int32) ^ zero
+  return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _simplex_keys(f, xp, zero=None):
+  """The float32 part of densecrf's Permutohedral::init, for numpy or jax.numpy (`xp`): for
+  features float32 [N, d], (keys int [N, d+1, d]: each point's simplex vertices, barycentric
+  weights float32 [N, d+1]). Written once for both so the device build is the host build,
+  operation for operation (the same float32 rounding in the same order). zero: int32 0 passed
+  into the program (jax.numpy only; see `_fence`)."""
+  n, d = f.shape
+  scale, canonical = _lattice_constants(d)
+  f32 = np.float32
+  columns = [None] * (d + 1)
+  total = xp.zeros((n,), f32)
+  # Every float32 product is rounded before it is added, as densecrf's SSE code and numpy round
+  # it. Compilers fuse a product and a sum into one multiply-add (XLA:CPU does, GPUs may), which
+  # moves a weight by an ulp: on the device each product passes a fence (`_fence`) that hides
+  # its origin from the compiler.
+  if xp is jnp:
+    product = lambda a, b: _fence(a * b, zero)  # noqa: E731
+  else:
+    product = lambda a, b: a * b  # noqa: E731
+  for j in range(d, 0, -1):
+    cf = product(f[:, j - 1], scale[j - 1])
+    columns[j] = total - product(f32(j), cf)
+    total = total + cf
+  columns[0] = total
+  elevated = xp.stack(columns, axis=1)
+  inv_d1 = f32(1.0) / f32(d + 1)
+  nearest = xp.rint(inv_d1 * elevated).astype(f32)  # round half to even, as SSE does
+  rem0 = nearest * f32(d + 1)
+  diff = elevated - rem0
+  ranks = [xp.zeros((n,), np.int32) for _ in range(d + 1)]
+  for i in range(d):
+    for j in range(i + 1, d + 1):
+      c = (diff[:, i] < diff[:, j]).astype(np.int32)
+      ranks[i] = ranks[i] + c
+      ranks[j] = ranks[j] + (1 - c)
+  rank = xp.stack(ranks, axis=1) + nearest.sum(axis=1).astype(np.int32)[:, None]
+  low, high = rank < 0, rank >= d + 1
+  rank = rank + (d + 1) * low.astype(np.int32) - (d + 1) * high.astype(np.int32)
+  rem0 = rem0 + f32(d + 1) * low.astype(f32) - f32(d + 1) * high.astype(f32)
+  v = product(elevated - rem0, inv_d1)
+  # Barycentric weights, accumulated column by column in densecrf's order.
+  slot = np.arange(d + 2)[None, :]
+  bary = xp.zeros((n, d + 2), f32)
+  for i in range(d + 1):
+    p = (d - rank[:, i])[:, None]
+    bary = bary + xp.where(slot == p, v[:, i : i + 1], f32(0))
+    bary = bary - xp.where(slot == p + 1, v[:, i : i + 1], f32(0))
+  first = bary[:, :1] + (f32(1) + bary[:, d + 1 :])
+  weights = xp.concatenate([first, bary[:, 1 : d + 1]], axis=1)
+  base = rem0[:, :d].astype(np.int64)
+  keys = xp.stack([base + xp.asarray(canonical[rem])[rank[:, :d]] for rem in range(d + 1)], axis=1)
+  return keys, weights
+
+
+def build_lattice(features: np.ndarray) -> Lattice:
+  """densecrf's Permutohedral::init for float32 features [N, d], in float32 as it computes them
+  (elevation, rounding to the nearest remainder-0 point, ranks, barycentric weights, keys);
+  lattice points are numbered by sorted key rather than by hash-table insertion (the numbering
+  changes no value). The host build: the reference the device build (`lattice_slots`) is
+  tested against."""
+  f = np.asarray(features, np.float32)
+  n, d = f.shape
+  keys, bary = _simplex_keys(f, np)
   flat = keys.reshape(-1, d)
   lowest = flat.min(axis=0) - d - 1
   base = int((flat.max(axis=0) - lowest).max()) + d + 2
@@ -327,7 +365,7 @@ def build_lattice(features: np.ndarray) -> Lattice:
       found = unique[at] == c
       neighbours[j, 1 : len(unique) + 1, side] = np.where(found, at + 1, 0)
   offsets = (inverse.reshape(n, d + 1) + 1).astype(np.int32)
-  return Lattice(offsets, bary[:, : d + 1].copy(), neighbours)
+  return Lattice(offsets, np.ascontiguousarray(bary), neighbours)
 
 
 def lattice_filter(lattice, values: jax.Array) -> jax.Array:
@@ -377,27 +415,116 @@ def _lattice_refine(masks, bilateral, gaussian, params: CRFParams):
   )
 
 
-def lattice_refine(images: np.ndarray, mask: np.ndarray, p: CRFParams) -> jax.Array:
+def device_lattice(features: jax.Array, zero: jax.Array) -> Lattice:
+  """`build_lattice` in jax.numpy, with static sizes, for the device: the same float32 steps
+  (`_simplex_keys`), then the lattice points numbered by sorted key (a sort and a cumulative
+  sum in place of np.unique) and each point's neighbours found by binary search
+  (jnp.searchsorted) in the sorted keys. Equal to build_lattice array for array (the lattice
+  slots beyond the points present stay 0, as there). Keys are int64: trace it with 64-bit
+  types on (`jax.enable_x64`). features: float32 [N, d]; zero: int32 0, an argument of the
+  jitted caller (`_fence`)."""
+  n, d = features.shape
+  keys, weights = _simplex_keys(features, jnp, zero)
+  flat = keys.reshape(-1, d)
+  total = flat.shape[0]
+  lowest = flat.min(axis=0) - d - 1
+  base = (flat.max(axis=0) - lowest).max() + d + 2
+
+  def code(k):
+    out = jnp.zeros(k.shape[0], jnp.int64)
+    for c in range(d):
+      out = out * base + (k[:, c] - lowest[c])
+    return out
+
+  codes = code(flat)
+  order = jnp.argsort(codes)
+  ordered = codes[order]
+  first = jnp.concatenate([jnp.ones(1, bool), ordered[1:] != ordered[:-1]])
+  number = jnp.cumsum(first.astype(jnp.int64)) - 1  # the point number of each sorted key
+  inverse = jnp.zeros(total, jnp.int64).at[order].set(number)
+  present = jnp.arange(total) <= number[-1]
+  # Absent points sort last and match no key.
+  unique = jnp.full(total, jnp.iinfo(jnp.int64).max, jnp.int64).at[number].set(ordered)
+  points = jnp.zeros((total, d), jnp.int64).at[inverse].set(flat)
+  directions = []
+  for j in range(d + 1):
+    n1, n2 = points - 1, points + 1
+    if j < d:
+      n1 = n1.at[:, j].set(points[:, j] + d)
+      n2 = n2.at[:, j].set(points[:, j] - d)
+    sides = []
+    for key in (n1, n2):
+      c = code(key)
+      at = jnp.clip(jnp.searchsorted(unique, c), 0, total - 1)
+      found = (unique[at] == c) & present
+      sides.append(jnp.where(found, at + 1, 0).astype(jnp.int32))
+    directions.append(jnp.stack(sides, axis=1))
+  neighbours = jnp.pad(jnp.stack(directions), ((0, 0), (1, 0), (0, 0)))
+  offsets = (inverse.reshape(n, d + 1) + 1).astype(jnp.int32)
+  return Lattice(offsets, weights, neighbours)
+
+
+def _pixel_grid(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+  """float32 [H * W] x and y of every pixel in raster order."""
+  ys, xs = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+  return xs.reshape(-1).astype(np.float32), ys.reshape(-1).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=8)
+def _gaussian_lattice(height: int, width: int, sigma: float) -> Lattice:
+  """The smoothness kernel's lattice (positions only: the same for every image of a size),
+  built once on the host and kept on the device."""
+  xs, ys = _pixel_grid(height, width)
+  lattice = build_lattice(np.stack([xs / np.float32(sigma), ys / np.float32(sigma)], axis=1))
+  return Lattice(*(jnp.asarray(a) for a in lattice))
+
+
+def _bilateral_features(image, p: CRFParams, xp):
+  """float32 [H * W, 5]: (x, y) / spatial_sigma and RGB / rgb_sigma of uint8 [H, W, 3]."""
+  height, width = image.shape[:2]
+  xs, ys = _pixel_grid(height, width)
+  colours = image.reshape(-1, 3).astype(np.float32) / np.float32(p.rgb_sigma)
+  spatial = np.stack([xs / np.float32(p.spatial_sigma), ys / np.float32(p.spatial_sigma)], 1)
+  return xp.concatenate([xp.asarray(spatial), colours], axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("params", "images_per_pass"))
+def _device_lattice_refine(images, masks, gaussian, zero, params: CRFParams, images_per_pass):
+  def one(args):
+    image, mask = args
+    bilateral = device_lattice(_bilateral_features(image, params, jnp), zero)
+    return _lattice_refine_one(mask, bilateral, gaussian, params)
+
+  return jax.lax.map(one, (images, masks), batch_size=images_per_pass)
+
+
+def lattice_images_per_pass(batch: int) -> int:
+  """Images whose lattices are built and filtered at once: one on a CPU (its cache holds one
+  image's lattice), the whole batch on an accelerator (a few hundred MB for 50 images at
+  224 px), so the device sorts and searches them in parallel."""
+  return 1 if jax.default_backend() == "cpu" else max(1, int(batch))
+
+
+def lattice_refine(images, mask, p: CRFParams, on_device: bool = True) -> jax.Array:
   """`refine(filter="lattice")` on checked inputs (uint8 [B, H, W, 3], bool [B, H, W]), as
   SimpleCRF's densecrf computes it (the reference's CRF): the kernels filtered with densecrf's
-  permutohedral lattice (built on the host, `build_lattice`), in float32. Returns bool
-  [B, H, W]."""
+  permutohedral lattice, in float32. The bilateral lattices are built on the device inside the
+  jitted program (`device_lattice`; nothing per image on the host), the Gaussian one once per
+  image size; on_device=False builds them on the host with numpy (`build_lattice`, the
+  reference the device build is tested against). Returns bool [B, H, W]."""
   batch, height, width = mask.shape
-  ys, xs = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
-  xs, ys = xs.reshape(-1).astype(np.float32), ys.reshape(-1).astype(np.float32)
-  gaussian = build_lattice(
-    np.stack([xs / np.float32(p.gaussian_sigma), ys / np.float32(p.gaussian_sigma)], axis=1)
-  )
-  spatial = [xs / np.float32(p.spatial_sigma), ys / np.float32(p.spatial_sigma)]
-  lattices = [
-    build_lattice(
-      np.stack(
-        spatial + [c.astype(np.float32) / np.float32(p.rgb_sigma) for c in image.reshape(-1, 3).T],
-        axis=1,
+  gaussian = _gaussian_lattice(height, width, float(p.gaussian_sigma))
+  if on_device:
+    with jax.enable_x64(True):  # int64 lattice keys
+      return _device_lattice_refine(
+        jnp.asarray(images, jnp.uint8),
+        jnp.asarray(mask, bool),
+        gaussian,
+        jnp.zeros((), jnp.int32),
+        p,
+        lattice_images_per_pass(batch),
       )
-    )
-    for image in images
-  ]
+  lattices = [build_lattice(_bilateral_features(np.asarray(im), p, np)) for im in images]
   bilateral = Lattice(*(np.stack(parts) for parts in zip(*lattices)))
   as_jax = lambda lat: Lattice(*(jnp.asarray(a) for a in lat))  # noqa: E731
-  return _lattice_refine(jnp.asarray(mask, bool), as_jax(bilateral), as_jax(gaussian), p)
+  return _lattice_refine(jnp.asarray(mask, bool), as_jax(bilateral), gaussian, p)

@@ -232,21 +232,18 @@ def _unit_pixels(bundle, images, normalized: bool) -> jax.Array:
   return jnp.asarray(np.clip(images, 0.0, 1.0))
 
 
-#: Concept regions whose prompts go through the tower in one call (3 images each); fewer are
-#: padded up to a multiple of PROMPT_GRANULE, so at most PROMPT_CHUNK / PROMPT_GRANULE shapes
-#: are compiled and at most PROMPT_GRANULE - 1 padded regions go through the tower per call.
+#: Concept regions whose prompts go through the tower in one call (3 images each). Every call
+#: has this shape (the last one padded), so the program compiles once per run; inside it, the
+#: regions go through the tower a few at a time where the device wants it (a CPU), and the
+#: passes holding only padding are skipped.
 PROMPT_CHUNK = 32
+#: The chunk is a multiple of this (and of the devices it is sharded over).
 PROMPT_GRANULE = 4
 
 
-def _chunk_sizes(count: int, chunk: int, granule: int = PROMPT_GRANULE) -> list[int]:
-  """Padded sizes of the calls that cover `count` regions: full chunks, then the rest rounded
-  up to a multiple of `granule` (at most `chunk`)."""
-  sizes = [chunk] * (count // chunk)
-  rest = count - chunk * len(sizes)
-  if rest:
-    sizes.append(min(chunk, -(-rest // granule) * granule))
-  return sizes
+def _chunk_starts(count: int, chunk: int) -> list[int]:
+  """The first region of each call covering `count` regions, `chunk` regions a call."""
+  return list(range(0, count, chunk))
 
 
 def _region_prompts(pixels, maps, pairs, ellipses, stroke, blur_size, largest_region):
@@ -282,6 +279,7 @@ def _region_embeddings(
   maps,
   pairs,
   ellipses,
+  real,
   *,
   image_fn,
   stroke,
@@ -292,7 +290,8 @@ def _region_embeddings(
   """Rendering and tower in one program: float32 [P, E], the mean of the L2-normalised
   embeddings of each region's three prompts. `regions_per_pass` (a divisor of P, or None for
   all P) regions are rendered and go through the tower at a time, in a loop inside the
-  program."""
+  program; passes past the first `real` regions (int32 scalar: the call's regions that are
+  not padding) are skipped and give zeros."""
 
   def embed(part):
     part_pairs, part_ellipses = part
@@ -311,7 +310,30 @@ def _region_embeddings(
   parts = jax.tree.map(
     lambda a: a.reshape(steps, regions_per_pass, *a.shape[1:]), (pairs, ellipses)
   )
-  return jax.lax.map(embed, parts).reshape(count, -1)
+  skipped = jax.eval_shape(embed, jax.tree.map(lambda a: a[0], parts))
+
+  def one_pass(args):
+    step, part = args
+    return jax.lax.cond(
+      step * regions_per_pass < real,
+      embed,
+      lambda _: jnp.zeros(skipped.shape, skipped.dtype),
+      part,
+    )
+
+  return jax.lax.map(one_pass, (jnp.arange(steps), parts)).reshape(count, -1)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _put_rows(table, rows, start):
+  """table float32 [capacity, E] with rows [P, E] written from row `start` (int32 scalar)."""
+  return jax.lax.dynamic_update_slice(table, rows.astype(table.dtype), (start, 0))
+
+
+@jax.jit
+def _take_rows(table, index):
+  """float32 [..., E]: table's row index[...] (int32), zeros where index is -1."""
+  return jnp.where(index[..., None] >= 0, table[jnp.maximum(index, 0)], 0.0)
 
 
 def _regions_per_pass(size: int, per_pass: int | None) -> int | None:
@@ -427,11 +449,16 @@ def concept_embeddings_of_maps(
   )
   mean = jnp.asarray(bundle.preprocess_config.mean, jnp.float32)
   std = jnp.asarray(bundle.preprocess_config.std, jnp.float32)
-  parts, start = [], 0
-  for size in _chunk_sizes(len(pairs), chunk, granule):
-    real = min(size, len(pairs) - start)
-    # Padding repeats the last region; its rows are dropped.
-    index = pairs[np.minimum(np.arange(start, start + size), start + real - 1)]
+  # Every call has `chunk` regions: one compiled program whatever the images hold.
+  per_call = _regions_per_pass(chunk, per_pass if shard is None else None)
+  # The distinct regions' embeddings, written call by call into a table of fixed size (so the
+  # writes and the final gather compile once too); a call's padding rows are overwritten by
+  # the next call's or never read.
+  table = jnp.zeros((present.size + chunk, bundle.config.embed_dim), jnp.float32)
+  for start in _chunk_starts(len(pairs), chunk):
+    real = min(chunk, len(pairs) - start)
+    # Padding repeats the last region.
+    index = pairs[np.minimum(np.arange(start, start + chunk), start + real - 1)]
     index = jax.device_put(index, shard) if shard is not None else jnp.asarray(index)
     ellipses = None
     if ellipse == "reference":
@@ -439,16 +466,22 @@ def concept_embeddings_of_maps(
         maps[index[:, 0], index[:, 1]] == index[:, 2:, None]
       )
       ellipses = (found["stroke"], found["filled"])
-    per_call = _regions_per_pass(size, per_pass if shard is None else None)
     embedded = _region_embeddings(
-      params, mean, std, pixels, maps, index, ellipses, regions_per_pass=per_call, **options
+      params,
+      mean,
+      std,
+      pixels,
+      maps,
+      index,
+      ellipses,
+      np.int32(real),
+      regions_per_pass=per_call,
+      **options,
     )
-    parts.append(embedded[:real])
-    start += real
-  width_e = bundle.config.embed_dim
-  out = jnp.zeros((*present.shape, width_e), jnp.float32)
-  if parts:
-    out = out.at[tuple(every_pair.T)].set(jnp.concatenate(parts)[copies])
+    table = _put_rows(table, embedded, np.int32(start))
+  rows = np.full(present.shape, -1, np.int32)
+  rows[tuple(every_pair.T)] = copies
+  out = _take_rows(table, jnp.asarray(rows))
   return [(out[m], jnp.asarray(present[m])) for m in range(len(maps_per_method))]
 
 

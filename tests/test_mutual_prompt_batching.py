@@ -149,12 +149,13 @@ def test_images_per_pass_keeps_a_cpu_pass_in_cache():
 
 
 def test_only_present_regions_reach_the_tower(tiny_synthetic, monkeypatch):
-  """Rows through the tower: 3 per present region, padded to the granule, never L per image."""
-  rows = []
+  """Every call has the chunk's shape (one compiled program); the regions it holds beyond
+  padding are the present ones, never L per image."""
+  calls = []
   original = visual_prompts._region_embeddings
 
   def counting(*args, **kwargs):
-    rows.append(3 * args[5].shape[0])
+    calls.append((args[5].shape[0], int(args[7])))  # (call size, real regions)
     return original(*args, **kwargs)
 
   monkeypatch.setattr(visual_prompts, "_region_embeddings", counting)
@@ -162,12 +163,65 @@ def test_only_present_regions_reach_the_tower(tiny_synthetic, monkeypatch):
   images = np.zeros((4, size, size, 3), np.uint8)
   maps = np.full((4, size, size), -1, np.int32)
   maps[:, :8, :8] = 0  # one region per image: 4 regions of 4 x 5 concepts
-  visual_prompts.concept_embeddings_of_maps(tiny_synthetic, images, [maps], n_concepts=5)
-  assert rows == [3 * 4]
-  rows.clear()
-  maps[:3, 20:30, 20:30] = 2  # 7 regions: padded to 8 (PROMPT_GRANULE 4)
-  visual_prompts.concept_embeddings_of_maps(tiny_synthetic, images, [maps], n_concepts=5)
-  assert rows == [3 * 8]
+  visual_prompts.concept_embeddings_of_maps(tiny_synthetic, images, [maps], n_concepts=5, chunk=8)
+  assert calls == [(8, 4)]
+  calls.clear()
+  maps[:3, 20:30, 20:30] = 2  # 7 regions
+  visual_prompts.concept_embeddings_of_maps(tiny_synthetic, images, [maps], n_concepts=5, chunk=4)
+  assert calls == [(4, 4), (4, 3)]
+
+
+def test_calls_compile_once_whatever_the_region_count(tiny_synthetic):
+  """Images with other numbers of concept regions reuse the compiled programs: the fused
+  render-and-tower program, the table writes and the final gather."""
+  rng = np.random.default_rng(11)
+  size = tiny_synthetic.config.vision.image_size
+  images = rng.integers(0, 256, size=(3, size, size, 3), dtype=np.uint8)
+  programs = (
+    visual_prompts._region_embeddings,
+    visual_prompts._put_rows,
+    visual_prompts._take_rows,
+  )
+  sizes = []
+  for grid, concepts in ((4, 2), (8, 5), (2, 1)):
+    maps = _maps(rng, 3, grid, concepts, size)
+    visual_prompts.concept_embeddings_of_maps(tiny_synthetic, images, [maps], n_concepts=5)
+    sizes.append([p._cache_size() for p in programs])
+  assert sizes[0] == sizes[1] == sizes[2], sizes
+
+
+def test_passes_of_padding_are_skipped(tiny_synthetic):
+  """Inside a call, the tower passes holding only padding give zeros (they are skipped); the
+  real regions' embeddings do not depend on the passes."""
+  rng = np.random.default_rng(2)
+  size = tiny_synthetic.config.vision.image_size
+  images = rng.integers(0, 256, size=(2, size, size, 3), dtype=np.uint8)
+  maps = jnp.asarray(_maps(rng, 2, 4, 5, size))[None]
+  pairs = jnp.asarray([[0, b, c] for b in range(2) for c in range(4)], jnp.int32)  # 8 regions
+  pixels = jnp.asarray(images, jnp.float32) / 255.0
+  mean = jnp.asarray(tiny_synthetic.preprocess_config.mean, jnp.float32)
+  std = jnp.asarray(tiny_synthetic.preprocess_config.std, jnp.float32)
+  options = dict(
+    image_fn=tiny_synthetic.image_function, stroke=1.0, blur_size=11, largest_region=True
+  )
+  whole = visual_prompts._region_embeddings(
+    tiny_synthetic.params, mean, std, pixels, maps, pairs, None, np.int32(8), **options
+  )
+  passes = visual_prompts._region_embeddings(
+    tiny_synthetic.params,
+    mean,
+    std,
+    pixels,
+    maps,
+    pairs,
+    None,
+    np.int32(3),
+    regions_per_pass=2,
+    **options,
+  )
+  np.testing.assert_allclose(np.asarray(passes)[:4], np.asarray(whole)[:4], atol=2e-6)
+  np.testing.assert_array_equal(np.asarray(passes)[4:], 0.0)  # passes 3 and 4: padding only
+  assert np.abs(np.asarray(whole)[4:]).sum() > 1.0
 
 
 def test_equal_regions_of_two_maps_are_prompted_once(tiny_synthetic, monkeypatch):
@@ -177,7 +231,7 @@ def test_equal_regions_of_two_maps_are_prompted_once(tiny_synthetic, monkeypatch
   original = visual_prompts._region_embeddings
 
   def counting(*args, **kwargs):
-    rows.append(args[5].shape[0])
+    rows.append(int(args[7]))  # the call's real regions
     return original(*args, **kwargs)
 
   monkeypatch.setattr(visual_prompts, "_region_embeddings", counting)
@@ -197,7 +251,7 @@ def test_equal_regions_of_two_maps_are_prompted_once(tiny_synthetic, monkeypatch
   (a, valid_a), (b, valid_b) = visual_prompts.concept_embeddings_of_maps(
     tiny_synthetic, images, [first, second], n_concepts=5
   )
-  assert sum(rows) == 8  # 6 regions, padded to the granule of 4
+  assert sum(rows) == 6  # 6 distinct regions
   np.testing.assert_array_equal(np.asarray(a)[:, 0], np.asarray(b)[:, 3])
   assert np.asarray(valid_a)[:, [0, 1]].all() and np.asarray(valid_b)[:, [1, 3]].all()
   assert np.abs(np.asarray(a)[:, 1] - np.asarray(b)[:, 1]).max() > 1e-3
@@ -208,11 +262,10 @@ def test_equal_regions_of_two_maps_are_prompted_once(tiny_synthetic, monkeypatch
   np.testing.assert_allclose(np.asarray(alone), np.asarray(b), atol=2e-6)
 
 
-def test_chunk_sizes():
-  assert visual_prompts._chunk_sizes(0, 32) == []
-  assert visual_prompts._chunk_sizes(22, 32) == [24]
-  assert visual_prompts._chunk_sizes(65, 32) == [32, 32, 4]
-  assert visual_prompts._chunk_sizes(3, 2) == [2, 2]
+def test_chunk_starts():
+  assert visual_prompts._chunk_starts(0, 32) == []
+  assert visual_prompts._chunk_starts(22, 32) == [0]
+  assert visual_prompts._chunk_starts(65, 32) == [0, 32, 64]
 
 
 def test_compute_dtype_setting(tiny_synthetic):
