@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import time
@@ -41,44 +42,30 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   a = config.analysis
   bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
   methods = tuple(a.methods)
-  records, counts = [], []
+  counts = []
   start, n_images = time.perf_counter(), 0
   figures = os.path.join(workdir, "figures")
   os.makedirs(figures, exist_ok=True)
-  for index, cls in enumerate(
-    tqdm(classes, desc="classes", disable=not progress or rank != 0, dynamic_ncols=True)
-  ):
-    counts.append((cls.label, len(cls)))
-    if index % processes != rank:
-      continue
-    result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
-    class_records = report.image_records(cls, result, bank.descriptors, class_names, methods)
-    for i, record in enumerate(class_records):
-      report.write_json(_record_path(workdir, cls.label, i), record)
-    records += class_records
-    n_images += len(cls.images)
-    if index < config.figure_classes:
-      k = min(config.figures_per_class, len(cls.images))
-      for method in methods:
-        report.plot_concepts(
-          os.path.join(figures, f"concepts_{method}_{cls.label:04d}.png"),
-          cls.images[:k],
-          class_records[:k],
-          method,
-          result["refined"][:k],
-        )
-        report.plot_mutual(
-          os.path.join(figures, f"mutual_{method}_{cls.label:04d}.png"),
-          cls.images[0],
-          class_records[0],
-          method,
-        )
-      summary = report.aggregate(class_records, methods)["dataset"]
-      report.plot_curves(
-        os.path.join(figures, f"curves_{cls.label:04d}.png"),
-        {m: summary[m]["curve"] for m in methods},
-        title=cls.name,
+  # A class's records and figures are written on one background thread while the device runs
+  # the next class: the host's per-image work stays off the device's critical path.
+  written = []
+  with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mutual-writer") as writer:
+    for index, cls in enumerate(
+      tqdm(classes, desc="classes", disable=not progress or rank != 0, dynamic_ncols=True)
+    ):
+      counts.append((cls.label, len(cls)))
+      if index % processes != rank:
+        continue
+      result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
+      n_images += len(cls.images)
+      plots = index < config.figure_classes
+      written.append(
+        writer.submit(_write_class, workdir, config, cls, result, bank, class_names, methods, plots)
       )
+      # Errors surface at the next class, not at the end of the run.
+      if len(written) > 1:
+        written[-2].result()
+    records = [r for future in written for r in future.result()]
   seconds = time.perf_counter() - start
   if processes > 1:
     multihost.wait_for_all_processes("mutual.analyze: classes done")
@@ -101,6 +88,38 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   )
   logging.info("%d images in %.1f s (%.2f images/s)", n_images, seconds, n_images / seconds)
   return results
+
+
+def _write_class(workdir, config, cls, result, bank, class_names, methods, plots: bool):
+  """Writes one class's per-image records (and, with `plots`, its figures); returns the
+  records."""
+  class_records = report.image_records(cls, result, bank.descriptors, class_names, methods)
+  for i, record in enumerate(class_records):
+    report.write_json(_record_path(workdir, cls.label, i), record)
+  if plots:
+    figures = os.path.join(workdir, "figures")
+    k = min(config.figures_per_class, len(cls.images))
+    for method in methods:
+      report.plot_concepts(
+        os.path.join(figures, f"concepts_{method}_{cls.label:04d}.png"),
+        cls.images[:k],
+        class_records[:k],
+        method,
+        result["refined"][:k],
+      )
+      report.plot_mutual(
+        os.path.join(figures, f"mutual_{method}_{cls.label:04d}.png"),
+        cls.images[0],
+        class_records[0],
+        method,
+      )
+    summary = report.aggregate(class_records, methods)["dataset"]
+    report.plot_curves(
+      os.path.join(figures, f"curves_{cls.label:04d}.png"),
+      {m: summary[m]["curve"] for m in methods},
+      title=cls.name,
+    )
+  return class_records
 
 
 def _record_path(workdir: str, label: int, image: int) -> str:
