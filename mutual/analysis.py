@@ -72,6 +72,14 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     if rank != 0:
       return {}
     records = _read_records(workdir, counts)
+  removed = _remove_stale_records(workdir, counts)
+  if removed:
+    logging.warning(
+      "Removed %d per-image files of an earlier run in %s that name images this run no longer "
+      "has (the workdir holds exactly this run's images).",
+      removed,
+      workdir,
+    )
   results = report.aggregate(records, methods)
   results["model"] = config.model.get("name", config.model.source)
   if dataset.skipped:  # never a silent disappearance: what was left out, and why
@@ -120,6 +128,23 @@ def _write_class(workdir, config, cls, result, bank, class_names, methods, plots
       title=cls.name,
     )
   return class_records
+
+
+def _remove_stale_records(workdir: str, counts) -> int:
+  """Deletes the per-image files under workdir/per_image that this run did not write (an
+  earlier run of the same config on a folder that has since lost images); returns how many."""
+  kept = {_record_path(workdir, label, i) for label, count in counts for i in range(count)}
+  root = os.path.join(workdir, "per_image")
+  removed = 0
+  for folder, _, names in os.walk(root, topdown=False):
+    for name in names:
+      path = os.path.join(folder, name)
+      if name.endswith(".json") and path not in kept:
+        os.remove(path)
+        removed += 1
+    if folder != root and not os.listdir(folder):
+      os.rmdir(folder)
+  return removed
 
 
 def _record_path(workdir: str, label: int, image: int) -> str:

@@ -9,18 +9,86 @@ stops before any work, naming the keys that differ and the two ways on: another 
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import os
+import socket
 from typing import Any, Iterable, Mapping
 
 from stori_jax import jsonio
 from stori_jax.errors import UserError
 
 RUN_FILE = "run.json"
+#: The workdir's lock: held (flock) by the process that claimed it, for the rest of its life.
+LOCK_FILE = ".lock"
+# Workdirs whose lock this process holds (real path -> open descriptor). A claim holds its
+# workdir until the process exits, when the system releases the lock, after a crash too.
+_HELD: dict[str, int] = {}
 
 
 class WorkdirMismatchError(UserError):
   """The workdir holds another run (other config, model or data)."""
+
+
+class WorkdirBusyError(UserError):
+  """Another process holds the workdir (a run in progress)."""
+
+
+def _holder(path: str) -> str:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read().strip() or "a process that did not say which"
+  except OSError:
+    return "a process that did not say which"
+
+
+def _busy(workdir: str, path: str) -> WorkdirBusyError:
+  return WorkdirBusyError(
+    f"{workdir} is in use by another run ({_holder(path)}). Two runs in one workdir would mix "
+    "their checkpoints and logs, so nothing was done. Wait for that run to finish, stop it, "
+    "or pass another --workdir."
+  )
+
+
+def lock_workdir(workdir: str, check_only: bool = False) -> None:
+  """Takes `workdir`'s lock for this process (re-entrant; released when the process exits).
+
+  check_only: only check that no other process holds it (nothing is created or kept).
+
+  Raises:
+    WorkdirBusyError: another process holds it; the message names that process (pid, host,
+      since when), which it wrote into the lock file.
+  """
+  key = os.path.realpath(workdir)
+  path = os.path.join(workdir, LOCK_FILE)
+  if key in _HELD and os.path.exists(path):
+    return
+  if check_only and not os.path.exists(path):
+    return  # a holder always has the file; checking creates nothing
+  try:
+    fd = os.open(path, os.O_RDWR | (0 if check_only else os.O_CREAT), 0o644)
+  except OSError as e:
+    raise WorkdirMismatchError(
+      f"cannot open the lock file {path}: {e.strerror}; pass a writable --workdir"
+    ) from None
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    os.close(fd)
+    raise _busy(workdir, path) from None
+  if check_only:
+    os.close(fd)  # releases the lock
+    return
+  stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+  os.ftruncate(fd, 0)
+  os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {stamp}\n".encode())
+  _HELD[key] = fd
+
+
+def _release(workdir: str) -> None:
+  fd = _HELD.pop(os.path.realpath(workdir), None)
+  if fd is not None:
+    os.close(fd)  # closing the descriptor releases the flock
 
 
 def to_jsonable(value: Any) -> Any:
@@ -105,9 +173,13 @@ def claim_workdir(
   Returns:
     The path the old run was moved to (restart), else None.
 
+  The claiming process holds the workdir's lock (`lock_workdir`) until it exits, so a second
+  command on the same workdir stops at its claim while the first runs.
+
   Raises:
     WorkdirMismatchError: the workdir is a file, holds files but no run.json (made by
       something else), or holds a run with another identity (the keys that differ named).
+    WorkdirBusyError: another process holds the workdir.
   """
   identity = to_jsonable(identity)
   ignored = tuple(ignore)
@@ -117,9 +189,12 @@ def claim_workdir(
       f"the workdir {workdir} is a file, not a folder; pass another --workdir"
     )
   moved = None
+  if os.path.isdir(workdir):
+    # Before anything is read: a run in progress there is not compared with, only refused.
+    lock_workdir(workdir, check_only=True)
   # A workdir holding only run.json has no results to lose (a run stopped by a bad value
   # before its first output): the new run takes it over.
-  if os.path.isdir(workdir) and set(os.listdir(workdir)) - {RUN_FILE}:
+  if os.path.isdir(workdir) and set(os.listdir(workdir)) - {RUN_FILE, LOCK_FILE}:
     problem = None
     if not os.path.exists(path):
       problem = f"{workdir} holds files but no {RUN_FILE}, so it was not made by this {what}"
@@ -131,7 +206,8 @@ def claim_workdir(
         stored, problem = None, f"{path} cannot be read ({e})"
       if stored is not None:
         diffs = [
-          d for d in differences(stored, identity)
+          d
+          for d in differences(stored, identity)
           if not any(d[0] == k or d[0].startswith(k + ".") for k in ignored)
         ]
         if diffs:
@@ -146,6 +222,7 @@ def claim_workdir(
       if check_only:
         return None
       moved = move_aside(workdir)
+      _release(workdir)  # the old run's folder keeps its lock file, unlocked
   if check_only:
     return None
   try:
@@ -153,11 +230,12 @@ def claim_workdir(
   except OSError as e:
     raise WorkdirMismatchError(f"cannot create the workdir {workdir}: {e.strerror}") from None
   if not os.access(workdir, os.W_OK):
-    raise WorkdirMismatchError(
-      f"the workdir {workdir} is not writable; pass a writable --workdir"
-    )
+    raise WorkdirMismatchError(f"the workdir {workdir} is not writable; pass a writable --workdir")
+  lock_workdir(workdir)
   try:
     jsonio.write_json(path, identity, indent=1, sort_keys=True)
   except OSError as e:
-    raise WorkdirMismatchError(f"cannot write {path}: {e.strerror}; pass a writable --workdir") from None
+    raise WorkdirMismatchError(
+      f"cannot write {path}: {e.strerror}; pass a writable --workdir"
+    ) from None
   return moved

@@ -310,3 +310,8 @@ def test_real_data_path_runs_on_an_image_folder(tmp_path):
   record = json.loads((tmp_path / "out/per_image/0001/00002.json").read_text())
   assert record["id"] == "n02/2.png" and record["class_name"] == names[1]
   assert len(record["methods"]["kmeans"]["language_descriptors"]) == 5
+  # An image deleted from the folder: the rerun's files are exactly its images.
+  os.remove(tmp_path / "images/n02/2.png")
+  results = analysis.run(config, str(tmp_path / "out"), progress=False)
+  assert results["dataset"]["images"] == 5
+  assert sorted(os.listdir(tmp_path / "out/per_image/0001")) == ["00000.json", "00001.json"]

@@ -207,7 +207,7 @@ def test_start_block_beyond_the_tower_stops_before_the_images_are_encoded(tmp_pa
   with pytest.raises(ConfigError, match=r"start_block = 9 is outside .*blocks 1\.\.6"):
     trainer.run(demo_config("tiny-synthetic", start_block=9), str(tmp_path / "run"))
   # the refused run leaves only its run.json: the corrected command may take the folder over
-  assert os.listdir(tmp_path / "run") == ["run.json"]
+  assert sorted(os.listdir(tmp_path / "run")) == [".lock", "run.json"]
   monkeypatch.setattr(trainer, "encode_images", _not_reached)
   with pytest.raises(_NotReached):
     trainer.run(demo_config("tiny-synthetic", start_block=2), str(tmp_path / "run"))
@@ -255,7 +255,7 @@ def test_restart_moves_the_old_run_aside(monkeypatch, tmp_path):
     trainer.run(demo_config("tiny-synthetic", seed=2), workdir, restart=True)
   (moved,) = glob.glob(workdir + ".old-*")
   assert snapshot(moved) == before
-  assert os.listdir(workdir) == ["run.json"]
+  assert sorted(os.listdir(workdir)) == [".lock", "run.json"]
   with open(os.path.join(workdir, "run.json"), encoding="utf-8") as f:
     assert json.load(f)["config"]["seed"] == 2
 
@@ -351,7 +351,7 @@ def test_an_absurd_learning_rate_stops_at_the_first_step_with_the_cause(
   # log w = +-1000 overflows w = exp(log w): the weights that weights.json would hold
   assert "stopped at step 1 of 4" in message and "config.optim.lr = 1000" in message
   assert "no checkpoint had been saved yet" in message
-  assert sorted(os.listdir(workdir)) == ["checkpoints", "run.json"]
+  assert sorted(os.listdir(workdir)) == [".lock", "checkpoints", "run.json"]
 
 
 def test_the_watch_names_the_first_bad_step_and_what_broke(tmp_path):
@@ -493,7 +493,7 @@ def test_retrieval_block_numbers_are_checked_against_the_model(tmp_path, tiny_sy
   config.sweep.start_blocks = "(1,9)"
   with pytest.raises(ConfigError, match=r"config.sweep.start_blocks: blocks \[9\] are outside"):
     retrieve.run(config, str(tmp_path / "out"), bundle=tiny_synthetic)
-  assert os.listdir(tmp_path / "out") == ["run.json"]  # no index, no result
+  assert sorted(os.listdir(tmp_path / "out")) == [".lock", "run.json"]  # no index, no result
 
 
 # Metrics log and result files ---------------------------------------------------------------

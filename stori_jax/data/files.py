@@ -27,8 +27,9 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", error: type = In
     error: the UserError subclass to raise (e.g. CheckpointError for checkpoint configs).
 
   Raises:
-    `error`: the file cannot be read, is not UTF-8, or is not valid JSON; the message names
-      the path and, for a syntax error, the line and column.
+    `error`: the file cannot be read, is not UTF-8, is not valid JSON, names a key twice in
+      one object, or nests too deeply; the message names the path and, for a syntax error,
+      the line and column.
   """
   path = os.fspath(path)
   try:
@@ -46,12 +47,39 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", error: type = In
       f"{column}); it must be UTF-8 JSON. Re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
     ) from None
   try:
-    return json.loads(text)
+    return json.loads(text, object_pairs_hook=_unique_keys)
   except json.JSONDecodeError as e:
     raise error(
       f"The {what} {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}; "
       "it must be UTF-8 JSON."
     ) from None
+  except _DuplicateKey as e:
+    raise error(
+      f"The {what} {path} names the key {e.key!r} twice in one object; JSON keeps only the "
+      "last, so the first entry's contents would vanish silently. Merge the two entries into "
+      "one."
+    ) from None
+  except RecursionError:
+    raise error(
+      f"The {what} {path} nests its lists or objects too deeply to be read (thousands of "
+      "levels); none of the project's files nests more than a few."
+    ) from None
+
+
+class _DuplicateKey(Exception):
+  def __init__(self, key: str):
+    super().__init__(key)
+    self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+  """json's object_pairs_hook: a dict, refusing a key that appears twice."""
+  out = {}
+  for key, value in pairs:
+    if key in out:
+      raise _DuplicateKey(key)
+    out[key] = value
+  return out
 
 
 def normalise_name(name: str) -> str:
