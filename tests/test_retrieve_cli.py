@@ -115,7 +115,8 @@ def test_celeba3_config_runs_on_a_fixture_folder(tmp_path, tiny_synthetic):
   # another config: another workdir (the first one holds the results of the first config)
   with pytest.raises(ConfigError, match="not task indices"):
     retrieve.run(config, str(tmp_path / "out2"), bundle=tiny_synthetic)
-  assert sorted(os.listdir(tmp_path / "out2")) == [".lock", "run.json"]  # stopped before the index was built
+  # stopped before the index was built
+  assert sorted(os.listdir(tmp_path / "out2")) == [".lock", "run.json"]
 
 
 @pytest.mark.parametrize("module", ["retrieval_celeba5", "retrieval_cub", "retrieval_synthetic"])
