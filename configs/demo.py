@@ -62,8 +62,9 @@ def get_config(argument=None):
       class_names=CLASSES[classes],  # empty: the world's 12 FEWSHOT_CLASSES
     )
   )
+  # use_cupl=False: the Base prompts alone, for TaskRes's "Base" row (--config.method=taskres).
   config.prompts = ml_collections.ConfigDict(
-    dict(cupl_path="", per_class=0, rare_tokens=0, use_base=True)
+    dict(cupl_path="", per_class=0, rare_tokens=0, use_base=True, use_cupl=True)
   )
   # None: the model's default start block (the shipped tiny CLIP stores 4: blocks 4-6 of 6).
   config.start_block = ml_collections.config_dict.placeholder(int)
@@ -79,7 +80,10 @@ def get_config(argument=None):
   # seeds 1-3 (README): a discriminating word among the 3 top-weighted words of 10-12 of the 12
   # classes (2-7 without it) for about 0.8 points of the accuracy gain.
   config.optim = ml_collections.ConfigDict(dict(lr=0.05, log_weight_penalty=1.0))
-  config.taskres = ml_collections.ConfigDict(dict(alpha=0.5, lr=2e-4, weight_decay=5e-3))
+  # TaskRes's own schedule: one warm-up epoch at 1e-5, then cosine (paper_config.fewshot_config).
+  config.taskres = ml_collections.ConfigDict(
+    dict(alpha=0.5, lr=2e-4, weight_decay=5e-3, warmup_epochs=1, warmup_lr=1e-5)
+  )
   config.chunk = 64
   config.log_every = 10
   config.eval_every = 50

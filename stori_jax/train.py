@@ -2,6 +2,8 @@ r"""Few-shot SToRI: trains the token weights of every CuPL prompt (paper §3.2, 
 
   python -m stori_jax.train --config configs/demo.py
   python -m stori_jax.train --config configs/demo.py --config.method=taskres --workdir /tmp/taskres
+  python -m stori_jax.train --config configs/dtd.py:shots=4 --config.method=taskres \
+      --config.prompts.use_cupl=False      # Table 2's "TaskRes / Base": no CuPL file needed
   python -m stori_jax.train --config configs/imagenet.py:shots=4 --config.seed=2
   python -m stori_jax.train --config configs/imagenet_16shot.py --distributed   # every host of a pod
 
@@ -66,7 +68,8 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     return
   zero_shot, trained = metrics["zero_shot"]["accuracy"], metrics["trained"]["accuracy"]
   print(
-    f"\n{metrics['dataset']} {metrics['shots']}-shot, {metrics['num_prompts']} prompts, "
+    f"\n{metrics['dataset']} {metrics['shots']}-shot, {metrics['num_prompts']} CuPL + "
+    f"{metrics['num_fixed_prompts']} Base prompts, "
     f"{metrics['steps']} steps on {metrics['num_devices']} device(s), "
     f"{metrics['seconds']:.0f} s"
   )

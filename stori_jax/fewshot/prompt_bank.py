@@ -77,14 +77,26 @@ def build_prompt_bank(
   Bucket lengths are multiples of `bucket_multiple` (fewer distinct shapes, so
   fewer compilations); each bucket's prompt count is padded to a multiple of
   chunk * num_shards (chunk shrinks for small buckets, keeping padding low).
+  Either every class has trainable prompts, or none has (a bank of fixed prompts only, no
+  buckets: TaskRes's Base-prompt classifier); every class needs at least one prompt.
   """
+  fixed_prompts = fixed_prompts or {}
   texts, text_class = [], []
+  fixed_only = not any(prompts.get(name) for name in class_names)
   for c, name in enumerate(class_names):
-    if name not in prompts or not prompts[name]:
+    if fixed_only and not fixed_prompts.get(name):
       raise ValueError(f"Class {name!r} has no prompts.")
+    if fixed_only:
+      continue
+    if name not in prompts or not prompts[name]:
+      raise ValueError(f"Class {name!r} has no trainable prompts (other classes have some).")
     texts += list(prompts[name])
     text_class += [c] * len(prompts[name])
-  ids = tokenizer(texts, context_length=context_length, truncate=True)
+  ids = (
+    tokenizer(texts, context_length=context_length, truncate=True)
+    if texts
+    else np.zeros((0, context_length), np.int32)
+  )
   eot = np.argmax(ids == tokenizer.eot_token_id, axis=1)
   lengths = eot + 1
   bucket_of = np.minimum(_round_up_array(lengths, bucket_multiple), context_length)
@@ -109,7 +121,7 @@ def build_prompt_bank(
     buckets.append(Bucket(b_ids, class_index, prompt_index, trainable_full, per_shard_chunk))
   fixed_texts, fixed_class = [], []
   for c, name in enumerate(class_names):
-    for text in (fixed_prompts or {}).get(name, ()):
+    for text in fixed_prompts.get(name, ()):
       fixed_texts.append(text)
       fixed_class.append(c)
   fixed_ids = (

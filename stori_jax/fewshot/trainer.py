@@ -35,7 +35,7 @@ from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpointing import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.config_files import ConfigChecks, ConfigError
 from stori_jax.data import synthetic_tasks
-from stori_jax.fewshot import augment, datasets, prompts
+from stori_jax.fewshot import augment, datasets, paper_config, prompts
 from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
 from stori_jax.fewshot.text_classifier import (
   to_host,
@@ -79,6 +79,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   checks.integer("shots", minimum=1)
   checks.text("model.source", nonempty=True)
   checks.text("model.arch")
+  if "backbone" in config.model:  # the paper configs': whose learning rates apply (App. A.1)
+    checks.choice("model.backbone", ("",) + tuple(paper_config.BACKBONES))
   checks.text("data.name", nonempty=True)
   source = checks.choice("data.source", DATA_SOURCES)
   name = checks.get("data.name", None)
@@ -103,8 +105,29 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     )
   checks.text("prompts.cupl_path")
   checks.integer("prompts.per_class", minimum=0)
-  checks.integer("prompts.rare_tokens", minimum=0)
-  checks.boolean("prompts.use_base")
+  rare_tokens = checks.integer("prompts.rare_tokens", minimum=0)
+  use_base = checks.boolean("prompts.use_base")
+  use_cupl = checks.boolean("prompts.use_cupl")
+  method = checks.get("method", None)
+  if use_cupl is False:
+    # The Base-only classifier (Table 2's "TaskRes / Base"): no CuPL prompt, so nothing that
+    # works on CuPL prompts can run.
+    if method == "stori":
+      checks.problem(
+        "config.prompts.use_cupl is False but SToRI trains the token weights of the CuPL "
+        "prompts (paper §4.1.3), so it has nothing to train: the Base-prompt row is TaskRes's "
+        "(--config.method=taskres), or set --config.prompts.use_cupl=True"
+      )
+    if use_base is False:
+      checks.problem(
+        "config.prompts.use_base and config.prompts.use_cupl are both False: the classes have "
+        "no prompts; set one of them True"
+      )
+    if rare_tokens:
+      checks.problem(
+        f"config.prompts.rare_tokens = {rare_tokens} appends rare tokens to the CuPL prompts, "
+        f"but config.prompts.use_cupl is False; set rare_tokens=0 or use_cupl=True"
+      )
   checks.integer("start_block", minimum=1, optional=True)
   checks.integer("views", minimum=1)
   scale = checks.numbers("augment_scale", minimum=0, maximum=1, count=2)
@@ -114,18 +137,37 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     )
   checks.integer("batch_size", minimum=1)
   checks.integer("epochs", minimum=1)
-  checks.number("optim.lr", above=0)
+  if checks.get("optim.lr", 0) is None:
+    # The paper's rule, which `run` fills in: check that it has a rate for this run.
+    try:
+      paper_config.resolve_learning_rate(config)
+    except ConfigError as error:
+      checks.problem(str(error).rstrip("."))
+  else:
+    checks.number("optim.lr", above=0)
   if "log_weight_penalty" in config.optim:
     checks.number("optim.log_weight_penalty", minimum=0)
   checks.number("taskres.alpha", minimum=0)
   checks.number("taskres.lr", above=0)
   checks.number("taskres.weight_decay", minimum=0)
+  checks.integer("taskres.warmup_epochs", minimum=0)
+  checks.number("taskres.warmup_lr", above=0)
   checks.integer("chunk", minimum=1)
   for key in ("log_every", "eval_every", "checkpoint_every"):
     checks.integer(key, minimum=1)
   checks.raise_if_any()
+  if config.method == "taskres" and config.taskres.warmup_epochs >= config.epochs:
+    logging.warning(
+      "config.taskres.warmup_epochs = %d covers all %d epochs: TaskRes trains at the warm-up "
+      "rate %g throughout and never at config.taskres.lr.",
+      config.taskres.warmup_epochs,
+      config.epochs,
+      config.taskres.warmup_lr,
+    )
   key = "optim.lr" if config.method == "stori" else "taskres.lr"
-  lr = float(config.optim.lr if config.method == "stori" else config.taskres.lr)
+  lr = float(
+    paper_config.resolve_learning_rate(config).optim.lr if key == "optim.lr" else config.taskres.lr
+  )
   if lr > LARGE_LEARNING_RATE:
     logging.warning(
       "config.%s = %g is far above the paper's Adam learning rates (1e-2 to 0.1); the run "
@@ -260,9 +302,15 @@ def prompt_texts(
   train_features: np.ndarray,
   labels: np.ndarray,
 ):
-  """(trainable CuPL prompts {class: [str]}, fixed Base prompts {class: [str]})."""
+  """(trainable CuPL prompts {class: [str]}, fixed Base prompts {class: [str]}).
+
+  With config.prompts.use_cupl False every class's CuPL list is empty (Base prompts only).
+  """
   names = split.class_names
-  if split.dataset == "synthetic":
+  if not config.prompts.get("use_cupl", True):
+    # Base prompts only (Table 2's "TaskRes / Base"): no CuPL file is read.
+    cupl = [[] for _ in names]
+  elif split.dataset == "synthetic":
     cupl = prompts.synthetic_prompts(names)
     cupl = [list(cupl[name]) for name in names]
   else:
@@ -270,7 +318,7 @@ def prompt_texts(
       list(p)
       for p in prompts.load_cupl_prompts(config.prompts.cupl_path, names, dataset=split.dataset)
     ]
-  if config.prompts.per_class:
+  if config.prompts.per_class and any(cupl):
     # ImageNet/SUN397: keep the prompts most similar to the class's training images.
     cupl = [
       select_prompts(
@@ -278,7 +326,7 @@ def prompt_texts(
       )
       for c, texts in enumerate(cupl)
     ]
-  if config.prompts.rare_tokens:
+  if config.prompts.rare_tokens and any(cupl):
     cupl = [
       _with_rare_tokens(texts, config.prompts.rare_tokens, config.seed + c)
       for c, texts in enumerate(cupl)
@@ -329,6 +377,57 @@ def _schedule(lr: float, total_steps: int):
   return optax.cosine_decay_schedule(lr, max(total_steps, 1))
 
 
+def taskres_schedule(
+  lr: float,
+  epochs: int,
+  steps_per_epoch: int,
+  warmup_epochs: int = paper_config.TASKRES_WARMUP_EPOCHS,
+  warmup_lr: float = paper_config.TASKRES_WARMUP_LR,
+) -> optax.Schedule:
+  """TaskRes's learning rate as Dassl schedules it: step (int32 []) -> lr (float32 []).
+
+  Dassl steps its scheduler once per epoch (after the epoch's last batch), so the rate is
+  constant within an epoch: `warmup_lr` for the first `warmup_epochs` epochs (Dassl's
+  ConstantWarmupScheduler), then CosineAnnealingLR(T_max=epochs) started afresh at the end of
+  the warm-up (WARMUP_RECOUNT), lr * (1 + cos(pi * (e - warmup_epochs) / epochs)) / 2 in epoch e.
+  T_max counts the warm-up epochs too, as Dassl's MAX_EPOCH does, so the rate never reaches 0.
+  """
+  per_epoch = max(int(steps_per_epoch), 1)
+
+  def cosine(step):
+    # join_schedules passes the steps since the warm-up's end: whole epochs since then.
+    return lr * 0.5 * (1.0 + jnp.cos(jnp.pi * (step // per_epoch) / epochs))
+
+  if warmup_epochs <= 0:
+    return cosine
+  return optax.join_schedules(
+    [optax.constant_schedule(warmup_lr), cosine], boundaries=[warmup_epochs * per_epoch]
+  )
+
+
+def taskres_optimizer(
+  lr: float,
+  weight_decay: float,
+  epochs: int,
+  steps_per_epoch: int,
+  warmup_epochs: int = paper_config.TASKRES_WARMUP_EPOCHS,
+  warmup_lr: float = paper_config.TASKRES_WARMUP_LR,
+) -> optax.GradientTransformation:
+  """TaskRes's optimiser, Dassl's "adam": torch.optim.Adam(lr, weight_decay) on
+  `taskres_schedule`.
+
+  torch's Adam adds weight_decay * param to the gradient before the moment estimates (L2
+  regularisation, unlike AdamW's decoupled decay), hence add_decayed_weights before
+  scale_by_adam. Betas (0.9, 0.999) and eps 1e-8 are torch's and Dassl's defaults.
+  """
+  schedule = taskres_schedule(lr, epochs, steps_per_epoch, warmup_epochs, warmup_lr)
+  return optax.chain(
+    optax.add_decayed_weights(weight_decay),
+    optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-8),
+    optax.scale_by_learning_rate(schedule),
+  )
+
+
 def log_weight_penalty(classifier: WeightedTextClassifier, strength: float):
   """log-weights -> strength * mean over the prompts' tokens of (log w)^2.
 
@@ -371,10 +470,15 @@ def stori_method(config, classifier: WeightedTextClassifier, total_steps: int) -
   )
 
 
-def taskres_method(config, zero_shot: jax.Array, total_steps: int) -> Method:
+def taskres_method(
+  config, zero_shot: jax.Array, total_steps: int, steps_per_epoch: int = 1
+) -> Method:
   """TaskRes (Yu et al., 2023): classifier normalize(t_c + alpha x_c), x_c trained from 0.
 
-  zero_shot: the normalised zero-shot class embeddings [C, E] (Base + CuPL, w = 1).
+  zero_shot: the normalised zero-shot class embeddings float32 [C, E] (the Base prompts, and
+  the CuPL prompts at w = 1 unless config.prompts.use_cupl is False). total_steps:
+  epochs * steps_per_epoch. The optimiser is TaskRes's own (`taskres_optimizer`); a config
+  without taskres.warmup_epochs / warmup_lr gets TaskRes's (1 epoch at 1e-5).
   """
   alpha = config.taskres.alpha
 
@@ -382,8 +486,14 @@ def taskres_method(config, zero_shot: jax.Array, total_steps: int) -> Method:
     emb = base + alpha * residual
     return encoding.l2_normalize_jax(emb, eps=None)  # no floor: the old rounding under jit
 
-  optimizer = optax.adamw(
-    _schedule(config.taskres.lr, total_steps), weight_decay=config.taskres.weight_decay
+  steps_per_epoch = max(int(steps_per_epoch), 1)
+  optimizer = taskres_optimizer(
+    float(config.taskres.lr),
+    float(config.taskres.weight_decay),
+    epochs=max(total_steps // steps_per_epoch, 1),
+    steps_per_epoch=steps_per_epoch,
+    warmup_epochs=int(config.taskres.get("warmup_epochs", paper_config.TASKRES_WARMUP_EPOCHS)),
+    warmup_lr=float(config.taskres.get("warmup_lr", paper_config.TASKRES_WARMUP_LR)),
   )
   return Method(
     "taskres", lambda: jnp.zeros_like(zero_shot), class_embeddings, zero_shot, optimizer
@@ -451,7 +561,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
       refusing it.
 
   Raises:
-    ConfigError: a bad config value (before any work).
+    ConfigError: a bad config value (before any work), or optim.lr None (the paper's rule)
+      for a model whose backbone family the paper gives no rate for.
     WorkdirMismatchError: the workdir holds another run, is a file or is not writable
       (before any work).
     NonFiniteError: the run diverged (NaN or infinity); the last good checkpoint is kept.
@@ -459,6 +570,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
   from stori_jax.fewshot import report  # pylint: disable=import-outside-toplevel
 
   validate_config(config)
+  # optim.lr None: App. A.1's rate for the run's dataset, shots and backbone, filled in before
+  # the workdir's identity (which then records the rate used) and the run.
+  config = paper_config.resolve_learning_rate(config)
   claim_run(config, workdir, restart)
   started = time.time()
   # On several hosts every process computes the same host-side data; process 0 writes files.
@@ -500,7 +614,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
   steps_per_epoch = len(epoch_batches(len(train_labels), config.batch_size, config.seed, 0))
   total_steps = config.epochs * steps_per_epoch
   method = (
-    taskres_method(config, zero_shot, total_steps)
+    taskres_method(config, zero_shot, total_steps, steps_per_epoch)
     if config.method == "taskres"
     else stori_method(config, classifier, total_steps)
   )
@@ -596,6 +710,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
     "shots": config.shots,
     "seed": config.seed,
     "num_prompts": len(bank.texts),
+    "num_fixed_prompts": len(bank.fixed_ids),
     "num_devices": mesh.size,
     "steps": total_steps,
     "zero_shot": zero_shot_report,
