@@ -710,6 +710,25 @@ def prepare(config) -> Dataset:
   if data.source not in DATA_SOURCES:
     raise ConfigError(f"config.data.source must be one of {DATA_SOURCES}, got {data.source!r}.")
   classes = list(data.classes) if data.get("classes") else None
+  if classes is not None and len(set(classes)) != len(classes):
+    repeated = sorted({c for c in classes if classes.count(c) > 1})
+    raise ConfigError(
+      f"config.data.classes names {repeated} more than once; each class is analysed once, so "
+      "a repeat would count its images twice. List each class once."
+    )
+  count = data.get("images_per_class")
+  # 0 / None: every image of a folder; the synthetic world draws a number of images.
+  lowest = 1 if data.source == "synthetic" else 0
+  if count is not None and (
+    isinstance(count, bool) or not isinstance(count, int) or count < lowest
+  ):
+    raise ConfigError(
+      f"config.data.images_per_class must be an integer >= {lowest}"
+      f"{'' if lowest else ' (0 or None: every image of each class)'}, got {count!r}."
+    )
+  seed = data.get("seed", 0)
+  if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    raise ConfigError(f"config.data.seed must be an integer >= 0, got {seed!r}.")
   if data.source == "synthetic":
     specs = synthetic_tasks.FEWSHOT_CLASSES
     names = tuple(c.name for c in specs)

@@ -41,14 +41,22 @@ images and concepts, with no loop over pixels:
   are exact. The reference's image reaches uint8 through CLIP's normalisation and back, with
   truncation (`reference_uint8`).
 
+Short contours. A largest contour of under 5 points is padded as the reference pads it, with
+random.randint(0, last_x - 1), random.randint(0, last_y - 1) per missing point from Python's
+`random` seeded anew before each image's concepts of each method (padded_ellipses;
+reference_padding replays the Mersenne Twister words), and 5 points get OpenCV's direct fit
+(fitEllipseDirect), as natural 5-point contours do.
+
 Deterministic rules where OpenCV is not (all give a zero-size ellipse at the centroid of the
 contour's points, which OpenCV draws as the one pixel nearest to it, stroke and mask alike):
-  * fewer than 5 contour points: the reference pads them with random points;
-  * exactly 5 points: OpenCV switches to its direct fit, which on border points (they repeat
-    a point) gives an arbitrary ellipse, or from 4.12 a random one;
+  * fewer than 5 contour points and no padding (concept_ellipses without `padding`), or padding
+    the reference cannot draw (a last point with a 0 coordinate: randint(0, -1) raises);
+  * 5 points whose direct fit OpenCV redoes at random: the reduced scatter matrix is singular
+    for 5 points, and where its round-off determinant is at most 1e-10 OpenCV moves the points
+    by cv::theRNG(), whose state depends on every earlier fit of the process;
   * degenerate point sets (the design matrix's smallest singular value below FLT_EPSILON
-    times its largest, e.g. all points on a line): OpenCV up to 4.11 returns an ellipse of
-    about 1e-3 pixels (drawn as a pixel or two), 4.12 on perturbs the points at random.
+    times its largest: collinear points, or fewer than 6 distinct ones): OpenCV up to 4.11
+    returns an ellipse of about 1e-3 pixels, 4.12 on perturbs the points with cv::theRNG().
 
 The contours run in 32-bit types. The fit needs float64 and the rasteriser int64 (OpenCV's
 fixed-point products exceed 32 bits), so those steps are jitted functions that are traced and
@@ -84,8 +92,12 @@ MAX_VERTICES = 73
 RED = (255, 0, 0)
 # cv2.cvtColor(RGB2GRAY) on uint8: 15-bit fixed-point BT.601 weights summing to 2^15.
 GRAY_WEIGHTS = (9798, 19235, 3735)
-# Rules behind an ellipse (fit_ellipses' `rule`).
-FITTED, FEW_POINTS, DIRECT_FIT, DEGENERATE, ABSENT = range(5)
+# Rules behind an ellipse (fit_ellipses' `rule`): FITTED and DIRECT are OpenCV's own fits
+# (fitEllipse's least squares; its direct fit on exactly 5 points, padded ones included); the
+# others are this module's deterministic zero-size ellipse where OpenCV or the reference is random
+# or fails (FEW_POINTS: under 5 points and no padding; DIRECT_FIT: a 5-point direct fit that
+# OpenCV redoes with cv::theRNG(); DEGENERATE: a degenerate least-squares fit) or absent.
+FITTED, FEW_POINTS, DIRECT_FIT, DEGENERATE, ABSENT, DIRECT = range(6)
 
 
 # ------------------------------------------------------------------------------------------
@@ -188,6 +200,8 @@ def largest_contour(mask: jax.Array, capacity: int | None = None) -> dict[str, j
     n_points: int32, the contour's length (sum of points);
     area: float32, its contourArea (shoelace area through pixel centres, holes ignored);
     start: int32 [2], its first point (x, y), the component's raster-first pixel;
+    last: int32 [2], its last point (x, y) in OpenCV's order (the reference pads short
+      contours with random points bounded by it);
     present: bool, the mask has a foreground pixel.
   """
   fg, nb = _neighbours(mask)
@@ -216,12 +230,20 @@ def largest_contour(mask: jax.Array, capacity: int | None = None) -> dict[str, j
   visits = jnp.sum(((label == chosen) & present).reshape(-1, 8), axis=1, dtype=jnp.int32)
   points = jnp.zeros(size + 1, jnp.int32).at[jnp.where(pixels < size, pixels, size)].add(visits)
   points = points[:size].reshape(hp, wp)[1:-1, 1:-1]
+  # The contour's last point: the state before its start state on the cycle (OpenCV stops on
+  # returning to the start state); the start state itself on a one-point border.
+  states = jnp.arange(nxt.shape[0], dtype=jnp.int32)
+  first_state = jnp.argmax(on & (seed == chosen)).astype(jnp.int32)
+  before = on & (label == chosen) & (nxt == first_state) & (states != first_state)
+  last_state = jnp.where(jnp.any(before), jnp.argmax(before), first_state)
+  last = jnp.where(present, here[last_state], wp + 1)
   chosen = jnp.where(present, chosen, wp + 1)
   return dict(
     points=points,
     n_points=jnp.sum(points),
     area=jnp.where(present, best, 0).astype(jnp.float32) / 2,
     start=jnp.stack([chosen % wp - 1, chosen // wp - 1]).astype(jnp.int32),
+    last=jnp.stack([last % wp - 1, last // wp - 1]).astype(jnp.int32),
     present=present,
   )
 
@@ -283,11 +305,13 @@ def _weighted_least_squares(columns, weights, rhs):
   return _svd_solve(r[:k, :k], r[:k, k])
 
 
-def _fit_ellipse(points: jax.Array, rows: int | None = None):
+def _fit_ellipse(points: jax.Array, extra=None, n_extra=None, rows: int | None = None):
   """cv2.fitEllipse of a contour given as its point multiset int32 [H, W] (largest_contour's
   `points`); traced with 64-bit types on. rows: the design matrices get a row for each of the
   first `rows` pixels on the contour (static; None: one per pixel), exact when the contour has
-  no more distinct pixels.
+  no more distinct pixels. extra int32 [4, 2] and n_extra int32: points (x, y) the reference
+  appends to a contour of under 5 points (reference_padding); a contour of 5 points with them
+  gets OpenCV's direct fit.
 
   Returns (center float32 [2] as (x, y), size float32 [2] as (width, height) full axes with
   width <= height, angle float32 degrees, rule int32: FITTED, or the deterministic rule used
@@ -345,21 +369,270 @@ def _fit_ellipse(points: jax.Array, rows: int | None = None):
   size = jnp.where(swap, jnp.stack([h, w]), jnp.stack([w, h]))
   angle = jnp.where(angle < -180, angle + 360, angle)
   angle = jnp.where(angle > 360, angle - 360, angle)
+  # Five points (the contour's, repeats included, then the padding): OpenCV's direct fit.
+  if extra is None:
+    extra, n_extra = jnp.zeros((4, 2), jnp.int32), jnp.int32(0)
+  n_extra = jnp.where((n > 0) & (n < 5), n_extra, 0)
+  total = n + n_extra
+  own = jnp.nonzero(points.reshape(-1) > 0, size=5, fill_value=0)[0]
+  reps = jnp.where(jnp.arange(5) < jnp.sum(points > 0), points.reshape(-1)[own], 0)
+  slot = jnp.minimum(jnp.searchsorted(jnp.cumsum(reps), jnp.arange(5), side="right"), 4)
+  listed = jnp.stack([own[slot] % width, own[slot] // width], axis=1)
+  five = jnp.concatenate([listed, extra.astype(jnp.int32)]).astype(f64)
+  used = jnp.concatenate([jnp.arange(5) < jnp.minimum(n, 5), jnp.arange(4) < n_extra])
+  d_center, d_size, d_angle, d_ok = _fit_ellipse_direct(five, used)
   rule = jnp.where(
     n == 0,
     ABSENT,
     jnp.where(
-      n < 5, FEW_POINTS, jnp.where(n == 5, DIRECT_FIT, jnp.where(degenerate, DEGENERATE, FITTED))
+      total < 5,
+      FEW_POINTS,
+      jnp.where(
+        total == 5,
+        jnp.where(d_ok, DIRECT, DIRECT_FIT),
+        jnp.where(degenerate, DEGENERATE, FITTED),
+      ),
     ),
   ).astype(jnp.int32)
   fitted = rule == FITTED
+  direct = rule == DIRECT
   centroid = jnp.stack([cx, cy])
   return (
-    jnp.where(fitted, center, centroid),
-    jnp.where(fitted, size, 0.0).astype(jnp.float32),
-    jnp.where(fitted, angle, 0.0).astype(jnp.float32),
+    jnp.where(fitted, center, jnp.where(direct, d_center, centroid)),
+    jnp.where(fitted, size, jnp.where(direct, d_size, 0.0)).astype(jnp.float32),
+    jnp.where(fitted, angle, jnp.where(direct, d_angle, 0.0)).astype(jnp.float32),
     rule,
   )
+
+
+def _fit_ellipse_direct(xy, rows_used):
+  """cv2.fitEllipseDirect's first attempt (OpenCV 4.x, the fit cv2.fitEllipse uses on exactly 5
+  points) on float64 [5, 2] points; traced with 64-bit types on. rows_used: bool [5], the rows
+  that are points (the rest are ignored).
+
+  With 5 points the reduced scatter matrix M is singular in exact arithmetic, so |det M| is
+  round-off: where it is at most 1e-10 (or not finite), OpenCV retries with points moved by
+  cv::theRNG(), a generator whose state depends on every earlier fit of the process, and its
+  result cannot be reproduced. Returns (center float32 [2], size float32 [2], angle float32,
+  ok bool: OpenCV's first attempt stands and gives a finite ellipse).
+  """
+  f64 = jnp.float64
+  w = rows_used.astype(f64)
+  n = jnp.maximum(jnp.sum(w), 1.0)
+  # OpenCV converts the int points to float32, sums them in double.
+  c = jnp.sum(xy * w[:, None], axis=0) / n
+  s = jnp.sum(w * (jnp.abs(xy[:, 0] - c[0]) + jnp.abs(xy[:, 1] - c[1])))
+  scale = 100.0 / jnp.where(s > FLT_EPSILON, s, FLT_EPSILON)
+  px = (xy[:, 0] - c[0]) * scale
+  py = (xy[:, 1] - c[1]) * scale
+  a = jnp.stack([px * px, px * py, py * py, px, py, jnp.ones_like(px)], axis=1) * w[:, None]
+  dm = a.T @ a / n
+  s1, s2, s3 = dm[:3, :3], dm[:3, 3:], dm[3:, 3:]
+  # TM = -adj(S3) S2^T and Ts = det(S3): S3^-1 without a division, as OpenCV writes it.
+  adj = jnp.stack(
+    [
+      jnp.stack(
+        [
+          s3[1, 1] * s3[2, 2] - s3[1, 2] * s3[2, 1],
+          s3[0, 2] * s3[2, 1] - s3[0, 1] * s3[2, 2],
+          s3[0, 1] * s3[1, 2] - s3[0, 2] * s3[1, 1],
+        ]
+      ),
+      jnp.stack(
+        [
+          s3[1, 2] * s3[2, 0] - s3[1, 0] * s3[2, 2],
+          s3[0, 0] * s3[2, 2] - s3[0, 2] * s3[2, 0],
+          s3[0, 2] * s3[1, 0] - s3[0, 0] * s3[1, 2],
+        ]
+      ),
+      jnp.stack(
+        [
+          s3[1, 0] * s3[2, 1] - s3[1, 1] * s3[2, 0],
+          s3[0, 1] * s3[2, 0] - s3[0, 0] * s3[2, 1],
+          s3[0, 0] * s3[1, 1] - s3[0, 1] * s3[1, 0],
+        ]
+      ),
+    ]
+  )
+  ts = s3[0, 0] * adj[0, 0] + s3[0, 1] * adj[1, 0] + s3[0, 2] * adj[2, 0]
+  tm = -adj @ s2.T
+  reduced = s1 + s2 @ tm / ts
+  m = jnp.stack([reduced[2] / 2, -reduced[1], reduced[0] / 2])
+  det = jnp.linalg.det(m)
+  # Eigenvalues of the 3 x 3 M from its characteristic cubic (complex roots: OpenCV's
+  # eigenNonSymmetric takes real eigenvalues only), eigenvectors as the longest cross product
+  # of two rows of M - lambda I, unit length.
+  tr = jnp.trace(m)
+  c2 = (
+    m[0, 0] * m[1, 1]
+    - m[0, 1] * m[1, 0]
+    + m[0, 0] * m[2, 2]
+    - m[0, 2] * m[2, 0]
+    + m[1, 1] * m[2, 2]
+    - m[1, 2] * m[2, 1]
+  )
+  shift = tr / 3
+  p = c2 - tr * tr / 3
+  q = -(2 * tr**3 / 27 - tr * c2 / 3 + det)  # lambda = t + shift solves t^3 + p t + q = 0
+  real_roots = p < 0
+  radius = 2 * jnp.sqrt(jnp.where(real_roots, -p / 3, 1.0))
+  cosine = jnp.clip(3 * q / (p * radius) * jnp.where(real_roots, 1.0, 0.0), -1.0, 1.0)
+  phi = jnp.arccos(cosine) / 3
+  lambdas = shift + radius * jnp.cos(phi - 2 * math.pi * jnp.arange(3) / 3)
+  real_roots &= 4 * p**3 + 27 * q**2 <= 0
+
+  def vector(lam):
+    r = m - lam * jnp.eye(3, dtype=f64)
+    crosses = jnp.stack([jnp.cross(r[0], r[1]), jnp.cross(r[0], r[2]), jnp.cross(r[1], r[2])])
+    best = crosses[jnp.argmax(jnp.sum(crosses * crosses, axis=1))]
+    return best / jnp.linalg.norm(best)
+
+  vectors = jax.vmap(vector)(lambdas)
+  cond = 4 * vectors[:, 0] * vectors[:, 2] - vectors[:, 1] ** 2
+  i = jnp.where(
+    cond[0] < cond[1], jnp.where(cond[1] < cond[2], 2, 1), jnp.where(cond[0] < cond[2], 2, 0)
+  )
+  v = vectors[i]
+  norm = jnp.linalg.norm(v)
+  norm = jnp.where(jnp.prod(jnp.where(v < 0, -1.0, 1.0)) <= 0, -norm, norm)
+  pv = v / norm
+  qv = tm @ pv / ts
+  u1 = pv[2] * qv[0] ** 2 - pv[1] * qv[0] * qv[1] + pv[0] * qv[1] ** 2 + pv[1] ** 2 * qv[2]
+  u2 = pv[0] * pv[2] * qv[2]
+  l1 = jnp.sqrt(pv[1] ** 2 + (pv[0] - pv[2]) ** 2)
+  l2 = pv[0] + pv[2]
+  l3 = pv[1] ** 2 - 4 * pv[0] * pv[2]
+  p1 = 2 * pv[2] * qv[0] - pv[1] * qv[1]
+  p2 = 2 * pv[0] * qv[1] - pv[1] * qv[0]
+  x0 = p1 / l3 / scale + c[0]
+  y0 = p2 / l3 / scale + c[1]
+  semi_a = math.sqrt(2.0) * jnp.sqrt((u1 - 4 * u2) / ((l1 - l2) * l3)) / scale
+  semi_b = math.sqrt(2.0) * jnp.sqrt(-1.0 * ((u1 - 4 * u2) / ((l1 + l2) * l3))) / scale
+  theta = jnp.where(
+    pv[1] == 0,
+    jnp.where(pv[0] < pv[2], 0.0, math.pi / 2),
+    math.pi / 2 + 0.5 * jnp.arctan2(pv[1], pv[0] - pv[2]),
+  )
+  width = (2 * semi_a).astype(jnp.float32)
+  height = (2 * semi_b).astype(jnp.float32)
+  swap = width > height
+  angle = jnp.where(
+    swap, jnp.fmod(90 + theta * 180 / math.pi, 180.0), jnp.fmod(theta * 180 / math.pi, 180.0)
+  )
+  center = jnp.stack([x0, y0]).astype(jnp.float32)
+  size = jnp.where(swap, jnp.stack([height, width]), jnp.stack([width, height]))
+  ok = (
+    jnp.all(jnp.isfinite(m))
+    & (jnp.abs(det) > 1e-10)
+    & real_roots
+    & jnp.all(jnp.isfinite(center))
+    & jnp.all(jnp.isfinite(size))
+  )
+  return center, size, angle.astype(jnp.float32), ok
+
+
+# ------------------------------------------------------------------------------------------
+# The reference's padding of short contours (Python's `random`)
+# ------------------------------------------------------------------------------------------
+
+#: utils.get_label_colors: concept l is drawn in REFERENCE_COLORS[l]; the reference visits an
+#: image's concepts in np.unique order of their colours (rows sorted lexicographically).
+REFERENCE_COLORS = (
+  (255, 0, 0),
+  (0, 255, 0),
+  (0, 0, 255),
+  (255, 255, 0),
+  (255, 165, 0),
+  (255, 192, 203),
+  (160, 32, 240),
+  (0, 255, 255),
+  (128, 0, 0),
+  (128, 128, 0),
+  (128, 0, 128),
+  (255, 105, 180),
+  (75, 0, 130),
+  (0, 128, 0),
+  (0, 128, 128),
+  (70, 130, 180),
+  (255, 69, 0),
+  (139, 69, 19),
+  (0, 0, 128),
+  (255, 20, 147),
+  (255, 140, 0),
+)
+#: 32-bit words of Python's Mersenne Twister a padding pass may read: at most 4 points of 2
+#: draws per concept, a draw rejecting a word with probability below 1/2 (no draw is cut short
+#: before 2^-40 of them are rejected in a row).
+PAD_WORDS = 1024
+
+
+def reference_order(n_concepts: int) -> np.ndarray:
+  """int [n_concepts]: the concept ids in the reference's visiting order (np.unique of colours)."""
+  if n_concepts > len(REFERENCE_COLORS):
+    raise ValueError(
+      f"utils.get_label_colors has {len(REFERENCE_COLORS)} colours, not {n_concepts}."
+    )
+  return np.asarray(sorted(range(n_concepts), key=lambda c: REFERENCE_COLORS[c]), np.int32)
+
+
+@functools.lru_cache(maxsize=8)
+def python_random_words(seed: int, count: int = PAD_WORDS) -> np.ndarray:
+  """uint32 [count]: the first words random.seed(seed) makes Python's generator give (what
+  getrandbits(32) returns); random.randint reads them in this order."""
+  import random  # pylint: disable=import-outside-toplevel
+
+  generator = random.Random(seed)
+  return np.asarray([generator.getrandbits(32) for _ in range(count)], np.uint32)
+
+
+def _randbelow(words, cursor, n):
+  """random._randbelow(n) for int32 n >= 1 from uint32 words: getrandbits(n.bit_length()) is a
+  word's top bits; values >= n are rejected. Returns (value int32, cursor after it)."""
+  bits = 32 - jax.lax.clz(n.astype(jnp.uint32)).astype(jnp.uint32)
+  shift = jnp.uint32(32) - bits
+
+  def draw(carry):
+    cursor, _ = carry
+    word = words[jnp.minimum(cursor, words.shape[0] - 1)]
+    return cursor + 1, (word >> shift).astype(jnp.int32)
+
+  cursor, value = draw((cursor, jnp.int32(0)))
+  cursor, value = jax.lax.while_loop(lambda c: c[1] >= n, draw, (cursor, value))
+  return value, cursor
+
+
+def reference_padding(n_points, last, words, order):
+  """The points utils.draw_circle_on_components_with_augments adds to a largest contour of
+  fewer than 5 points, for the concepts of one image and method, drawn from Python's `random`
+  reseeded before them.
+
+  Args:
+    n_points: int32 [L] contour lengths (0: concept absent); last: int32 [L, 2], the contours'
+      last points (x, y); words: uint32 [W], python_random_words(seed); order: int32 [L], the
+      visiting order (reference_order).
+  Returns:
+    (extra int32 [L, 4, 2] points (x, y), n_extra int32 [L], failed bool [L]: the reference's
+     randint(0, last - 1) raises there (a last coordinate of 0): no points, no words read.)
+  For each missing point the reference draws randint(0, last_x - 1), then randint(0, last_y - 1).
+  """
+
+  def concept(cursor, c):
+    need = (n_points[c] > 0) & (n_points[c] < 5)
+    failed = need & jnp.any(last[c] < 1)
+    missing = jnp.where(need & ~failed, 5 - n_points[c], 0)
+
+    def point(cursor, k):
+      take = k < missing
+      x, after_x = _randbelow(words, cursor, jnp.maximum(last[c, 0], 1))
+      y, after_y = _randbelow(words, after_x, jnp.maximum(last[c, 1], 1))
+      return jnp.where(take, after_y, cursor), jnp.stack([x, y])
+
+    cursor, points = jax.lax.scan(point, cursor, jnp.arange(4))
+    return cursor, (points, missing, failed)
+
+  _, (points, missing, failed) = jax.lax.scan(concept, jnp.int32(0), order)
+  inverse = jnp.argsort(order)
+  return points[inverse], missing[inverse], failed[inverse]
 
 
 # ------------------------------------------------------------------------------------------
@@ -639,12 +912,13 @@ def _with_x64(jitted):
 
 @_with_x64
 @jax.jit
-def fit_ellipses(points: jax.Array):
+def fit_ellipses(points: jax.Array, extra=None, n_extra=None):
   """cv2.fitEllipse of contours given as point multisets int32 [N, H, W] (largest_contours'
-  `points`). Returns (center float32 [N, 2] as (x, y), size float32 [N, 2] as (width, height)
-  full axes with width <= height, angle float32 [N] degrees, rule int32 [N]: FITTED, or the
-  deterministic rule used (FEW_POINTS, DIRECT_FIT, DEGENERATE: a zero-size ellipse at the
-  centroid), or ABSENT)."""
+  `points`), with the reference's padding points extra int32 [N, 4, 2] and n_extra int32 [N]
+  (reference_padding; None: none). Returns (center float32 [N, 2] as (x, y), size float32 [N, 2]
+  as (width, height) full axes with width <= height, angle float32 [N] degrees, rule int32 [N]:
+  FITTED or DIRECT (OpenCV's fits), or the deterministic rule used (FEW_POINTS, DIRECT_FIT,
+  DEGENERATE: a zero-size ellipse at the centroid), or ABSENT)."""
   points = jnp.asarray(points, jnp.int32)
   total, height, width = points.shape
   # Design matrices need a row per contour pixel only: a row budget of a twelfth of the
@@ -652,18 +926,30 @@ def fit_ellipses(points: jax.Array):
   rows = max(256, height * width // 12)
   chunk = 16
   chunks = -(-total // chunk)
-  padded = jnp.pad(points, ((0, chunks * chunk - total), (0, 0), (0, 0)))
+  if extra is None:
+    extra, n_extra = jnp.zeros((total, 4, 2), jnp.int32), jnp.zeros(total, jnp.int32)
+  grow = chunks * chunk - total
+  padded = jnp.pad(points, ((0, grow), (0, 0), (0, 0)))
+  extra = jnp.pad(jnp.asarray(extra, jnp.int32), ((0, grow), (0, 0), (0, 0)))
+  n_extra = jnp.pad(jnp.asarray(n_extra, jnp.int32), (0, grow))
 
   def one_chunk(group):
-    fits = jnp.max(jnp.sum(group > 0, axis=(1, 2))) <= rows
+    fits = jnp.max(jnp.sum(group[0] > 0, axis=(1, 2))) <= rows
     return jax.lax.cond(
       fits,
       jax.vmap(functools.partial(_fit_ellipse, rows=rows)),
       jax.vmap(_fit_ellipse),
-      group,
+      *group,
     )
 
-  out = jax.lax.map(one_chunk, padded.reshape(chunks, chunk, height, width))
+  out = jax.lax.map(
+    one_chunk,
+    (
+      padded.reshape(chunks, chunk, height, width),
+      extra.reshape(chunks, chunk, 4, 2),
+      n_extra.reshape(chunks, chunk),
+    ),
+  )
   return tuple(v.reshape(chunks * chunk, *v.shape[2:])[:total] for v in out)
 
 
@@ -681,19 +967,67 @@ def ellipse_masks(center, size, angle, height: int, width: int):
   )
 
 
-def concept_ellipses(masks: jax.Array, chunk: int = 16) -> dict[str, jax.Array]:
-  """Contour, fitEllipse and rasterised ellipse of bool masks [N, H, W].
+def concept_ellipses(masks: jax.Array, chunk: int = 16, padding=None) -> dict[str, jax.Array]:
+  """Contour, fitEllipse and rasterised ellipse of bool masks [N, H, W]; padding: None, or a
+  function of largest_contours' dict returning (extra int32 [N, 4, 2], n_extra int32 [N]), the
+  reference's points added to contours of under 5 points (see padded_ellipses).
 
   Returns a dict with largest_contour's fields (stacked), center float32 [N, 2], size float32
   [N, 2], angle float32 [N], rule int32 [N], stroke bool [N, H, W], filled bool [N, H, W].
   """
   height, width = masks.shape[1:]
   contour = largest_contours(masks, chunk=chunk)
-  center, size, angle, rule = fit_ellipses(contour["points"])
+  extra = n_extra = None
+  if padding is not None:
+    extra, n_extra = padding(contour)
+  center, size, angle, rule = fit_ellipses(contour["points"], extra, n_extra)
   stroke, filled = ellipse_masks(center, size, angle, height, width)
   return dict(
     contour, center=center, size=size, angle=angle, rule=rule, stroke=stroke, filled=filled
   )
+
+
+@functools.partial(jax.jit, static_argnames=("n_concepts", "chunk"))
+def _pairs_padding(maps, pairs, n_points, words, n_concepts: int, chunk: int):
+  """reference_padding for the regions `pairs` (int32 [P, 3]: map, image, concept of maps int32
+  [M, B, H, W]) whose own contours have n_points int32 [P]. A region's draws depend on the
+  concepts visited before it in its map, so only when some region has 1 to 4 points are the
+  contours of all n_concepts concepts of its map traced (a branch, taken on few chunks)."""
+  order = jnp.asarray(reference_order(n_concepts))
+  short = jnp.any((n_points > 0) & (n_points < 5))
+
+  def pad(_):
+    group = maps[pairs[:, 0], pairs[:, 1]]  # [P, H, W]
+    ids = jnp.arange(n_concepts, dtype=jnp.int32)
+    masks = (group[:, None] == ids[None, :, None, None]).reshape(-1, *group.shape[1:])
+    traced = largest_contours(masks, chunk=chunk)
+    count = traced["n_points"].reshape(-1, n_concepts)
+    last = traced["last"].reshape(-1, n_concepts, 2)
+    extra, n_extra, _ = jax.vmap(lambda n, l: reference_padding(n, l, words, order))(count, last)
+    rows = jnp.arange(pairs.shape[0])
+    return extra[rows, pairs[:, 2]], n_extra[rows, pairs[:, 2]]
+
+  def none(_):
+    return jnp.zeros((pairs.shape[0], 4, 2), jnp.int32), jnp.zeros(pairs.shape[0], jnp.int32)
+
+  return jax.lax.cond(short, pad, none, None)
+
+
+def padded_ellipses(maps, pairs, n_concepts: int, seed: int = 0, chunk: int = 16):
+  """concept_ellipses of the regions `pairs` (int32 [P, 3]: map, image, concept) of concept
+  maps int32 [M, B, H, W] (-1 background), with the reference's padding of contours under 5
+  points: Python's `random` seeded with `seed` anew before each map's (image's and method's)
+  concepts, visited in the reference's colour order (reference_order). Returns
+  concept_ellipses' dict over P."""
+  maps = jnp.asarray(maps, jnp.int32)
+  pairs = jnp.asarray(pairs, jnp.int32)
+  words = jnp.asarray(python_random_words(int(seed)))
+  masks = maps[pairs[:, 0], pairs[:, 1]] == pairs[:, 2, None, None]
+
+  def padding(contour):
+    return _pairs_padding(maps, pairs, contour["n_points"], words, n_concepts, chunk)
+
+  return concept_ellipses(masks, chunk=chunk, padding=padding)
 
 
 @functools.partial(jax.jit, static_argnames=("blur_size",))

@@ -81,6 +81,9 @@ def analysis_config(**overrides) -> ml_collections.ConfigDict:
     center_features=False,  # centre the patch features before the split (not in the reference)
     n_concepts=5,  # L
     kmeans_seed=0,
+    # Reference mode's padding of contours under 5 points: Python's `random` seeded with it
+    # before each image's concepts of each method (mutual.ellipse.padded_ellipses).
+    ellipse_seed=0,
     compute_dtype="float32",  # the vision towers' ("bfloat16" on GPU / TPU); language stages fp32
     prompt_chunk=32,  # concept regions (3 prompts each) per vision-tower call
     tower_batch=0,  # images per tower pass in a call; 0: a few on a CPU, all on GPU / TPU
@@ -164,6 +167,31 @@ def check_analysis(analysis) -> dict:
       "config.analysis.tower_batch must be an integer >= 0 (images per vision-tower pass; 0: "
       f"the device's rule, a few on a CPU and the whole call on GPU / TPU), got {per_pass!r}."
     )
+  methods = analysis.get("methods", ("pca",))
+  known = ("pca", "kmeans")
+  if (
+    isinstance(methods, str)
+    or not methods
+    or any(m not in known for m in methods)
+    or len(set(methods)) != len(methods)
+  ):
+    raise ConfigError(
+      f"config.analysis.methods must list one or both concept methods {known}, each once, "
+      f"got {methods!r}."
+    )
+  # Sizes whose 0 or negative value would write MI 0 / AUC 0 as if they were results.
+  for key, lowest, meaning in (
+    ("top_k", 1, "descriptors kept per concept and image in the intersection"),
+    ("u", 1, "the predicted class's top descriptors on the language side"),
+    ("n_concepts", 1, "visual concepts per image"),
+    ("top_descriptors", 1, "descriptors chosen per concept"),
+    ("ellipse_seed", 0, "the seed of the reference's ellipse padding"),
+  ):
+    value = analysis.get(key, lowest)
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+      raise ConfigError(
+        f"config.analysis.{key} ({meaning}) must be an integer >= {lowest}, got {value!r}."
+      )
   return stages
 
 

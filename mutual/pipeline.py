@@ -355,6 +355,7 @@ def vision_side(
     ellipse=stages["ellipse"],
     chunk=chunk,
     per_pass=per_pass,
+    ellipse_seed=int(analysis.get("ellipse_seed", 0)),
   )
   for method, (embeddings, valid) in zip(methods, embedded):
     out[method] = dict(

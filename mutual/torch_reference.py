@@ -22,9 +22,13 @@ Where the reference is random or undefined, both sides share one deterministic r
 design.md, "Analysis modes"):
   * K-means start: the reference draws it with numpy's unseeded generator; here it is the
     project's seeded draw (mutual.concepts.random_start), handed to kmeans_pytorch;
-  * ellipses of contours with at most 5 points, or of collinear points (the reference pads with
-    random points; OpenCV's direct fit and, from 4.12, its degenerate case are random): a
-    zero-size ellipse at the centroid of the contour points (mutual.ellipse's rule);
+  * contours under 5 points are padded as utils.py pads them, from Python's `random` seeded
+    with `ellipse_seed` anew before each image's concepts of each method (the reference draws
+    from the unseeded global generator); where OpenCV's fit is itself random (its 5-point direct
+    fit or a degenerate least-squares fit, both redone with cv::theRNG(), whose state depends on
+    every earlier fit of the process: two calls then disagree) or the padding raises
+    (randint(0, -1) on a last point with a 0 coordinate): a zero-size ellipse at the centroid of
+    the contour points (mutual.ellipse's rule);
   * PCA: the exact SVD (svd_solver="full"); scikit-learn before 1.5 switched to an unseeded
     randomized SVD above 500 x 500 inputs, whose axes agree with the exact ones;
   * ties in the transport plan (e.g. the uniform row of a single concept): the entries of a row
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import random
 from typing import Any, Sequence
 
 import cv2
@@ -131,7 +136,7 @@ def to_tensor(images: np.ndarray, mean, std) -> torch.Tensor:
 
 def shown_uint8(x: torch.Tensor, mean, std) -> np.ndarray:
   """utils.show_image then (x * 255).astype(uint8): float32 NCHW -> uint8 [B, S, S, 3]."""
-  pixels = x.numpy().transpose(0, 2, 3, 1)
+  pixels = x.cpu().numpy().transpose(0, 2, 3, 1)
   back = np.asarray(std, np.float64) * pixels + np.asarray(mean, np.float64)
   return np.ascontiguousarray((back.clip(0, 1) * 255).astype(np.uint8))
 
@@ -193,7 +198,8 @@ def spectral_foreground(tokens: torch.Tensor, side: int, joint: bool = True) -> 
   batch, count, _ = tokens.shape
 
   def second_vector(rows):
-    u = torch.linalg.svd(F.normalize(rows, p=2, dim=-1), full_matrices=False)[0][:, 1].numpy()
+    u = torch.linalg.svd(F.normalize(rows, p=2, dim=-1), full_matrices=False)[0][:, 1]
+    u = u.cpu().numpy()
     return -u if 0.5 < np.mean(u > 0) < 1.0 else u
 
   if joint:
@@ -235,7 +241,7 @@ def kmeans_labels(fg_tokens: torch.Tensor, start: np.ndarray, n_concepts: int, s
 
   def initialize(x, num_clusters):
     del num_clusters
-    return x[torch.as_tensor(start, dtype=torch.long)].clone()
+    return x[torch.as_tensor(start, dtype=torch.long, device=x.device)].clone()
 
   rng = np.random.default_rng(0)
 
@@ -245,14 +251,16 @@ def kmeans_labels(fg_tokens: torch.Tensor, start: np.ndarray, n_concepts: int, s
     if index.numel() == 0 and x is unit:
       if stats is not None:
         stats["empty_clusters"] = stats.get("empty_clusters", 0) + 1
-      index = torch.as_tensor([int(rng.integers(len(x)))])
+      index = torch.as_tensor([int(rng.integers(len(x)))], device=x.device)
     return original_index_select(x, dim, index)
 
   kmeans_pytorch.initialize = initialize
   torch.index_select = index_select
   try:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-      labels, _ = kmeans_pytorch.kmeans(X=unit, num_clusters=n_concepts, distance="euclidean")
+      labels, _ = kmeans_pytorch.kmeans(
+        X=unit, num_clusters=n_concepts, distance="euclidean", device=unit.device
+      )
   finally:
     kmeans_pytorch.initialize = original_initialize
     torch.index_select = original_index_select
@@ -268,22 +276,34 @@ def crf_mask(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
   return out != 0
 
 
-def _collinear(points: np.ndarray) -> bool:
-  centred = points.astype(np.float64) - points.mean(axis=0)
-  return np.linalg.matrix_rank(centred) < 2
-
-
-def ellipse_box(region: np.ndarray):
+def ellipse_box(region: np.ndarray, rng: random.Random | None = None):
   """The reference's ellipse of a concept region: fitEllipse on the outer contour of largest
-  contourArea; the shared rule (a zero-size ellipse at the points' centroid) where OpenCV or
-  the reference is random (at most 5 points, collinear points)."""
+  contourArea, a contour under 5 points first padded with rng.randint(0, last - 1) per
+  coordinate of each missing point (`rng`: the reference's `random`, seeded; None: no padding);
+  the shared rule (a zero-size ellipse at the contour points' centroid) where OpenCV's fit is
+  random (two calls disagree), the padding raises, or there is no padding."""
   contours, _ = cv2.findContours(region.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
   contour = max(contours, key=cv2.contourArea)
   points = contour[:, 0]
-  if len(points) <= 5 or _collinear(points):
-    center = points.sum(axis=0).astype(np.float32) / np.float32(len(points))
-    return (float(center[0]), float(center[1])), (0.0, 0.0), 0.0
-  return cv2.fitEllipse(contour)
+  center = points.sum(axis=0).astype(np.float32) / np.float32(len(points))
+  zero = (float(center[0]), float(center[1])), (0.0, 0.0), 0.0
+  if len(points) < 5:
+    if rng is None:
+      return zero
+    last_x, last_y = (int(v) for v in points[-1])
+    try:
+      extra = [
+        [rng.randint(0, last_x - 1), rng.randint(0, last_y - 1)] for _ in range(5 - len(points))
+      ]
+    except ValueError:  # randint(0, -1): the reference stops here
+      return zero
+    contour = np.concatenate([contour, np.asarray(extra, np.int32)[:, None]])
+  box = cv2.fitEllipse(contour)
+  # OpenCV redraws random offsets (cv::theRNG) only on its random paths, so a second call
+  # gives another box exactly there.
+  if cv2.fitEllipse(contour) != box or not np.all(np.isfinite(np.ravel(box[:2]))):
+    return zero
+  return box
 
 
 def prompts(image: np.ndarray, box) -> list[np.ndarray]:
@@ -323,8 +343,8 @@ def sinkhorn(logits: torch.Tensor, iterations: int = 1000) -> torch.Tensor:
 def top_with_ties(plan: torch.Tensor, scores: torch.Tensor, top: int) -> list[list[int]]:
   """Each row's `top` columns by plan mass; entries in the same 1e-4 bucket of the row's
   maximum are ordered by raw score (the shared tie rule), else torch.topk's order."""
-  plan_np = plan.numpy().astype(np.float32)
-  scores_np = scores.numpy()
+  plan_np = plan.cpu().numpy().astype(np.float32)
+  scores_np = scores.cpu().numpy()
   rows = []
   for p, s in zip(plan_np, scores_np):
     row_max = np.float32(max(np.max(np.abs(p)), 1e-30))
@@ -417,7 +437,7 @@ def image_concepts(
   common = set(torch.topk(logits[0], k).indices.tolist())
   for row in logits[1:]:
     common.intersection_update(torch.topk(row, k).indices.tolist())
-  common = torch.tensor(list(common), dtype=torch.long)
+  common = torch.tensor(list(common), dtype=torch.long, device=logits.device)
   if len(common):
     relevance = image_scores(common)
     common = common[relevance > relevance.mean() - offset]
@@ -428,7 +448,9 @@ def image_concepts(
   picks = top_with_ties(plan, chosen_logits, min(top, len(common)))
   per_concept = [list(dict.fromkeys(int(common[j]) for j in row)) for row in picks]
   flat = [d for row in per_concept for d in row]
-  scores = (image_scores(torch.tensor(flat, dtype=torch.long)) * scale).tolist()
+  scores = (
+    image_scores(torch.tensor(flat, dtype=torch.long, device=logits.device)) * scale
+  ).tolist()
   unique, unique_scores = [], []
   for d, s in zip(flat, scores):
     if d not in unique:
@@ -459,9 +481,11 @@ def analyze_class(
   crf: bool = True,
   kmeans_seed: int = 0,
   pca_sign_rule: str = "sklearn<1.5",
+  ellipse_seed: int = 0,
   offset: float = 0.02,
   top: int = 3,
   desc_tokens: torch.Tensor | None = None,
+  device: "str | torch.device | None" = None,
 ) -> dict[str, Any]:
   """The reference's analysis of one class's B images.
 
@@ -476,22 +500,29 @@ def analyze_class(
     crf: SimpleCRF refinement (the reference); False uses the upsampled patch mask.
     kmeans_seed: the seed of the K-means start (`kmeans_start`, shared with the project).
     pca_sign_rule: "sklearn<1.5" (the reference's) or "sklearn>=1.5".
+    ellipse_seed: Python's `random` is seeded with it before each image's concepts of each
+      method are prompted (the padding of contours under 5 points; ellipse_box).
     offset, top: the relevance offset and the descriptors per concept.
     desc_tokens: int [D, context], the descriptors' token ids: when given, the image scores
       re-encode the image and the scored descriptors each time, as the reference's code does
       (`Reencode`; `desc` must then be those texts' embeddings, for the same results), and
       stats counts those rows ("reencoded_image_rows", "reencoded_text_rows").
+    device: where the tensors go (the model must be there already); None: the CPU. The CPU
+      libraries (OpenCV, scikit-learn, SimpleCRF) read copies on the host, as the reference.
 
   Returns:
     dict: predicted int [B], foreground bool [B, h, w], refined bool [B, S, S]; per method a
     dict with concept_maps int [B, h, w] (-1 background), pixel_maps int [B, S, S], per-image
     lists candidates, concept_ids, visual_ids, language_ids, curves, and arrays mi, auc; stats.
   """
-  x = to_tensor(images, mean, std)
-  desc_t, classes_t = torch.from_numpy(desc), torch.from_numpy(classes)
+  device = torch.device("cpu" if device is None else device)
+  x = to_tensor(images, mean, std).to(device)
+  desc_t, classes_t = torch.from_numpy(desc).to(device), torch.from_numpy(classes).to(device)
+  if desc_tokens is not None:
+    desc_tokens = desc_tokens.to(device)
   embeddings, tokens = tower_features(model, x, feature_kind)
   image_emb = F.normalize(embeddings, dim=-1)
-  predicted = (image_emb @ classes_t.T).argmax(-1).numpy()
+  predicted = (image_emb @ classes_t.T).argmax(-1).cpu().numpy()
   batch, count, width = tokens.shape
   side = int(round(count**0.5))
   size = images.shape[1]
@@ -508,13 +539,13 @@ def analyze_class(
     for i in range(batch):
       mask = crf_mask(shown[i], coarse[i])
       refined[i] = mask if mask.any() else coarse[i]
-  fg_tokens = tokens.reshape(batch, side, side, width)[torch.from_numpy(fg)]
+  fg_tokens = tokens.reshape(batch, side, side, width)[torch.from_numpy(fg).to(device)]
   weights = classes_t @ desc_t.T
   stats: dict[str, int] = {}
   out: dict[str, Any] = dict(predicted=predicted, foreground=fg, refined=refined, stats=stats)
   for method in methods:
     if method == "pca":
-      labels = pca_labels(fg_tokens.numpy(), n_concepts, pca_sign_rule)
+      labels = pca_labels(fg_tokens.cpu().numpy(), n_concepts, pca_sign_rule)
     elif method == "kmeans":
       position = np.cumsum(fg.reshape(-1)) - 1  # patch index -> row of fg_tokens
       start = position[kmeans_start(fg, n_concepts, kmeans_seed)]
@@ -537,14 +568,17 @@ def analyze_class(
       pixels = np.where(refined[i], pixels, -1).astype(np.int64)
       result["pixel_maps"][i] = pixels
       present = concept_order(pixels)
-      rendered = [prompts(shown[i], ellipse_box(pixels == c)) for c in present]
+      rng = random.Random(ellipse_seed)  # random.seed(ellipse_seed), once per image and method
+      rendered = [prompts(shown[i], ellipse_box(pixels == c, rng)) for c in present]
       language = torch.topk(weights[predicted[i]], u).indices.tolist()
       candidates, per_concept, ordered = [], [], []
       if rendered:
         # [variant, concept] as the reference stacks them, then the mean over variants.
         stack = np.stack([np.stack([r[v] for r in rendered]) for v in range(3)])
         with torch.no_grad():
-          emb = model.encode_image(to_tensor(stack.reshape(-1, size, size, 3), mean, std))
+          emb = model.encode_image(
+            to_tensor(stack.reshape(-1, size, size, 3), mean, std).to(device)
+          )
         emb = F.normalize(emb.float(), dim=-1).reshape(3, len(present), -1).mean(0)
         reencode = None if desc_tokens is None else Reencode(model, x[i : i + 1], desc_tokens)
         candidates, per_concept, ordered = image_concepts(

@@ -352,15 +352,19 @@ def region_presence(maps, n_concepts: int) -> np.ndarray:
   return (maps[:, :, None] == np.arange(n_concepts)[None, None, :, None, None]).any(axis=(3, 4))
 
 
-def distinct_regions(maps: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def distinct_regions(
+  maps: np.ndarray, pairs: np.ndarray, across_maps: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
   """The regions of `pairs` (int [P, 3]: map, image, concept of maps int [M, B, h, w]) with a
   pixel set of their own: (the first pair of each distinct (image, pixel set), int [U, 3];
   int [P], the row of that list each pair takes). Equal regions get equal prompts, so PCA's and
-  K-means' equal regions (9% of the embedded world's) go through the tower once."""
-  first: dict[tuple[int, bytes], int] = {}
+  K-means' equal regions (9% of the embedded world's) go through the tower once.
+  across_maps=False shares regions within a map only: the reference's ellipse of a contour
+  under 5 points depends on the method's random draws, not only on the pixels."""
+  first: dict[tuple[int, int, bytes], int] = {}
   copies = np.empty(len(pairs), np.int64)
   for row, (m, b, c) in enumerate(pairs):
-    key = (int(b), np.packbits(maps[m, b] == c).tobytes())
+    key = (0 if across_maps else int(m), int(b), np.packbits(maps[m, b] == c).tobytes())
     copies[row] = first.setdefault(key, len(first))
   unique_rows = np.full(len(first), -1, np.int64)
   for row in range(len(pairs) - 1, -1, -1):
@@ -381,6 +385,7 @@ def concept_embeddings_of_maps(
   chunk: int = PROMPT_CHUNK,
   devices: Sequence[jax.Device] | None = None,
   per_pass: int | None = None,
+  ellipse_seed: int = 0,
 ):
   """`concept_embeddings` for several concept maps of the same images at once (PCA's and
   K-means', say): only the regions present are prompted, and the regions of all maps and
@@ -395,6 +400,10 @@ def concept_embeddings_of_maps(
     devices: the devices the regions of a call are sharded over (the weights, images and maps
       are replicated on them); default this process's devices. The result does not depend on
       them beyond float32 summation order.
+    ellipse_seed: with ellipse="reference", the seed of the reference's random padding of
+      contours under 5 points (config.analysis.ellipse_seed; mutual.ellipse.padded_ellipses).
+      The reference's ellipses differ by method there, so equal regions of two maps are not
+      shared in that mode.
     per_pass: on one device, images per tower pass inside a call (mutual.features.
       images_per_pass: a few on a CPU, whose tower slows once a pass's activations leave the
       cache); None, or several devices (each holding its share of the call): the whole call.
@@ -440,7 +449,7 @@ def concept_embeddings_of_maps(
   host_maps = np.asarray(maps)
   present = region_presence(host_maps, n_concepts)
   every_pair = np.argwhere(present).astype(np.int32)  # [P, 3]: map, image, concept
-  pairs, copies = distinct_regions(host_maps, every_pair)
+  pairs, copies = distinct_regions(host_maps, every_pair, across_maps=ellipse != "reference")
   options = dict(
     image_fn=bundle.image_function,
     stroke=max(1.0, thickness * height / 224) if ellipse == "moments" else 1.0,
@@ -462,9 +471,8 @@ def concept_embeddings_of_maps(
     index = jax.device_put(index, shard) if shard is not None else jnp.asarray(index)
     ellipses = None
     if ellipse == "reference":
-      found = reference_ellipse.concept_ellipses(
-        maps[index[:, 0], index[:, 1]] == index[:, 2:, None]
-      )
+      # The reference's padding of short contours (Python's `random`, seed 0 per map).
+      found = reference_ellipse.padded_ellipses(maps, index, n_concepts, seed=ellipse_seed)
       ellipses = (found["stroke"], found["filled"])
     embedded = _region_embeddings(
       params,

@@ -440,7 +440,7 @@ def mutual_modes_figures() -> dict[str, str]:
           model, cls.images, bundle.preprocess_config.mean, bundle.preprocess_config.std,
           bank.descriptor_embeddings, bank.class_embeddings, int(a.top_k), int(a.u),
           methods=methods, joint=bool(a.joint_foreground), crf=use_crf,
-          kmeans_seed=int(a.kmeans_seed),
+          kmeans_seed=int(a.kmeans_seed), ellipse_seed=int(a.ellipse_seed),
         )
         for m in methods:
           ours = pipeline.summarise(result, m)

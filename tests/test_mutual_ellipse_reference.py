@@ -150,7 +150,7 @@ def _opencv_contour(cv2, mask):
 
 def _opencv_box(cv2, contour, rule):
   """What the reference draws for a contour; mutual.ellipse's rule where OpenCV is random."""
-  if rule == ellipse.FITTED:
+  if rule in (ellipse.FITTED, ellipse.DIRECT):
     return cv2.fitEllipse(contour)
   center = contour.sum(axis=0).astype(np.float32) / np.float32(len(contour))
   return (float(center[0]), float(center[1])), (0.0, 0.0), 0.0
@@ -204,6 +204,7 @@ def test_largest_contour_is_opencvs(cv2, masks):
       np.add.at(points, (contour[:, 1], contour[:, 0]), 1)
       where = f"{name} mask {i}"
       assert tuple(found["start"][i]) == tuple(contour[0]), where
+      assert tuple(found["last"][i]) == tuple(contour[-1]), where
       assert found["area"][i] == cv2.contourArea(contour[:, None]), where
       np.testing.assert_array_equal(found["points"][i], points, err_msg=where)
 
@@ -240,12 +241,12 @@ def test_fit_ellipse_is_opencvs(cv2, masks):
       if len(contour) < 5:
         assert rule[i] == ellipse.FEW_POINTS, where
       elif len(contour) == 5:
-        assert rule[i] == ellipse.DIRECT_FIT, where
+        assert rule[i] in (ellipse.DIRECT, ellipse.DIRECT_FIT), where
       elif _collinear(contour):
         assert rule[i] == ellipse.DEGENERATE, where
       elif name != "hand-made":  # blobs and concept regions are never degenerate
         assert rule[i] == ellipse.FITTED, where
-      if rule[i] != ellipse.FITTED:
+      if rule[i] not in (ellipse.FITTED, ellipse.DIRECT):
         want = contour.sum(axis=0).astype(np.float32) / np.float32(len(contour))
         np.testing.assert_array_equal(center[i], want, err_msg=where)
         assert (size[i] == 0).all() and angle[i] == 0, where

@@ -109,6 +109,7 @@ def test_reference_mode_agrees_with_the_torch_reference_per_image(tiny_synthetic
     theirs = torch_reference.analyze_class(
       model, cls.images, mean, std, bank.descriptor_embeddings, bank.class_embeddings,
       int(a.top_k), int(a.u), joint=True, crf=use_crf, kmeans_seed=int(a.kmeans_seed),
+      ellipse_seed=int(a.ellipse_seed),
     )
     for method in same:
       same[method].append(agreement(ours, theirs, method))
