@@ -2,6 +2,8 @@ r"""Images per second of the mutual-knowledge analysis: this JAX pipeline vs a p
 
   python benchmarks/mutual_throughput.py                       # tiny-synthetic's architecture, CPU
   python benchmarks/mutual_throughput.py --arch ViT-B-16 --images 50 --descriptors 4229   # GPU
+  python benchmarks/mutual_throughput.py --arch ViT-B-16 --images 16 --timed_classes 3 --crf \
+      --json F                                  # host / device split, reference mode, CRF on
 
 Both sides get the same random weights (stori_jax.parity.random_pair: an open_clip model and the
 converted bundle), the same B images of one class, the same descriptor embeddings (D random
@@ -12,8 +14,12 @@ by step with its libraries: PyTorch for the towers, the SVD and the 1,000-round 
 scikit-learn for PCA and MinMaxScaler; kmeans_pytorch for K-means (from the start the JAX side
 draws); OpenCV for connected components, contours, fitEllipse, ellipse drawing, grayscale and
 the Gaussian blur; python sets and numpy for the intersection and MI. Images go through it one
-by one from the visual prompts on, as there. The dense CRF is off on both sides (SimpleCRF, the
-reference's, builds from source only). The per-image side runs twice:
+by one from the visual prompts on, as there. The dense CRF is off on both sides unless `--crf`
+(SimpleCRF, the reference's, builds from source only: without it the per-image side runs with
+the CRF off, and `reference_crf` says so). On a machine with an accelerator (JAX's backend is
+not the CPU and torch sees CUDA) the per-image side runs there too: the model and its tensors
+on CUDA, bf16 under torch.autocast("cuda"), the CPU libraries on host copies as in the
+reference. The per-image side runs twice:
   * as written: the reference's get_concept_relevance_with_image encodes the image and the
     scored descriptors' texts again each time it scores them (the relevance filter and
     get_relevance_score, for each image and method: two image rows and |candidates| + |chosen|
@@ -28,6 +34,15 @@ config.analysis.mode (the ellipse, CRF unary, PCA sign and K-means stages).
 
 One run also prints (and `--json` writes):
   * images/s of this pipeline and of the per-image side in both forms, and the ratios;
+  * over `--timed_classes N` classes of new images (B each, generated with seeds other than the
+    warm-up class's, outside the clocks) after the warm-up: `host_seconds_per_image`, the CPU
+    time of the calling thread (stori_jax.profiling: time.thread_time(); device executions run
+    on XLA's threads and waiting for them costs the caller none), `device_seconds_per_image`,
+    wall minus host (the caller waiting: for the device, for XLA's compiler threads, whose
+    seconds are counted apart, or for a core on a busy machine),
+    `compiles_after_warmup` and `compile_seconds_after_warmup`, the XLA backend compilations
+    counted from jax.monitoring events (0 when every shape the classes meet was compiled by the
+    warm-up class), and `timed_classes_images_per_s`;
   * vision-tower passes per image on each side (images through the tower / B), and the
     reference's text-tower passes per image as written;
   * a per-stage profile of `pipeline.analyze_class` (a second timed run, on the same images,
@@ -55,6 +70,7 @@ import torch
 from absl import app, flags
 
 import stori_jax
+from stori_jax import profiling
 from mutual import concepts, crf, features, foreground, pipeline, report, torch_reference
 from mutual import visual_prompts
 from mutual import ellipse as reference_ellipse
@@ -81,6 +97,15 @@ flags.DEFINE_enum(
   "torch.autocast in the same dtype, and the matmul rate is measured in it.",
 )
 flags.DEFINE_integer("matmul", 4096, "Side of the square fp32 matmul timed for the machine's rate.")
+flags.DEFINE_integer(
+  "timed_classes",
+  1,
+  "Classes of new images (B each, a new seed per class) timed after the warm-up class, for the "
+  "host / device split and the compilations after warm-up.",
+)
+flags.DEFINE_bool(
+  "crf", False, "The dense CRF on both sides (the reference's needs SimpleCRF: else it runs off)."
+)
 FLAGS = flags.FLAGS
 
 
@@ -338,14 +363,15 @@ def descriptor_tokens(text_config, count: int, rng) -> torch.Tensor:
 
 
 def encode_texts(model, tokens: torch.Tensor, batch: int = 256) -> np.ndarray:
-  """float32 [n, E] unit text embeddings of token ids [n, context] (the open_clip model's)."""
+  """float32 [n, E] unit text embeddings of token ids [n, context] (the open_clip model's, on
+  the model's device)."""
+  device = next(model.parameters()).device
   out = []
   with torch.no_grad():
     for start in range(0, len(tokens), batch):
-      out.append(
-        torch.nn.functional.normalize(model.encode_text(tokens[start : start + batch]), dim=-1)
-      )
-  return torch.cat(out).float().numpy()
+      rows = tokens[start : start + batch].to(device)
+      out.append(torch.nn.functional.normalize(model.encode_text(rows).float(), dim=-1))
+  return torch.cat(out).cpu().numpy()
 
 
 def print_profile(rows, total_seconds):
@@ -363,9 +389,9 @@ def print_profile(rows, total_seconds):
   print(f"{'total':36s} {total_seconds:8.3f}")
 
 
-def matmul_rate(side: int, dtype: str = "float32", repeats: int = 3) -> dict:
+def matmul_rate(side: int, dtype: str = "float32", repeats: int = 3, device="cpu") -> dict:
   """GFLOP/s of a dense [side, side] @ [side, side] product in `dtype`, best of `repeats`, in
-  JAX (XLA, this pipeline's backend) and PyTorch."""
+  JAX (XLA, this pipeline's backend) and PyTorch (on `device`)."""
   flops = 2.0 * side**3
   a = jax.random.normal(jax.random.PRNGKey(0), (side, side), jax.numpy.float32).astype(dtype)
   product = jax.jit(lambda x, y: x @ y)
@@ -375,12 +401,15 @@ def matmul_rate(side: int, dtype: str = "float32", repeats: int = 3) -> dict:
     start = time.perf_counter()
     jax.block_until_ready(product(a, a))
     best = min(best, time.perf_counter() - start)
-  t = torch.randn(side, side).to(getattr(torch, dtype))
+  t = torch.randn(side, side).to(device, getattr(torch, dtype))
+  sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
   torch.mm(t, t)
+  sync()
   best_torch = np.inf
   for _ in range(repeats):
     start = time.perf_counter()
     torch.mm(t, t)
+    sync()
     best_torch = min(best_torch, time.perf_counter() - start)
   return dict(
     side=side,
@@ -401,6 +430,10 @@ def main(argv):
     arch = stori_jax.load("tiny-synthetic").config
   model, bundle = random_pair(arch)
   model = model.eval()
+  # The per-image side on the accelerator when there is one (JAX's and torch's both).
+  accelerated = jax.default_backend() != "cpu" and torch.cuda.is_available()
+  torch_device = torch.device("cuda" if accelerated else "cpu")
+  model = model.to(torch_device)
   size = int(bundle.config.vision.image_size)
   embed = int(bundle.config.embed_dim)
   rng = np.random.default_rng(0)
@@ -420,7 +453,7 @@ def main(argv):
   k = FLAGS.top_k or min(500, max(3, FLAGS.descriptors // 8))
   modes = dict(mode=FLAGS.mode) if FLAGS.mode else {}
   analysis = analysis_config(
-    crf=False,
+    crf=FLAGS.crf,
     top_k=k,
     u=min(FLAGS.u, FLAGS.descriptors),
     solver="reference",
@@ -440,6 +473,18 @@ def main(argv):
   start = time.perf_counter()
   plain = run_jax(timed)
   jax_seconds = time.perf_counter() - start
+  # Classes of new images after the warm-up class: the caller's thread time (host) apart from
+  # the time it waits for the device, and what compiles (a new image count of concept regions
+  # can ask for new padded chunk shapes). Images are generated outside the clocks.
+  clock = profiling.HostClock()
+  compiled = profiling.Compilations()
+  for index in range(FLAGS.timed_classes):
+    images = synthetic.generate(FLAGS.images, (31, 2 + index), image_size=size, max_objects=1)
+    with profiling.compilations() as class_compiles, clock.split():
+      run_jax(images.images)
+    compiled.count += class_compiles.count
+    compiled.seconds += class_compiles.seconds
+  timed_images = max(1, FLAGS.timed_classes * FLAGS.images)
   torch.set_num_threads(max(1, torch.get_num_threads()))
 
   if FLAGS.compute_dtype == "bfloat16":
@@ -448,10 +493,14 @@ def main(argv):
     for name in ("encode_image", "encode_text"):
 
       def in_bfloat16(*args, _encode=getattr(model, name), **kwargs):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(torch_device.type, dtype=torch.bfloat16):
           return _encode(*args, **kwargs).float()
 
       setattr(model, name, in_bfloat16)
+
+  reference_crf = FLAGS.crf and torch_reference.have_crf()
+  if FLAGS.crf and not reference_crf:
+    print("SimpleCRF is not installed: the per-image side runs with the CRF off.")
 
   def run_reference(tokens):
     """Seconds, image-tower rows and text-tower rows of the per-image side."""
@@ -467,11 +516,14 @@ def main(argv):
       classes,
       k,
       analysis.u,
-      crf=False,
+      crf=reference_crf,
       joint=bool(analysis.joint_foreground),
       kmeans_seed=int(analysis.kmeans_seed),
       desc_tokens=tokens,
+      device=torch_device,
     )
+    if accelerated:
+      torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     hook.remove()
     return seconds, sum(rows), out["stats"].get("reencoded_text_rows", 0)
@@ -491,7 +543,7 @@ def main(argv):
   for method in pipeline.METHODS:  # the wrappers change no output
     np.testing.assert_array_equal(profiled[method]["curve"], plain[method]["curve"])
   stages = profile.table(profiled_seconds)
-  machine = matmul_rate(FLAGS.matmul, FLAGS.compute_dtype)
+  machine = matmul_rate(FLAGS.matmul, FLAGS.compute_dtype, device=torch_device)
   rate = max(machine["jax_gflop_per_s"], machine["torch_gflop_per_s"])
   flops = sum(profile.flops.values())
   tower_names = [n for n in profile.tower_rows]
@@ -510,7 +562,19 @@ def main(argv):
     images_per_pass=features.images_per_pass(
       pipeline.tower_bundle(bundle, analysis), int(analysis.get("tower_batch", 0))
     ),
+    crf=bool(FLAGS.crf),
+    reference_crf=bool(reference_crf),
+    reference_device=str(torch_device),
     jax_images_per_s=round(FLAGS.images / jax_seconds, 3),
+    # Over the timed classes of new images (compilations included where they happen).
+    timed_classes=FLAGS.timed_classes,
+    timed_classes_images_per_s=round(timed_images / clock.wall_seconds, 3)
+    if clock.wall_seconds
+    else None,
+    host_seconds_per_image=round(clock.host_seconds / timed_images, 5),
+    device_seconds_per_image=round(clock.device_seconds / timed_images, 5),
+    compiles_after_warmup=int(compiled.count),
+    compile_seconds_after_warmup=round(compiled.seconds, 3),
     reference_images_per_s=round(FLAGS.images / ref_seconds, 3),
     speedup=round(ref_seconds / jax_seconds, 2),
     reference_equal_work_images_per_s=round(FLAGS.images / equal_seconds, 3),

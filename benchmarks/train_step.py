@@ -68,8 +68,10 @@ def _prepare_environment():
 
 _prepare_environment()
 
+import dataclasses
 import json
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -99,34 +101,79 @@ from stori_jax.models import (
 )
 from stori_jax.tokenizer import default_tokenizer
 
-flags.DEFINE_string("arch", "ViT-B-16", "Architecture (both towers; the text tower is trained).")
-flags.DEFINE_integer("num_classes", 10, "Classes.")
-flags.DEFINE_integer("prompts_per_class", 8, "Weighted prompts per class.")
-flags.DEFINE_integer("batch", 16, "Images per step.")
-flags.DEFINE_integer("repeats", 3, "Timed rounds (one step of each implementation per round).")
-flags.DEFINE_integer("start_block", None, "First reweighted block (1-indexed); default: half.")
-flags.DEFINE_integer("chunk", 64, "Prompts per device per encoder call (ours).")
-flags.DEFINE_float("lr", 1e-2, "Adam learning rate (paper, ImageNet).")
-flags.DEFINE_enum(
-  "prompt_source", "synthetic", ["synthetic", "cupl"], "Prompt text; cupl needs --cupl_path."
-)
-flags.DEFINE_string("cupl_path", None, "A CuPL prompt JSON; implies --prompt_source=cupl.")
-flags.DEFINE_bool("skip_torch", False, "Leave out the PyTorch reference.")
-flags.DEFINE_enum(
-  "torch_attention", "sdpa", ["sdpa", "eager"], "transformers attention implementation."
-)
-flags.DEFINE_enum(
-  "precision", "highest", ["highest", "default"], "fp32 matmul precision (both frameworks)."
-)
-flags.DEFINE_integer("seed", 0, "Seed of weights, log-weights, images and labels.")
-flags.DEFINE_string("json", None, "Also write the figures here.")
-flags.DEFINE_bool("memory", False, "Report the compiled memory of a large train step instead.")
-flags.DEFINE_integer("memory_prompts", 10_000, "--memory: weighted prompts.")
-flags.DEFINE_integer("memory_classes", 1000, "--memory: classes.")
-flags.DEFINE_string("memory_arch", "ViT-L-14", "--memory: architecture of the text tower.")
-flags.DEFINE_integer("memory_devices", 8, "--memory: devices the prompts are sharded over.")
-flags.DEFINE_integer("memory_batch", 256, "--memory: images per step.")
-FLAGS = flags.FLAGS
+
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """The command's flags (on `values`: callers that import this module define none)."""
+  flags.DEFINE_string(
+    "arch", "ViT-B-16", "Architecture (both towers; the text tower is trained).", flag_values=values
+  )
+  flags.DEFINE_integer("num_classes", 10, "Classes.", flag_values=values)
+  flags.DEFINE_integer("prompts_per_class", 8, "Weighted prompts per class.", flag_values=values)
+  flags.DEFINE_integer("batch", 16, "Images per step.", flag_values=values)
+  flags.DEFINE_integer(
+    "repeats", 3, "Timed rounds (one step of each implementation per round).", flag_values=values
+  )
+  flags.DEFINE_integer(
+    "start_block", None, "First reweighted block (1-indexed); default: half.", flag_values=values
+  )
+  flags.DEFINE_integer(
+    "chunk", 64, "Prompts per device per encoder call (ours).", flag_values=values
+  )
+  flags.DEFINE_float("lr", 1e-2, "Adam learning rate (paper, ImageNet).", flag_values=values)
+  flags.DEFINE_enum(
+    "prompt_source",
+    "synthetic",
+    ["synthetic", "cupl"],
+    "Prompt text; cupl needs --cupl_path.",
+    flag_values=values,
+  )
+  flags.DEFINE_string(
+    "cupl_path", None, "A CuPL prompt JSON; implies --prompt_source=cupl.", flag_values=values
+  )
+  flags.DEFINE_bool("skip_torch", False, "Leave out the PyTorch reference.", flag_values=values)
+  flags.DEFINE_enum(
+    "torch_attention",
+    "sdpa",
+    ["sdpa", "eager"],
+    "transformers attention implementation.",
+    flag_values=values,
+  )
+  flags.DEFINE_enum(
+    "precision",
+    "highest",
+    ["highest", "default"],
+    "fp32 matmul precision (both frameworks).",
+    flag_values=values,
+  )
+  flags.DEFINE_integer(
+    "seed", 0, "Seed of weights, log-weights, images and labels.", flag_values=values
+  )
+  flags.DEFINE_string("json", None, "Also write the figures here.", flag_values=values)
+  flags.DEFINE_bool(
+    "memory", False, "Report the compiled memory of a large train step instead.", flag_values=values
+  )
+  flags.DEFINE_integer("memory_prompts", 10_000, "--memory: weighted prompts.", flag_values=values)
+  flags.DEFINE_integer("memory_classes", 1000, "--memory: classes.", flag_values=values)
+  flags.DEFINE_string(
+    "memory_arch", "ViT-L-14", "--memory: architecture of the text tower.", flag_values=values
+  )
+  flags.DEFINE_integer(
+    "memory_devices", 8, "--memory: devices the prompts are sharded over.", flag_values=values
+  )
+  flags.DEFINE_integer("memory_batch", 256, "--memory: images per step.", flag_values=values)
+
+
+def options(**overrides) -> types.SimpleNamespace:
+  """The flags' defaults as attributes, with `overrides` (for callers that import this module:
+  benchmarks/gpu_check.py)."""
+  values = flags.FlagValues()
+  define_flags(values)
+  defaults = {name: values[name].default for name in values}
+  unknown = set(overrides) - set(defaults)
+  if unknown:
+    raise ValueError(f"unknown train_step options: {sorted(unknown)}")
+  return types.SimpleNamespace(**{**defaults, **overrides})
+
 
 CONTEXT = 77
 
@@ -181,11 +228,11 @@ def cupl_texts(path: str, num_classes: int, per_class: int) -> dict[str, list[st
   return out
 
 
-def prompt_texts(num_classes: int, per_class: int) -> tuple[dict[str, list[str]], str]:
-  if FLAGS.cupl_path or FLAGS.prompt_source == "cupl":
-    if not FLAGS.cupl_path:
+def prompt_texts(opts, num_classes: int, per_class: int) -> tuple[dict[str, list[str]], str]:
+  if opts.cupl_path or opts.prompt_source == "cupl":
+    if not opts.cupl_path:
       raise SystemExit("--prompt_source=cupl needs --cupl_path=FILE.json (a CuPL prompt file).")
-    return cupl_texts(FLAGS.cupl_path, num_classes, per_class), f"CuPL {FLAGS.cupl_path}"
+    return cupl_texts(opts.cupl_path, num_classes, per_class), f"CuPL {opts.cupl_path}"
   return synthetic_texts(num_classes, per_class), "synthetic CuPL-like"
 
 
@@ -232,8 +279,8 @@ def from_buckets(bank, parts) -> np.ndarray:
   return full
 
 
-def _schedule(total_steps: int):
-  return optax.cosine_decay_schedule(FLAGS.lr, total_steps)
+def _schedule(lr: float, total_steps: int):
+  return optax.cosine_decay_schedule(lr, total_steps)
 
 
 # Naive JAX ---------------------------------------------------------------------------------
@@ -295,9 +342,9 @@ class TorchReference:
     self.logit_scale = float(self.model.logit_scale.exp())
     self.log_weights = torch.zeros(ids.shape, device=self.device, requires_grad=True)
 
-  def make_optimizer(self, total_steps: int):
+  def make_optimizer(self, total_steps: int, lr: float):
     torch = self.torch
-    self.optimizer = torch.optim.Adam([self.log_weights], lr=FLAGS.lr)
+    self.optimizer = torch.optim.Adam([self.log_weights], lr=lr)
     self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, total_steps)
 
   def class_embeddings(self):
@@ -340,7 +387,7 @@ class TorchReference:
       self.torch.cuda.synchronize()
 
 
-def build_weights(config, seed: int, with_torch: bool):
+def build_weights(config, seed: int, with_torch: bool, attention: str = "sdpa"):
   """(params, torch model or None): the same random weights in both frameworks."""
   if not with_torch:
     return jax.device_get(init_params(config, seed)), None
@@ -349,7 +396,7 @@ def build_weights(config, seed: int, with_torch: bool):
 
   torch_reference._torch().manual_seed(seed)  # pylint: disable=protected-access
   model = torch_reference.randomize_(torch_reference.build_transformers(config), seed)
-  model.set_attn_implementation(FLAGS.torch_attention)
+  model.set_attn_implementation(attention)
   state_dict = torch_reference.state_dict_numpy(model)
   return hf.params_from_state_dict(state_dict, config, "random transformers"), model
 
@@ -398,56 +445,98 @@ def _timed(fn) -> float:
   return time.perf_counter() - start
 
 
-def benchmark():
-  if FLAGS.precision == "highest":
+@dataclasses.dataclass
+class Setup:
+  """One step's shared inputs: weights, prompts (bucketed and at full context), images, labels.
+
+  pixels: float32 [batch, S, S, 3] normalised images; labels: int32 [batch]; ids int32
+  [P, 77], trainable bool [P, 77], text_class int32 [P] (full_layout); check_full: float32
+  [P, 77] random log-weights on the words (the agreement check's point)."""
+
+  opts: types.SimpleNamespace
+  config: object
+  bank: object
+  stats: dict
+  source: str
+  mesh: object
+  params: dict
+  torch_model: object
+  bundle: CLIPBundle
+  pixels: np.ndarray
+  labels: np.ndarray
+  ids: np.ndarray
+  trainable: np.ndarray
+  text_class: np.ndarray
+  check_full: np.ndarray
+  blocks: tuple
+  total_steps: int = 1000
+
+
+def setup(opts, with_torch: bool) -> Setup:
+  """The prompts, weights (the torch model too when with_torch), images and labels of a run.
+  Sets the fp32 matmul precision of both frameworks (opts.precision)."""
+  if opts.precision == "highest":
     jax.config.update("jax_default_matmul_precision", "highest")
-  config = get_architecture(FLAGS.arch)
-  with_torch = not FLAGS.skip_torch
+  config = get_architecture(opts.arch)
   if with_torch:
     import torch  # pylint: disable=import-outside-toplevel
 
-    torch.set_float32_matmul_precision("highest" if FLAGS.precision == "highest" else "high")
-  rng = np.random.default_rng(FLAGS.seed)
+    torch.set_float32_matmul_precision("highest" if opts.precision == "highest" else "high")
+  rng = np.random.default_rng(opts.seed)
   tokenizer = default_tokenizer()
-  texts, source = prompt_texts(FLAGS.num_classes, FLAGS.prompts_per_class)
+  texts, source = prompt_texts(opts, opts.num_classes, opts.prompts_per_class)
   mesh = prompt_mesh()
   bank = build_prompt_bank(
-    tokenizer, list(texts), texts, None, CONTEXT, chunk=FLAGS.chunk, num_shards=mesh.size
+    tokenizer, list(texts), texts, None, CONTEXT, chunk=opts.chunk, num_shards=mesh.size
   )
-  stats = length_stats(tokenizer, bank)
-  params, torch_model = build_weights(config, FLAGS.seed, with_torch)
-  bundle = CLIPBundle(config=config, params=params)
+  params, torch_model = build_weights(config, opts.seed, with_torch, opts.torch_attention)
   size = config.vision.image_size
-  pixels = rng.standard_normal((FLAGS.batch, size, size, 3), dtype=np.float32)
-  labels = rng.integers(0, FLAGS.num_classes, FLAGS.batch).astype(np.int32)
+  pixels = rng.standard_normal((opts.batch, size, size, 3), dtype=np.float32)
+  labels = rng.integers(0, opts.num_classes, opts.batch).astype(np.int32)
   ids, trainable, text_class = full_layout(tokenizer, bank)
   # The check point: random log-weights on the words (w in [0.6, 1.6]).
   check_full = np.where(trainable, rng.uniform(-0.5, 0.5, ids.shape), 0.0).astype(np.float32)
-  total_steps = 1000
-  device = jax.devices()[0]
-  print(
-    f"{FLAGS.arch}: {len(bank.texts)} prompts ({FLAGS.num_classes} classes x "
-    f"{FLAGS.prompts_per_class}, {source}; tokens median {stats['median_tokens']:.0f}, p99 "
-    f"{stats['p99_tokens']:.0f}, max {stats['max_tokens']}, mean bucket length "
-    f"{stats['mean_bucket_tokens']:.1f}), {FLAGS.batch} images/step, {device.platform}:"
-    f"{device.device_kind} x {mesh.size}, fp32 matmul precision {FLAGS.precision}",
-    flush=True,
+  return Setup(
+    opts=opts,
+    config=config,
+    bank=bank,
+    stats=length_stats(tokenizer, bank),
+    source=source,
+    mesh=mesh,
+    params=params,
+    torch_model=torch_model,
+    bundle=CLIPBundle(config=config, params=params),
+    pixels=pixels,
+    labels=labels,
+    ids=ids,
+    trainable=trainable,
+    text_class=text_class,
+    check_full=check_full,
+    blocks=tuple(reweighted_block_indices(config.text, opts.start_block)),
   )
 
+
+def ours_runner(s: Setup) -> dict:
+  """This implementation's step, ready to run: run() takes one step (blocked on) and returns its
+  metrics; first_call_s (two warm-up steps: compilation, and the retrace on the step's own
+  output shardings), prefix_s and image_s (the one-time prefix cache and image features, both
+  with their compilation), the step-0 loss; check_loss, embeddings float32 [C, E] and grads
+  float32 [P, 77] at the check point; cache_size() counts the step's compiled programs."""
+  bundle, bank, opts = s.bundle, s.bank, s.opts
   # 1. Ours: the prefix cache and image features are computed once, before the steps.
   start = time.perf_counter()
-  classifier = WeightedTextClassifier(bundle, bank, FLAGS.start_block, mesh)
+  classifier = WeightedTextClassifier(bundle, bank, opts.start_block, s.mesh)
   jax.block_until_ready(classifier.prefix)
   prefix_s = time.perf_counter() - start
   start = time.perf_counter()
-  features = np.asarray(l2_normalize_jax(bundle.encode_image(pixels)))
+  features = np.asarray(l2_normalize_jax(bundle.encode_image(s.pixels)))
   image_s = time.perf_counter() - start
-  opt_config = ml_collections.ConfigDict({"optim": {"lr": FLAGS.lr}})
-  method = stori_method(opt_config, classifier, total_steps)
+  opt_config = ml_collections.ConfigDict({"optim": {"lr": opts.lr}})
+  method = stori_method(opt_config, classifier, s.total_steps)
   train_step = make_train_step(method, bundle.logit_scale)
-  features_d, labels_d = classifier.replicate(features), classifier.replicate(labels)
-  check_parts = [classifier._shard(p) for p in to_buckets(bank, check_full)]
-  ours_state = {
+  features_d, labels_d = classifier.replicate(features), classifier.replicate(s.labels)
+  check_parts = [classifier._shard(p) for p in to_buckets(bank, s.check_full)]
+  state = {
     "params": check_parts,
     "opt_state": method.optimizer.init(check_parts),
     "step": jnp.zeros((), jnp.int32),
@@ -459,73 +548,125 @@ def benchmark():
     return loss, embeddings
 
   ours_check = jax.jit(jax.value_and_grad(ours_loss, has_aux=True))
-  (ours_check_loss, ours_emb), ours_grads = ours_check(
-    check_parts, method.context, features_d, labels_d
-  )
-  ours_grads = from_buckets(bank, [np.asarray(g) for g in ours_grads])
-  ours_emb = np.asarray(ours_emb)
+  (check_loss, embeddings), grads = ours_check(check_parts, method.context, features_d, labels_d)
+  grads = from_buckets(bank, [np.asarray(g) for g in grads])
 
-  def ours_step():
-    nonlocal ours_state
-    ours_state, metrics = train_step(ours_state, method.context, features_d, labels_d)
-    jax.block_until_ready(ours_state)
+  def run():
+    nonlocal state
+    state, metrics = train_step(state, method.context, features_d, labels_d)
+    jax.block_until_ready(state)
     return metrics
 
-  compile_s = {}
-  losses = {}
-  compile_s["ours"] = _timed(lambda: losses.__setitem__("ours", float(ours_step()["loss"])))
+  out = {}
+  first_call_s = _timed(lambda: out.__setitem__("loss", float(run()["loss"])))
   # The step's outputs may carry other (equivalent) shardings than our initial state, which
   # retraces once: warm up until the input shardings are the step's own.
-  compile_s["ours"] += _timed(ours_step)
-
-  # 2. Naive JAX.
-  blocks = reweighted_block_indices(config.text, FLAGS.start_block)
-  naive_optimizer = optax.adam(_schedule(total_steps))
-  naive_step = make_naive_step(
-    bundle.model, blocks, FLAGS.num_classes, bundle.logit_scale, naive_optimizer
+  first_call_s += _timed(run)
+  return dict(
+    run=run,
+    first_call_s=first_call_s,
+    prefix_s=prefix_s,
+    image_s=image_s,
+    loss=out["loss"],
+    check_loss=float(check_loss),
+    embeddings=np.asarray(embeddings),
+    grads=grads,
+    cache_size=train_step._cache_size,
   )
-  naive_args = jax.device_put((params, ids, trainable, text_class, pixels, labels))
-  naive_state = {"params": jnp.asarray(check_full)}
-  naive_state["opt_state"] = naive_optimizer.init(naive_state["params"])
 
-  def run_naive(details=False):
-    nonlocal naive_state
-    naive_state, metrics = naive_step(naive_state, *naive_args)
-    jax.block_until_ready(naive_state)
+
+def naive_runner(s: Setup) -> dict:
+  """The naive JAX step at the check point, ready to run: run(details) takes one step; also
+  first_call_s, the step-0 loss, embeddings, grads and cache_size (as ours_runner)."""
+  naive_optimizer = optax.adam(_schedule(s.opts.lr, s.total_steps))
+  naive_step = make_naive_step(
+    s.bundle.model, s.blocks, s.opts.num_classes, s.bundle.logit_scale, naive_optimizer
+  )
+  args = jax.device_put((s.params, s.ids, s.trainable, s.text_class, s.pixels, s.labels))
+  state = {"params": jnp.asarray(s.check_full)}
+  state["opt_state"] = naive_optimizer.init(state["params"])
+
+  def run(details=False):
+    nonlocal state
+    state, metrics = naive_step(state, *args)
+    jax.block_until_ready(state)
     return metrics if details else None
 
   naive = {}
-  compile_s["naive_jax"] = _timed(lambda: naive.update(run_naive(details=True)))
-  losses["naive_jax"] = float(naive["loss"])
-  checks = {
-    "naive_jax": {
-      "loss": abs(losses["naive_jax"] - float(ours_check_loss)),
-      "class_embeddings": _errors(ours_emb, naive["embeddings"]),
-      "grads": _errors(ours_grads, np.asarray(naive["grads"]) * trainable),
-    }
-  }
+  first_call_s = _timed(lambda: naive.update(run(details=True)))
+  return dict(
+    run=run,
+    first_call_s=first_call_s,
+    loss=float(naive["loss"]),
+    embeddings=np.asarray(naive["embeddings"]),
+    grads=np.asarray(naive["grads"]) * s.trainable,
+    cache_size=naive_step._cache_size,
+  )
 
-  # 3. PyTorch eager.
-  runners = {"ours": ours_step, "naive_jax": run_naive}
+
+def torch_runner(s: Setup) -> dict:
+  """The PyTorch eager step (on CUDA when there is one) at the check point, ready to run: run()
+  takes one step (synchronised); also first_call_s, the step-0 loss, embeddings and grads."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  reference = TorchReference(
+    s.torch_model,
+    s.ids,
+    s.trainable,
+    s.text_class,
+    s.pixels,
+    s.labels,
+    s.opts.num_classes,
+    s.blocks[0],
+  )
+  with torch.no_grad():
+    reference.log_weights.copy_(torch.from_numpy(s.check_full))
+  reference.make_optimizer(s.total_steps, s.opts.lr)
+  ref = {}
+  first_call_s = _timed(lambda: ref.update(reference.step(details=True)))
+  return dict(
+    run=reference.step,
+    first_call_s=first_call_s,
+    loss=ref["loss"],
+    embeddings=ref["embeddings"],
+    grads=ref["grads"] * s.trainable,
+    device=str(reference.device),
+  )
+
+
+def benchmark(opts):
+  with_torch = not opts.skip_torch
+  s = setup(opts, with_torch)
+  config, bank, stats = s.config, s.bank, s.stats
+  mesh = s.mesh
+  device = jax.devices()[0]
+  print(
+    f"{opts.arch}: {len(bank.texts)} prompts ({opts.num_classes} classes x "
+    f"{opts.prompts_per_class}, {s.source}; tokens median {stats['median_tokens']:.0f}, p99 "
+    f"{stats['p99_tokens']:.0f}, max {stats['max_tokens']}, mean bucket length "
+    f"{stats['mean_bucket_tokens']:.1f}), {opts.batch} images/step, {device.platform}:"
+    f"{device.device_kind} x {mesh.size}, fp32 matmul precision {opts.precision}",
+    flush=True,
+  )
+  implementations = {"ours": ours_runner(s), "naive_jax": naive_runner(s)}
   if with_torch:
-    reference = TorchReference(
-      torch_model, ids, trainable, text_class, pixels, labels, FLAGS.num_classes, blocks[0]
-    )
-    with torch.no_grad():
-      reference.log_weights.copy_(torch.from_numpy(check_full))
-    reference.make_optimizer(total_steps)
-    ref = {}
-    compile_s["torch"] = _timed(lambda: ref.update(reference.step(details=True)))
-    losses["torch"] = ref["loss"]
-    checks["torch"] = {
-      "loss": abs(losses["torch"] - float(ours_check_loss)),
-      "class_embeddings": _errors(ours_emb, ref["embeddings"]),
-      "grads": _errors(ours_grads, ref["grads"] * trainable),
+    implementations["torch"] = torch_runner(s)
+  ours = implementations["ours"]
+  compile_s = {name: impl["first_call_s"] for name, impl in implementations.items()}
+  losses = {name: impl["loss"] for name, impl in implementations.items()}
+  checks = {
+    name: {
+      "loss": abs(losses[name] - ours["check_loss"]),
+      "class_embeddings": _errors(ours["embeddings"], impl["embeddings"]),
+      "grads": _errors(ours["grads"], impl["grads"]),
     }
-    runners["torch"] = reference.step
+    for name, impl in implementations.items()
+    if name != "ours"
+  }
+  runners = {name: impl["run"] for name, impl in implementations.items()}
 
   print(
-    f"check at random log-weights (step 0): loss ours {float(ours_check_loss):.6f} "
+    f"check at random log-weights (step 0): loss ours {ours['check_loss']:.6f} "
     f"(train step: {losses['ours']:.6f})",
     flush=True,
   )
@@ -541,49 +682,50 @@ def benchmark():
   print(f"  agreement within 1e-4 (loss and class embeddings): {'yes' if agree else 'NO'}")
 
   # Timed rounds: one step of each implementation per round, alternating.
-  cache_sizes = (train_step._cache_size(), naive_step._cache_size())
+  cached = {n: impl["cache_size"] for n, impl in implementations.items() if "cache_size" in impl}
+  cache_sizes = {n: size() for n, size in cached.items()}
   rounds = []
-  for _ in range(FLAGS.repeats):
+  for _ in range(opts.repeats):
     rounds.append({name: _timed(run) for name, run in runners.items()})
-  if (train_step._cache_size(), naive_step._cache_size()) != cache_sizes:
+  if {n: size() for n, size in cached.items()} != cache_sizes:
     print("WARNING: a JAX step compiled again during the timed rounds; the figures include it.")
   median = {name: float(np.median([r[name] for r in rounds])) for name in runners}
-  flops = expected_flops(config, bank, blocks, len(bank.texts), FLAGS.batch)
+  flops = expected_flops(config, bank, s.blocks, len(bank.texts), opts.batch)
   speedup = {
     name: float(np.median([r[name] / r["ours"] for r in rounds]))
     for name in runners
     if name != "ours"
   }
   result = {
-    "arch": FLAGS.arch,
+    "arch": opts.arch,
     "device": f"{device.platform}:{device.device_kind}",
     "num_devices": mesh.size,
-    "num_classes": FLAGS.num_classes,
-    "prompts_per_class": FLAGS.prompts_per_class,
+    "num_classes": opts.num_classes,
+    "prompts_per_class": opts.prompts_per_class,
     "num_prompts": len(bank.texts),
-    "prompt_source": source,
+    "prompt_source": s.source,
     "token_lengths": stats,
-    "batch": FLAGS.batch,
-    "start_block": blocks[0] + 1,
-    "chunk": FLAGS.chunk,
-    "precision": FLAGS.precision,
-    "torch_attention": FLAGS.torch_attention if with_torch else None,
-    "repeats": FLAGS.repeats,
+    "batch": opts.batch,
+    "start_block": s.blocks[0] + 1,
+    "chunk": opts.chunk,
+    "precision": opts.precision,
+    "torch_attention": opts.torch_attention if with_torch else None,
+    "repeats": opts.repeats,
     "seconds_per_step": median,
     "rounds_s": rounds,
-    "steps_per_s": {name: 1.0 / s for name, s in median.items()},
+    "steps_per_s": {name: 1.0 / t for name, t in median.items()},
     "speedup_of_ours": speedup,
     "expected_matmul_flops": flops,
     "expected_speedup_from_flops": flops["naive"] / flops["ours"],
     "first_call_s": compile_s,
-    "ours_one_time_s": {"prefix_cache": prefix_s, "image_features": image_s},
+    "ours_one_time_s": {"prefix_cache": ours["prefix_s"], "image_features": ours["image_s"]},
     "step0_losses": losses,
     "checks_vs_ours": checks,
     "agree_1e-4": agree,
   }
   print("steps/s (median of rounds):")
-  for name, s in median.items():
-    print(f"  {name:<10} {1 / s:10.3f} steps/s  ({s * 1e3:9.1f} ms/step)")
+  for name, t in median.items():
+    print(f"  {name:<10} {1 / t:10.3f} steps/s  ({t * 1e3:9.1f} ms/step)")
   for name, ratio in speedup.items():
     print(f"  ours vs {name}: {ratio:.2f}x faster (median of per-round time ratios)")
   print(
@@ -592,8 +734,8 @@ def benchmark():
     f"{flops['naive'] / flops['ours']:.2f}x fewer"
   )
   print(
-    f"one-time setup of ours (not in the step): prefix cache {prefix_s:.1f} s, image features "
-    f"{image_s:.1f} s (both include compilation); first calls "
+    f"one-time setup of ours (not in the step): prefix cache {ours['prefix_s']:.1f} s, image "
+    f"features {ours['image_s']:.1f} s (both include compilation); first calls "
     + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items())
   )
   return result
@@ -650,22 +792,22 @@ def _tree_bytes(tree, devices: int) -> float:
   return total
 
 
-def memory():
-  config = get_architecture(FLAGS.memory_arch)
+def memory(opts):
+  config = get_architecture(opts.memory_arch)
   all_devices = jax.devices()
-  count = min(FLAGS.memory_devices, len(all_devices))
+  count = min(opts.memory_devices, len(all_devices))
   mesh = prompt_mesh(all_devices[:count])
-  per_class = -(-FLAGS.memory_prompts // FLAGS.memory_classes)
-  texts, source = prompt_texts(FLAGS.memory_classes, per_class)
+  per_class = -(-opts.memory_prompts // opts.memory_classes)
+  texts, source = prompt_texts(opts, opts.memory_classes, per_class)
   tokenizer = default_tokenizer()
   bank = build_prompt_bank(
-    tokenizer, list(texts), texts, None, CONTEXT, chunk=FLAGS.chunk, num_shards=count
+    tokenizer, list(texts), texts, None, CONTEXT, chunk=opts.chunk, num_shards=count
   )
   stats = length_stats(tokenizer, bank)
   bundle = CLIPBundle(config=config, params=param_shapes(config))
-  classifier = _ShapeOnlyClassifier(bundle, bank, FLAGS.start_block, mesh)
+  classifier = _ShapeOnlyClassifier(bundle, bank, opts.start_block, mesh)
   method = stori_method(
-    ml_collections.ConfigDict({"optim": {"lr": FLAGS.lr}}), classifier, total_steps=1000
+    ml_collections.ConfigDict({"optim": {"lr": opts.lr}}), classifier, total_steps=1000
   )
   train_step = make_train_step(method, logit_scale=100.0)
   log_weights = classifier.init_log_weights()
@@ -681,16 +823,16 @@ def memory():
     "opt_state": opt_state,
     "step": classifier.replicated((), jnp.int32),
   }
-  features = classifier.replicated((FLAGS.memory_batch, config.embed_dim))
-  labels = classifier.replicated((FLAGS.memory_batch,), jnp.int32)
+  features = classifier.replicated((opts.memory_batch, config.embed_dim))
+  labels = classifier.replicated((opts.memory_batch,), jnp.int32)
   device = all_devices[0]
   print(
-    f"--memory: our train step for {len(bank.texts)} prompts ({FLAGS.memory_classes} classes x "
+    f"--memory: our train step for {len(bank.texts)} prompts ({opts.memory_classes} classes x "
     f"{per_class}, {source}; tokens median {stats['median_tokens']:.0f}, p99 "
     f"{stats['p99_tokens']:.0f}, max {stats['max_tokens']}; {len(bank.buckets)} buckets, mean "
-    f"length {stats['mean_bucket_tokens']:.1f}), {FLAGS.memory_arch} text tower (width "
-    f"{config.text.width}, {config.text.layers} blocks), chunk {FLAGS.chunk}, "
-    f"{FLAGS.memory_batch} images/step, sharded over {count} {device.platform} devices",
+    f"length {stats['mean_bucket_tokens']:.1f}), {opts.memory_arch} text tower (width "
+    f"{config.text.width}, {config.text.layers} blocks), chunk {opts.chunk}, "
+    f"{opts.memory_batch} images/step, sharded over {count} {device.platform} devices",
     flush=True,
   )
   start = time.perf_counter()
@@ -743,13 +885,13 @@ def memory():
   return {
     "mode": "memory",
     "measured": "compiled.memory_analysis() of the jitted train step, not executed",
-    "arch": FLAGS.memory_arch,
+    "arch": opts.memory_arch,
     "num_prompts": len(bank.texts),
-    "num_classes": FLAGS.memory_classes,
+    "num_classes": opts.memory_classes,
     "prompt_source": source,
     "token_lengths": stats,
-    "chunk": FLAGS.chunk,
-    "batch": FLAGS.memory_batch,
+    "chunk": opts.chunk,
+    "batch": opts.memory_batch,
     "devices": count,
     "platform": device.platform,
     "gb_per_device": figures,
@@ -758,13 +900,15 @@ def memory():
   }
 
 
-def main(argv):
+def main(argv, values: flags.FlagValues = flags.FLAGS):
   del argv
-  result = memory() if FLAGS.memory else benchmark()
-  if FLAGS.json:
-    with open(FLAGS.json, "w", encoding="utf-8") as f:
+  opts = types.SimpleNamespace(**{name: values[name].value for name in values})
+  result = memory(opts) if opts.memory else benchmark(opts)
+  if opts.json:
+    with open(opts.json, "w", encoding="utf-8") as f:
       json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -1,0 +1,104 @@
+"""benchmarks/gpu_check.py --smoke: every part at tiny sizes on the CPU, in this process, and
+every figure the GPU check reports (issue 25, item 5) in its JSON."""
+
+import json
+import math
+
+import pytest
+
+from benchmarks import gpu_check
+from stori_jax import cli
+
+#: part -> the figures it must report.
+FIELDS = {
+  "mutual": (
+    "first_visit_seconds",
+    "steady_seconds_per_class",
+    "steady_seconds_per_image",
+    "host_seconds_per_image",
+    "device_seconds_per_image",
+    "compiles",
+    "compile_seconds",
+    "compiles_first_class",
+    "compiles_after_first_class",
+    "compile_seconds_after_first_class",
+    "projected_imagenet_val_minutes",
+  ),
+  "reference": ("seconds_per_image", "images"),
+  "train_ours": ("seconds_per_step", "first_call_seconds", "prompts"),
+  "train_torch": ("seconds_per_step", "first_call_seconds", "prompts"),
+  "reweight": ("float32", "bfloat16"),
+  "features": ("image_max_rel_error", "text_max_rel_error"),
+}
+COUNTS = ("compiles", "compiles_first_class", "compiles_after_first_class", "images", "prompts")
+
+
+def _finite(value):
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@pytest.mark.slow
+def test_smoke_writes_every_field(tmp_path):
+  path = tmp_path / "gpu_check.json"
+  code = cli.run_in_process(gpu_check, ["--smoke", "--json", str(path)])
+  assert code == 0
+  result = json.loads(path.read_text())
+  for key in ("device", "jax_version", "torch_version", "date"):
+    assert isinstance(result[key], str) and result[key]
+  assert result["smoke"] is True
+  assert list(result["parts"]) == list(gpu_check.PARTS)
+  for name, fields in FIELDS.items():
+    part = result["parts"][name]
+    assert part["status"] == "ok", (name, part)
+    assert _finite(part["seconds"]) and part["seconds"] <= part["budget_s"] + gpu_check.GRACE_S
+    for field in fields:
+      value = part[field]
+      if name == "reweight":
+        assert _finite(value["time_ratio_weighted_over_plain"]), (name, field, value)
+        assert value["plain_prompts_per_s"] > 0 and value["weighted_prompts_per_s"] > 0
+        continue
+      assert _finite(value), (name, field, value)
+      assert value >= 0, (name, field, value)
+      if field in COUNTS:
+        assert isinstance(value, int), (name, field, value)
+  mutual = result["parts"]["mutual"]
+  assert mutual["compiles_first_class"] > 0  # the first class compiles its programs
+  assert mutual["compiles"] == mutual["compiles_first_class"] + mutual["compiles_after_first_class"]
+  assert mutual["host_seconds_per_image"] <= mutual["steady_seconds_per_image"] + 1e-6
+  # CPU against the CPU: the same numbers.
+  features = result["parts"]["features"]
+  assert features["image_max_rel_error"] < 1e-6 and features["text_max_rel_error"] < 1e-6
+  for key, value in result["summary"].items():
+    assert _finite(value), (key, value)
+  assert isinstance(result["summary"]["mutual_compiles"], int)
+
+
+def test_a_part_over_its_budget_is_recorded_and_the_rest_skipped(monkeypatch):
+  """Budgets: a part that overruns reports what it had; no part starts without time left."""
+  import time  # pylint: disable=import-outside-toplevel
+
+  def slow(ctx):
+    ctx.put(first=1.0)
+    time.sleep(3.0)
+    ctx.put(second=2.0)
+
+  monkeypatch.setitem(gpu_check.PART_FUNCTIONS, "features", slow)
+  monkeypatch.setitem(gpu_check.SMOKE_BUDGETS, "features", 0.5)
+  monkeypatch.setattr(gpu_check, "GRACE_S", 0.5)
+  monkeypatch.setattr(gpu_check, "MIN_START_S", 1.0)
+  parts = gpu_check.run_parts(["features", "reweight"], smoke=True, budget_s=1.5, isolate=False)
+  assert parts["features"]["status"] == "overran"
+  assert parts["features"]["first"] == 1.0 and "second" not in parts["features"]
+  assert parts["reweight"]["status"] == "skipped"
+  table = gpu_check.table(
+    dict(
+      device="cpu:cpu",
+      jax_version="x",
+      torch_version="y",
+      date="d",
+      smoke=True,
+      parts=parts,
+      summary=gpu_check.summary(parts),
+    )
+  )
+  assert "overran" in table and "skipped" in table

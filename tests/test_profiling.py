@@ -1,0 +1,61 @@
+"""stori_jax.profiling: compilations counted per block, host time apart from device time."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stori_jax import profiling
+
+
+def test_a_new_shape_compiles_once_and_a_cached_call_does_not():
+  @jax.jit
+  def double_sum(x):
+    return (2.0 * x).sum()
+
+  # Inputs made outside the blocks: eager ops compile small programs of their own.
+  a, b, c = (jax.device_put(np.ones((n, 5), np.float32)) for n in (3, 4, 6))
+  with profiling.compilations() as first:
+    jax.block_until_ready(double_sum(a))
+  assert first.count == 1
+  assert first.seconds > 0.0
+  with profiling.compilations() as cached:
+    jax.block_until_ready(double_sum(a))
+  assert cached.count == 0 and cached.seconds == 0.0
+  # Nested counters both see a compilation; one that has ended sees nothing more.
+  with profiling.compilations() as outer:
+    with profiling.compilations() as inner:
+      jax.block_until_ready(double_sum(b))
+    jax.block_until_ready(double_sum(c))
+  assert (inner.count, outer.count) == (1, 2)
+  assert first.count == 1
+  assert isinstance(outer.as_dict()["count"], int)
+
+
+def test_host_clock_excludes_a_long_device_execution():
+  @jax.jit
+  def chain(x):
+    for _ in range(8):
+      x = jnp.tanh(x @ x)
+    return x
+
+  x = jnp.full((1536, 1536), 1.0 / 1536, jnp.float32)
+  jax.block_until_ready(chain(x))  # compiled outside the clock
+  with profiling.host_clock() as clock:
+    np.asarray(chain(x))
+  # About 0.5 s of XLA:CPU work on 2 cores, the caller asleep meanwhile (~1 ms of its CPU).
+  assert clock.wall_seconds > 0.1
+  assert clock.host_seconds < 0.25 * clock.wall_seconds
+  assert abs(clock.device_seconds - (clock.wall_seconds - clock.host_seconds)) < 1e-9
+  # Host work of the caller counts as host time (about 0.2 s of Python; the wall time may be
+  # longer on a busy machine).
+  with profiling.host_clock() as busy:
+    total = 0
+    for i in range(3_000_000):
+      total += i
+  assert busy.host_seconds > 0.05
+  # split accumulates.
+  clocks = profiling.HostClock()
+  for _ in range(2):
+    with clocks.split():
+      pass
+  assert clocks.wall_seconds >= 0.0 and clocks.host_seconds >= 0.0
