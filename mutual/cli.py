@@ -12,7 +12,6 @@ work unless `--restart` moves the old run aside.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Callable
 
@@ -43,8 +42,7 @@ def define_run_flags(kind: str, values: flags.FlagValues) -> None:
 
 def _file_digest(path: str) -> str | None:
   try:
-    with open(path, "rb") as f:
-      return hashlib.sha256(f.read()).hexdigest()
+    return run_identity.file_digest(path)
   except OSError:
     return None
 
@@ -67,6 +65,9 @@ def claim_workdir(
     paper_config.check_analysis(config.analysis)
   # The command too: an analysis workdir is no place for an evaluation's files.
   identity: dict[str, Any] = {"command": what, "config": config}
+  if config.get("model") is not None and config.model.get("source"):
+    # The weights under a model path decide the results as much as the path does.
+    identity["model"] = run_identity.content_identity(str(config.model.source))
   data = config.get("data")
   if data is not None and data.get("source") != "synthetic" and data.get("descriptors"):
     identity["data"] = {"descriptors_sha256": _file_digest(data.descriptors)}

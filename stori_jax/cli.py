@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 from absl import app, flags
 from absl import logging as absl_logging
 
+from stori_jax import run_identity
 from stori_jax.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -209,6 +210,7 @@ def run_in_process(module: ModuleType, args: Sequence[str] = ()) -> int:
   # --verbosity as absl defines it, a copy: parsing it here must not touch the global flag.
   flags.DEFINE_flag(copy.deepcopy(flags.FLAGS["verbosity"]), values)
   saved_argv, saved_verbosity = sys.argv, absl_logging.get_verbosity()
+  held = run_identity.held_workdirs()
   sys.argv = argv
   try:
     module.define_flags(values)
@@ -225,6 +227,8 @@ def run_in_process(module: ModuleType, args: Sequence[str] = ()) -> int:
   finally:
     sys.argv = saved_argv
     absl_logging.set_verbosity(saved_verbosity)
+    # The command's run ends here, not at the process's exit: free the workdirs it claimed.
+    run_identity.release_workdirs(keep=held)
   return _exit_code(code)
 
 

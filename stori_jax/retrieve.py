@@ -102,21 +102,16 @@ def validate_config(config) -> None:
   checks.raise_if_any()
 
 
-def _path_identity(path: str) -> str:
-  """An existing local path as an absolute one (a relative path depends on the cwd)."""
-  return os.path.abspath(path) if path and os.path.exists(path) else path
-
-
 def identity(config, bundle=None) -> dict[str, Any]:
   """What decides the results: the resolved config, the model and the data folder."""
   if bundle is not None:  # a model passed in: its own source names it
     model = getattr(bundle, "source", "") or str(config.model)
   else:
-    model = _path_identity(str(config.model))
+    model = run_identity.content_identity(str(config.model))
   return {
     "config": config,
     "model": model,
-    "data": {"root": _path_identity(config.data.get("root") or "")},
+    "data": {"root": run_identity.absolute_path(config.data.get("root") or "")},
   }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -89,6 +90,93 @@ def _release(workdir: str) -> None:
   fd = _HELD.pop(os.path.realpath(workdir), None)
   if fd is not None:
     os.close(fd)  # closing the descriptor releases the flock
+
+
+def release_workdirs(keep: Iterable[str] = ()) -> None:
+  """Releases the workdir locks this process holds (but those in `keep`, real paths): for a
+  process that runs several commands in turn (tests, notebooks; `stori_jax.cli.run_in_process`
+  calls it after each command), where exiting does not end a run."""
+  for key in list(_HELD):
+    if key not in set(keep):
+      _release(key)
+
+
+def held_workdirs() -> tuple[str, ...]:
+  """The real paths of the workdirs whose lock this process holds."""
+  return tuple(_HELD)
+
+
+def absolute_path(path: str) -> str:
+  """An existing local path as an absolute one (a relative path depends on the cwd); anything
+  else (a registry name, a hub id, "") as given."""
+  return os.path.abspath(path) if path and os.path.exists(path) else path
+
+
+# Digests already computed by this process: (real path, size, mtime_ns) -> sha256.
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def _digest_cache_path() -> str:
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "stori_jax", "file_digests.json")
+
+
+def file_digest(path: str) -> str:
+  """sha256 of a file's contents, computed once per (path, size, modification time): kept in
+  memory and in ~/.cache/stori_jax/file_digests.json ($XDG_CACHE_HOME), so a model of
+  gigabytes is read once, not at every resume."""
+  real = os.path.realpath(path)
+  stat = os.stat(real)
+  key = (real, stat.st_size, stat.st_mtime_ns)
+  if key in _DIGESTS:
+    return _DIGESTS[key]
+  cache_path = _digest_cache_path()
+  stored_key = f"{real}|{stat.st_size}|{stat.st_mtime_ns}"
+  try:
+    with open(cache_path, encoding="utf-8") as f:
+      stored = json.load(f)
+  except (OSError, ValueError):
+    stored = {}
+  digest = stored.get(stored_key) if isinstance(stored, dict) else None
+  if not isinstance(digest, str):
+    h = hashlib.sha256()
+    with open(real, "rb") as f:
+      for block in iter(lambda: f.read(1 << 22), b""):
+        h.update(block)
+    digest = h.hexdigest()
+    if stat.st_size >= 1 << 20:  # small files are cheaper to read again than to record
+      stored = stored if isinstance(stored, dict) else {}
+      stored = {k: v for k, v in stored.items() if not k.startswith(real + "|")}
+      stored[stored_key] = digest
+      try:
+        os.makedirs(os.path.dirname(cache_path), exist_ok=True)
+        jsonio.write_json(cache_path, stored, indent=0, sort_keys=True)
+      except OSError:
+        pass  # a cache that cannot be written costs time, not correctness
+  _DIGESTS[key] = digest
+  return digest
+
+
+def content_identity(path: str) -> Any:
+  """What a model, prompt, descriptor or split path contributes to a run's identity: for a
+  local file {"path": absolute path, "sha256": its contents' digest}; for a local folder the
+  digest covers every file's relative name and contents (hidden files aside); anything else (a
+  registry name, a hub id, "") as given. Editing a file in place, or replacing a model folder's
+  weights under the same path, thus changes the identity like a changed config."""
+  if not path or not os.path.exists(path):
+    return path
+  absolute = os.path.abspath(path)
+  if os.path.isfile(absolute):
+    return {"path": absolute, "sha256": file_digest(absolute)}
+  h = hashlib.sha256()
+  for folder, dirs, names in os.walk(absolute):
+    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    for name in sorted(n for n in names if not n.startswith(".")):
+      full = os.path.join(folder, name)
+      if os.path.isfile(full):
+        relative = os.path.relpath(full, absolute)
+        h.update(f"{relative}\0{file_digest(full)}\n".encode())
+  return {"path": absolute, "sha256": h.hexdigest()}
 
 
 def to_jsonable(value: Any) -> Any:

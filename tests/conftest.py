@@ -10,8 +10,17 @@ import subprocess
 import jax
 import pytest
 
+from stori_jax import run_identity
 from stori_jax.explorer.app import create_app
 from stori_jax.explorer.index import build_explorer
+
+
+@pytest.fixture(autouse=True)
+def release_workdir_locks():
+  """A test's in-process runs end with the test: the workdirs they claimed are free for the
+  next test's processes (a real command's lock lasts until its process exits)."""
+  yield
+  run_identity.release_workdirs()
 
 
 @pytest.fixture(scope="module", autouse=True)

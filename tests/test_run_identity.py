@@ -114,3 +114,50 @@ def test_two_trainings_at_once_on_one_workdir(tmp_path):
   with open(workdir / "history.jsonl", encoding="utf-8") as f:
     steps = [json.loads(line)["step"] for line in f if line.strip()]
   assert steps == sorted(steps) and len(steps) == len(set(steps))  # one run's, not interleaved
+
+
+def test_a_file_edited_in_place_changes_the_identity(tmp_path, monkeypatch):
+  """A prompt file or model folder edited under the same path is refused like a changed
+  config, naming what changed; the digest is computed once per size and modification time."""
+  from stori_jax.fewshot import paper_config, trainer  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  prompts = tmp_path / "dtd_prompts.json"
+  prompts.write_text('{"banded": ["banded stripes"], "dotted": ["dots"]}', encoding="utf-8")
+  model = tmp_path / "model"
+  model.mkdir()
+  (model / "weights.bin").write_bytes(b"\0" * 2048)
+  config = paper_config.fewshot_config("dtd", shots=1)
+  config.model.source, config.prompts.cupl_path = str(model), str(prompts)
+  workdir = str(tmp_path / "run")
+  run_identity.claim_workdir(workdir, trainer.identity(config))
+  (tmp_path / "run" / "history.jsonl").write_text("{}\n")  # results to protect
+  run_identity.claim_workdir(workdir, trainer.identity(config))  # unchanged: resumes
+  prompts.write_text('{"banded": ["dots"], "dotted": ["banded stripes"]}', encoding="utf-8")
+  with pytest.raises(run_identity.WorkdirMismatchError, match=r"data\.cupl_path\.sha256"):
+    run_identity.claim_workdir(workdir, trainer.identity(config))
+  prompts.write_text('{"banded": ["banded stripes"], "dotted": ["dots"]}', encoding="utf-8")
+  run_identity.claim_workdir(workdir, trainer.identity(config))  # the original contents again
+  (model / "weights.bin").write_bytes(b"\1" * 2048)  # new weights, same path and size
+  os.utime(model / "weights.bin", ns=(1, 1))
+  with pytest.raises(run_identity.WorkdirMismatchError, match=r"model\.sha256"):
+    run_identity.claim_workdir(workdir, trainer.identity(config))
+  # A registry name or hub id is its own identity (nothing local to read).
+  assert run_identity.content_identity("tiny-synthetic") == "tiny-synthetic"
+
+
+def test_large_digests_are_cached_by_size_and_time(tmp_path, monkeypatch):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  big = tmp_path / "weights.safetensors"
+  big.write_bytes(os.urandom(2 << 20))
+  first = run_identity.file_digest(str(big))
+  cache = tmp_path / "cache" / "stori_jax" / "file_digests.json"
+  stored = json.loads(cache.read_text())
+  assert list(stored.values()) == [first]
+  run_identity._DIGESTS.clear()
+  # Read from the cache, not the file: a planted value shows it.
+  (key,) = stored
+  cache.write_text(json.dumps({key: "planted"}))
+  assert run_identity.file_digest(str(big)) == "planted"
+  big.write_bytes(os.urandom(2 << 20))  # new contents and modification time: read again
+  assert run_identity.file_digest(str(big)) not in ("planted", first)

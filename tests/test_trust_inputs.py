@@ -20,7 +20,7 @@ from PIL import Image
 
 import stori_jax
 from mutual import analysis, cli, data
-from stori_jax import loading
+from stori_jax import loading, run_identity
 from stori_jax.checkpoints import CheckpointError, hub, validate
 from stori_jax.config_files import load_config
 from stori_jax.data.files import ClassMismatchError
@@ -526,6 +526,7 @@ def test_evaluate_cli_refuses_a_workdir_of_another_run_and_keeps_it(tmp_path):
   other = load_config(os.path.join(ROOT, "configs/mutual_eval_synthetic.py"))
   other.data.seed = 7
   cli.claim_workdir(other, str(workdir), False, "mutual-knowledge evaluation")
+  run_identity.release_workdirs()  # that run ended; the command below is another process
   (workdir / "table1.json").write_text("{}\n")
   before = {p: (workdir / p).read_bytes() for p in os.listdir(workdir)}
   done = _run_cli(
@@ -542,6 +543,7 @@ def test_sweep_cli_refuses_an_analysis_workdir_and_keeps_it(tmp_path):
   workdir = tmp_path / "out"
   analysis = load_config(os.path.join(ROOT, "configs/mutual_synthetic.py"))
   cli.claim_workdir(analysis, str(workdir), False, "mutual-knowledge analysis")
+  run_identity.release_workdirs()  # that run ended; the command below is another process
   (workdir / "results.json").write_text('{"analysis": 1}\n')
   done = _run_cli(
     "mutual.sweep",

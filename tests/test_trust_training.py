@@ -20,7 +20,7 @@ from stori_jax import cli, jsonio, metrics_log, pretraining, retrieve, train
 from stori_jax.config_files import ConfigChecks, ConfigError, load_config
 from stori_jax.errors import NonFiniteError, UserError
 from stori_jax.fewshot import trainer
-from stori_jax.run_identity import WorkdirMismatchError, claim_workdir
+from stori_jax.run_identity import WorkdirMismatchError, claim_workdir, release_workdirs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.py")
@@ -115,6 +115,7 @@ def finished_run(tmp_path_factory, tiny_random_model):
   """A few-shot run of demo_config(tiny_random_model) trained to its end: (workdir, metrics)."""
   workdir = str(tmp_path_factory.mktemp("finished") / "run")
   metrics = trainer.run(demo_config(tiny_random_model), workdir)
+  release_workdirs()  # the run ended; its tests start other processes on it
   return workdir, metrics
 
 
@@ -122,6 +123,7 @@ def fake_finished_run(workdir, config) -> str:
   """A workdir as a finished run of `config` leaves it (run.json as the trainer writes it, and
   result files), made without training: the refusals below happen before any work."""
   claim_workdir(workdir, trainer.identity(config))
+  release_workdirs()  # made, not running: the commands below may be other processes
   os.makedirs(os.path.join(workdir, "checkpoints", "4"))
   for name, text in (
     ("metrics.json", '{"trained": {"accuracy": 0.9}}\n'),

@@ -189,20 +189,16 @@ def check_start_block(config: ml_collections.ConfigDict, layers: int) -> None:
     ) from None
 
 
-def _path_identity(path: str) -> str:
-  """An existing local path as an absolute one (a relative path depends on the cwd)."""
-  return os.path.abspath(path) if path and os.path.exists(path) else path
-
-
 def identity(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """What decides a run's results: the resolved config, and the model and data it names
-  (local paths made absolute, so that the same relative path from another folder differs)."""
+  """What decides a run's results: the resolved config, the contents of the model and prompt
+  files it names (`run_identity.content_identity`: editing a file in place is a change), and
+  the data folder's absolute path (a relative path depends on the cwd)."""
   return {
     "config": config,
-    "model": _path_identity(config.model.source),
+    "model": run_identity.content_identity(config.model.source),
     "data": {
-      "root": _path_identity(config.data.root),
-      "cupl_path": _path_identity(config.prompts.cupl_path),
+      "root": run_identity.absolute_path(config.data.root),
+      "cupl_path": run_identity.content_identity(config.prompts.cupl_path),
     },
   }
 
