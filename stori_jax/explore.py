@@ -13,7 +13,9 @@ and shape words define 2**A categories (for "a red checkered heart": has red? ha
 has heart?), and curve c at n is category c's share of the top n images, n = 1..N. An image
 folder has no labels: the page shows the top k only and says why. Start and stop block of
 the reweighting (1-indexed, inclusive) are chosen in the page; they default to the model's
-default start block and the text tower's last block. The server listens on loopback only.
+default start block and the text tower's last block. The server listens on loopback only,
+serves at most 16 connections at once, and drops a client that has not sent a request's
+headers within 10 s (its body: 30 s); see `stori_jax.explorer.limits`.
 
 Images of `--images` that cannot be read are skipped, each named in a warning; the index
 cache is keyed by every file's size and times, so replacing an image rebuilds it, and a

@@ -400,7 +400,7 @@ def command_line(tmp_path):
     text=True,
   )
   try:
-    match = None
+    match, line = None, ""  # line stays "" when the program prints nothing
     for line in process.stdout:  # until the server listens (or the program ends)
       match = re.search(r"on (http://\S+) \(index: ", line)
       if match:

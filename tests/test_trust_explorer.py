@@ -4,7 +4,9 @@ In-process through Flask's test client: body size (413), prompt length checked b
 tokenizing, short error bodies, Host and Origin allowlist (DNS rebinding), JSON 404/405/500,
 one weight rule for /api/parse and /api/rank, unreadable images skipped and named, the
 index cache keyed by file contents and rebuilt when corrupt. Then a bounded load test of a
-real server on loopback, and the command line's exit code for a bad --port.
+real server on loopback, and the command line's exit code for a bad --port. Issue 26's
+explorer rows at the end: the compiled text programs bounded over 400 settings, slow clients
+timed out on a bounded pool of threads, a FIFO among the images, a weight of 4,000 digits.
 """
 
 from __future__ import annotations
@@ -491,3 +493,246 @@ def test_load_on_loopback():
   assert len(kinds) == 500 and kinds.count("bad") == 100 and kinds.count("rank") == 300
   assert result["peak_mb"] < 1024
   assert result["reference_unchanged"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 26, the explorer's rows: compiled settings (7), slow clients (8), a FIFO in --images
+# (14), a weight of 4,000 digits (10).
+
+#: The text programs an explorer may compile, whatever blocks its requests choose: one per
+#: padded length (`length_buckets`: 5 for a 77-token context).
+TEXT_PROGRAM_BOUND = 5
+#: What 400 distinct settings may add to the process's resident memory once the explorer has
+#: compiled its programs. Before, each setting compiled a program and kept it: 40 settings of
+#: this 16-block model added 594 MB (about 15 MB each), 400 would have held some 6 GB.
+SETTINGS_RSS_BOUND_MB = 100
+
+
+def _rss_mb() -> float:
+  with open("/proc/self/status", encoding="ascii") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_compiled_programs_stay_bounded_over_400_settings():
+  """Row 7: every distinct (start block, stop block, length bucket) compiled a text program
+  and kept it. Now the blocks are data: one program per length bucket, measured here as XLA
+  compilations and resident memory over 400 distinct settings, every k from 1 to 100."""
+  import jax
+
+  from stori_jax.bundle import CLIPBundle
+  from stori_jax.explorer.ranking import Explorer, length_buckets
+  from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
+
+  layers = 16  # 136 block ranges x 5 lengths: 680 settings to draw 400 from
+  config = CLIPConfig(
+    embed_dim=16,
+    text=TextConfig(context_length=77, width=16, layers=layers, heads=2),
+    vision=VisionConfig(image_size=32, patch_size=16, width=16, layers=1, heads=2),
+  )
+  bundle = CLIPBundle(config, init_params(config, seed=0))
+  rng = np.random.default_rng(0)
+  embeddings = rng.normal(size=(300, 16)).astype(np.float32)
+  embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
+  explorer = Explorer(bundle, embeddings, [f"im{i}" for i in range(300)])
+  buckets = length_buckets(77)
+  assert len(buckets) == TEXT_PROGRAM_BOUND
+  # a prompt in each bucket: "red " and "blue" are a token each, plus start and end of text
+  prompts = {b: [("red " * (b - 3 - (b > 16) * 4), 1.0), ("blue", 0.5)] for b in buckets}
+  for b, words in prompts.items():
+    used = int((np.asarray(bundle.tokenize([words], with_weights=True)[0]) != 0).sum())
+    assert b - 16 < used <= b, (b, used)
+  ranges = [(s, t) for s in range(1, layers + 1) for t in range(s, layers + 1)]
+  settings = [(s, t, b) for s, t in ranges for b in buckets]
+  settings = [settings[i] for i in rng.permutation(len(settings))[:400]]
+  assert len(set(settings)) == 400
+  # the program equals the model's own encoder, which compiles the blocks in (a few settings)
+  for s, t, b in settings[:3]:
+    text = "".join(f"({w.strip()}:{x})" if x != 1 else w for w, x in prompts[b])
+    expected = np.asarray(bundle.encode_prompts([text], s, t))[0]
+    np.testing.assert_allclose(
+      explorer.encode(prompts[b], s, t), expected / np.linalg.norm(expected), atol=1e-6
+    )
+  for b in buckets:  # warm: every program compiled once
+    explorer.rank(prompts[b], 12, 1, layers)
+  compiles = []
+
+  def on_event(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(duration)
+
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  try:
+    before = _rss_mb()
+    for n, (s, t, b) in enumerate(settings):
+      answer = explorer.rank(prompts[b], n % 100 + 1, s, t)
+      assert answer["blocks"] == [s, t] and len(answer["results"]) == n % 100 + 1
+    grown = _rss_mb() - before
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_event)
+  print(f"400 settings: {len(compiles)} compilations, resident memory +{grown:.0f} MB")
+  assert compiles == [], f"{len(compiles)} programs compiled for settings already served"
+  assert explorer.compiled_text_programs() <= TEXT_PROGRAM_BOUND
+  assert grown < SETTINGS_RSS_BOUND_MB
+
+
+def _serve(app, **options):
+  """A bounded explorer server on a free loopback port, serving on a thread; (server, thread)."""
+  from stori_jax.explorer.server import make_server
+
+  server = make_server("127.0.0.1", 0, app, **options)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  return server, thread
+
+
+def _closed_by_server(sock, timeout: float) -> bool:
+  """True when the server closes `sock` within `timeout` seconds."""
+  sock.settimeout(timeout)
+  try:
+    while sock.recv(4096):
+      pass
+    return True
+  except ConnectionResetError:
+    return True
+  except TimeoutError:
+    return False
+
+
+def test_slow_clients_hold_bounded_threads_and_time_out(explorer):
+  """Row 8: 300 connections sending half a header held 300 threads, with no timeout. Now at
+  most `threads` handler threads, and each connection is closed once its header deadline
+  (from acceptance) passes; a request queued behind them is still answered."""
+  import socket
+
+  server, thread = _serve(
+    create_app(explorer), threads=8, header_timeout=1.0, body_timeout=1.0, max_pending=1000
+  )
+  base = threading.active_count()
+  slow = []
+  try:
+    start = time.monotonic()
+    for _ in range(300):
+      sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+      sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: sl")  # half a header
+      slow.append(sock)
+    # a whole request, queued behind the 300: answered once its turn comes
+    status, _, body = _request(server.port, "GET", "/health")
+    assert status == 200 and json.loads(body)["ok"], body
+    assert threading.active_count() - base <= 8
+    # every slow connection closed by the server: 1 s for the first 8, then the expired ones
+    assert all(_closed_by_server(sock, 10) for sock in slow)
+    elapsed = time.monotonic() - start
+    assert elapsed < 10, f"the slow connections were closed after {elapsed:.1f} s"
+    assert threading.active_count() - base <= 8
+    # a body that stops halfway: 408, with the reason
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    slow.append(sock)
+    sock.sendall(
+      b"POST /api/rank HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      b'Content-Length: 100\r\n\r\n{"words": '
+    )
+    sock.settimeout(10)
+    answer = b""
+    while chunk := sock.recv(65536):  # until the server closes it (Connection: close)
+      answer += chunk
+    answer = answer.decode()
+    assert answer.startswith("HTTP/1.1 408"), answer[:300]
+    assert "the request's body did not arrive within 1 s" in answer
+    # and the server still answers
+    status, _, body = _request(
+      server.port,
+      "POST",
+      "/api/rank",
+      json.dumps({"words": [{"text": "a red circle", "weight": 1}], "k": 3}),
+      {"Content-Type": "application/json"},
+    )
+    assert status == 200 and len(json.loads(body)["results"]) == 3
+  finally:
+    for sock in slow:
+      sock.close()
+    server.shutdown()
+    thread.join(10)
+    server.server_close()
+
+
+def test_connections_beyond_the_queue_are_closed_at_once(explorer):
+  import socket
+
+  server, thread = _serve(create_app(explorer), threads=1, header_timeout=5.0, max_pending=1)
+  socks = []
+  try:
+    for _ in range(3):  # one served (waiting for its header), one queued, one refused
+      socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+      socks[-1].sendall(b"GET /health HTTP/1.1\r\n")
+      time.sleep(0.2)
+    assert _closed_by_server(socks[2], 2)
+    assert not _closed_by_server(socks[1], 0.5)
+  finally:
+    for sock in socks:
+      sock.close()
+    server.shutdown()
+    thread.join(10)
+    server.server_close()
+
+
+def test_fifo_in_the_image_folder_is_skipped_not_read(tmp_path, caplog):
+  """Row 14: a FIFO named x.png hung start-up forever (opening it waits for a writer). It is
+  refused by the one image reader the mutual reader uses, and skipped, named."""
+  root = _folder(tmp_path / "images", {"a.png": (200, 0, 0)})
+  fifo = root / "x.png"
+  os.mkfifo(fifo)
+  outcome = {}
+
+  def build():
+    try:
+      outcome["explorer"] = build_explorer("tiny-synthetic", images=str(root), cache_dir=None)
+    except Exception as e:  # pylint: disable=broad-except
+      outcome["error"] = e
+
+  with caplog.at_level(logging.WARNING):
+    builder = threading.Thread(target=build, daemon=True)
+    builder.start()
+    builder.join(240)
+  if builder.is_alive():
+    with open(fifo, "wb"):  # a writer lets the blocked open return
+      pass
+    pytest.fail("build_explorer blocks on the FIFO")
+  assert "error" not in outcome, outcome.get("error")
+  assert outcome["explorer"].keys == ["a.png"]
+  assert "Skipping 1 of the 2 images" in caplog.text
+  assert f"{fifo}: x.png is not an image file" in caplog.text
+  # a folder holding only the FIFO: one clear error, no hang
+  (root / "a.png").unlink()
+  with pytest.raises(InputError, match=r"none of the 1 images .* can be read: x\.png \(x\.png is "):
+    build_explorer("tiny-synthetic", images=str(root), cache_dir=None)
+
+
+def test_weight_of_4000_digits_is_400(client):
+  """Row 10: a weight written as a 4,000-digit integer overflowed float(): HTTP 500."""
+  digits = "1" + "0" * 3999
+  for weight in [digits, "-" + digits]:
+    response = client.post(
+      "/api/rank",
+      data='{"words": [{"text": "a red circle", "weight": %s}]}' % weight,
+      content_type="application/json",
+    )
+    message = _error(response, 400)
+    assert message == (
+      "the weight of words[0] 'a red circle' is an integer of about 4000 digits, too large: "
+      "weights must lie in [0, 5] (0 removes the words)"
+    )
+  # past Python's 4,300 digits the JSON itself is refused; in the prompt syntax it is infinite
+  response = client.post(
+    "/api/rank",
+    data='{"words": [{"text": "red", "weight": 1%s}]}' % ("0" * 5000),
+    content_type="application/json",
+  )
+  assert "the body is not valid JSON" in _error(response, 400)
+  message = _error(client.post("/api/parse", json={"prompt": f"a (red:{digits}) circle"}), 400)
+  assert "the explorer takes at most 2000" in message
+  message = _error(client.post("/api/parse", json={"prompt": f"a (red:{digits[:1000]})"}), 400)
+  assert "is not finite: weights must lie in [0, 5]" in message
+  # a block or k of 4,000 digits: 400 as well
+  for extra in [{"start_block": 10**3999}, {"stop_block": -(10**3999)}, {"k": 10**3999}]:
+    body = {"words": [{"text": "a red circle", "weight": 1}], **extra}
+    _error(client.post("/api/rank", json=body), 400)

@@ -19,8 +19,8 @@ Every error is JSON {"error": message}, short (long prompts are not echoed): 400
 request (syntax with a caret, a weight outside [0, MAX_WEIGHT], a block outside the text
 tower's, a prompt over MAX_PROMPT_CHARS characters, checked before tokenizing, or over the
 model's context), 403 for a Host or Origin header that is not localhost or a loopback
-address (DNS rebinding), 404, 405, 413 for a body over MAX_BODY_BYTES, 500 for the server's
-own bug.
+address (DNS rebinding), 404, 405, 408 for a body that did not arrive within BODY_TIMEOUT_S
+(`server`), 413 for a body over MAX_BODY_BYTES, 500 for the server's own bug.
 
 The page is package data, `page.html`; its `__NAME__` placeholders are filled per request
 (`render_page`). Flask is an optional dependency (the `explore` extra): this module imports
@@ -40,6 +40,7 @@ from stori_jax.errors import NonFiniteError, UserError
 from stori_jax.explorer.limits import (
   MAX_BODY_BYTES,
   MAX_WEIGHT,
+  RequestTimeout,
   body_too_large,
   shorten,
   validate_rank,
@@ -138,8 +139,9 @@ def create_app(explorer: Explorer):
   """The Flask app serving the page, the JSON API and thumbnails (see the module doc).
 
   Every error, of every route, is JSON {"error": message} with a short message: 400 for a
-  bad request, 403 for a Host or Origin that is not this machine, 404, 405, 413 for a body
-  over MAX_BODY_BYTES, 500 for the server's own bug (logged with its traceback).
+  bad request, 403 for a Host or Origin that is not this machine, 404, 405, 408 for a body
+  too slow to arrive, 413 for a body over MAX_BODY_BYTES, 500 for the server's own bug
+  (logged with its traceback).
 
   Raises:
     UserError: flask is not installed (`require_flask`).
@@ -200,6 +202,8 @@ def create_app(explorer: Explorer):
       message = f"{request.method} is not allowed on {shorten(request.path, 100)}; use {allowed}"
     elif e.code == 413:
       message = body_too_large(request.content_length)
+    elif isinstance(e.__context__, RequestTimeout):  # werkzeug's ClientDisconnected, from ours
+      return error(f"{e.__context__}; send the whole request at once", 408)
     else:
       message = f"{e.name}: {e.description}"
     return error(message, e.code or 500)

@@ -1,8 +1,9 @@
 """An image folder as the explorer's index: its readable images, without labels.
 
-Unreadable files (truncated, corrupt, not images) are skipped, each named in a warning. The
-check decodes every image once; with a cache_dir its result is remembered beside the index
-(`folder-<fingerprint>.images.json`), so later starts only stat the files.
+Unreadable files (truncated, corrupt, not images, not regular files such as a FIFO) are
+skipped, each named in a warning. The check decodes every image once; with a cache_dir its
+result is remembered beside the index (`folder-<fingerprint>.images.json`), so later starts
+only stat the files.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from absl import logging
 
 from stori_jax import jsonio
-from stori_jax.errors import InputError
+from stori_jax.errors import InputError, UserError
 
 
 def image_folder(root: str, cache_dir: str | None = None):
@@ -83,15 +84,21 @@ def _file_loader(paths: Sequence[str]) -> Callable[[np.ndarray, int], np.ndarray
 
 
 def _image_problem(path: str) -> str | None:
-  """Why the image file cannot be used (short), or None when it decodes to pixels."""
-  from PIL import Image  # pylint: disable=import-outside-toplevel
+  """Why the image file cannot be used (short), or None when it decodes to pixels.
+
+  Read through the project's one image reader (`preprocess.to_pil`, as the mutual and
+  retrieval readers): it refuses what is not a regular file, such as a FIFO named x.png,
+  before opening it, where opening one would wait forever for a writer (issue 26 row 14).
+  """
+  from stori_jax.preprocess import to_pil  # pylint: disable=import-outside-toplevel
 
   try:
-    with Image.open(path) as image:
-      image.load()
-      if image.width == 0 or image.height == 0:
-        return f"it has no pixels ({image.width}x{image.height})"
-      image.convert("RGB")
+    image = to_pil(path)
+    if image.width == 0 or image.height == 0:
+      return f"it has no pixels ({image.width}x{image.height})"
+    image.convert("RGB")
+  except UserError as e:  # a clear message already; the warning names the full path
+    return str(e).replace(path, os.path.basename(path))
   except Exception as e:  # pylint: disable=broad-except  # any decoder failure: skip, named
     return f"{type(e).__name__}: {e}"
   return None

@@ -3,12 +3,15 @@
 Every limit is checked before the model runs: a weight outside [0, MAX_WEIGHT], a prompt over
 MAX_PROMPT_CHARS characters (before tokenizing), over MAX_WORDS words, a k outside
 [1, MAX_K], a body over MAX_BODY_BYTES. Error messages quote the user's prompt, so they are
-cut to MAX_ERROR_CHARS (`shorten`).
+cut to MAX_ERROR_CHARS (`shorten`). The server (`server`) also bounds time and threads: a
+request's line and headers must arrive within HEADER_TIMEOUT_S, its body within
+BODY_TIMEOUT_S, and at most MAX_HANDLER_THREADS connections are served at once.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from stori_jax.tokenizer import check_weight
@@ -24,6 +27,24 @@ MAX_WORDS = 200
 MAX_BODY_BYTES = 64 * 1024
 #: Error messages are cut to this many characters (they quote the user's prompt).
 MAX_ERROR_CHARS = 2000
+#: Seconds a client has to send a request's line and headers, counted from when its connection
+#: is accepted (or from the previous response on a kept-alive connection): a client that
+#: sends half a header holds a handler thread this long at most.
+HEADER_TIMEOUT_S = 10.0
+#: Seconds a client has to send a request's body once its headers are in (at most
+#: MAX_BODY_BYTES; a local client sends it in milliseconds).
+BODY_TIMEOUT_S = 30.0
+#: Connections served at once, one handler thread each; more wait for a free thread.
+MAX_HANDLER_THREADS = 16
+#: Connections waiting for a handler thread (a file descriptor each) beyond which a new one is
+#: closed at once; those waiting expire with their header deadline.
+MAX_PENDING_CONNECTIONS = 512
+
+
+class RequestTimeout(ConnectionAbortedError):
+  """A client did not send its request's headers or body in time (HEADER_TIMEOUT_S,
+  BODY_TIMEOUT_S). A ConnectionError: werkzeug drops the connection silently when it surfaces
+  while headers are read; while the app reads the body, the app answers 408."""
 
 
 def too_long(n: int) -> str:
@@ -78,7 +99,18 @@ def validate_rank(
   for i, word in enumerate(words):
     text = word["text"]
     shown = text if len(text) <= 40 else text[:40] + "..."
-    out.append((text, check_weight(word.get("weight"), f"words[{i}] {shown!r}", MAX_WEIGHT)))
+    what, weight = f"words[{i}] {shown!r}", word.get("weight")
+    if isinstance(weight, int) and not isinstance(weight, bool):
+      # JSON integers are unbounded: one of 4,000 digits overflows float() (issue 26 row 10).
+      try:
+        float(weight)
+      except OverflowError:
+        digits = int(weight.bit_length() * math.log10(2)) + 1  # str() may refuse the digits
+        raise ValueError(
+          f"the weight of {what} is an integer of about {digits} digits, too large: weights "
+          f"must lie in [0, {MAX_WEIGHT:g}] (0 removes the words)"
+        ) from None
+    out.append((text, check_weight(weight, what, MAX_WEIGHT)))
   if not "".join(t for t, _ in out).strip():
     raise ValueError("the prompt is empty; type a few words")
   k = payload.get("k", 12)

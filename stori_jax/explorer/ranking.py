@@ -5,6 +5,13 @@ by `stori_jax.retrieval.index`) is multiplied by the new text embedding and the 
 taken with jax.lax.top_k (one jitted call; NumPy's threaded BLAS stalls for tens of ms on a
 busy CPU). When the index has attribute labels, a ranking also gets App. B's per-category
 curves (`curves`).
+
+The text program takes the reweighted blocks as data, not as a static argument: every block
+gets its own log-weights, zero outside start_block..stop_block (adding 0 to the attention
+logits is exact, the same as not reweighting). So the explorer compiles one text program per
+padded length (`length_buckets`, 5 for a 77-token context), whatever blocks requests choose;
+a static block range compiled a program per (start, stop, length), 390 for a 12-block tower,
+each kept for the life of the process (about 9 MB each for ViT-B/32, issue 26 row 7).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import numpy as np
 from stori_jax.errors import NonFiniteError
 from stori_jax.explorer import curves
 from stori_jax.explorer.limits import MAX_K, MAX_PROMPT_CHARS, MAX_WEIGHT, shorten, too_long
+from stori_jax.models.clip import CLIP
 from stori_jax.models.text import default_start_block, reweighted_block_indices
 from stori_jax.tokenizer import WeightedPromptError, parse_weighted, tokenize_weighted
 
@@ -33,6 +41,35 @@ THUMB_SIZE = 96
 THUMB_CACHE = 1024
 _LENGTH_BUCKET = 16
 _WORD_RE = re.compile(r"\s*\S+\s*|\s+")
+
+
+def length_buckets(context_length: int) -> tuple[int, ...]:
+  """The padded lengths the explorer encodes prompts at: multiples of _LENGTH_BUCKET, and the
+  context length; one compiled text program each."""
+  return tuple(range(_LENGTH_BUCKET, context_length, _LENGTH_BUCKET)) + (context_length,)
+
+
+def _text_program(model: CLIP):
+  """The jitted text tower with per-block log-weights: (params, ids int32 [B, L], log_weights
+  float32 [layers, B, L]) -> features float32 [B, E].
+
+  Block i adds log_weights[i] to its attention logits (`attention_probs`); rows of zeros
+  leave a block as plain CLIP, so one program serves every start and stop block. Built from
+  the text tower's own embed, blocks and pool, as TextTransformer.__call__ runs them.
+  """
+
+  def encode(module: CLIP, ids, log_weights):
+    text = module.text
+    x = text.embed(ids)
+    for index in range(log_weights.shape[0]):
+      x = text.blocks(x, index, index + 1, log_weights[index], (index,))
+    return text.pool(x, ids)
+
+  @jax.jit
+  def run(params, ids, log_weights):
+    return model.apply({"params": params}, ids, log_weights, method=encode)
+
+  return run
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -100,6 +137,7 @@ class Explorer:
     self._thumbs: collections.OrderedDict[int, bytes] = collections.OrderedDict()
     self._thumbs_lock = threading.Lock()
     self._device_embeddings = jnp.asarray(self.embeddings)
+    self._text_fn = None  # `_text_program`, built on first use (a stub bundle has no model)
     # A slider move keeps the prompt's words: their categories are worked out once.
     self._task = functools.lru_cache(maxsize=64)(self._make_task)
     # The server answers each request on its own thread, but the model runs on this one:
@@ -144,18 +182,26 @@ class Explorer:
     Raises:
       ValueError: blocks outside the text tower's.
     """
-    ids, weights = self.bundle.tokenize([list(words)], with_weights=True)
-    ids, weights = np.asarray(ids), np.asarray(weights, np.float32)
+    bundle = self.bundle
+    ids, weights = bundle.tokenize([list(words)], with_weights=True)
+    ids = bundle.check_tokens(ids)
+    weights = bundle.check_weights(weights, ids)
     # Cut the padding to a bucketed length: exact (causal mask), few compiled shapes.
-    length = int((ids[0] != 0).sum())
-    length = min(ids.shape[1], -(-length // _LENGTH_BUCKET) * _LENGTH_BUCKET)
-    text = self.bundle.encode_text(
-      ids[:, :length],
-      weights[:, :length],
-      start_block=self.start_block if start_block is None else start_block,
-      stop_block=self.stop_block if stop_block is None else stop_block,
+    used = int((ids[0] != 0).sum())
+    length = next(b for b in length_buckets(ids.shape[1]) if b >= used)
+    ids, weights = ids[:, :length], weights[:, :length]
+    blocks = reweighted_block_indices(
+      self.layers,
+      self.start_block if start_block is None else start_block,
+      self.stop_block if stop_block is None else stop_block,
     )
-    text = np.asarray(text, np.float32)[0]
+    # The blocks as data: log-weights in the chosen blocks, zeros (no reweighting) elsewhere.
+    log_weights = np.zeros((self.layers, *ids.shape), np.float32)
+    with np.errstate(divide="ignore"):  # log 0 = -inf excludes the token (floored in attention)
+      log_weights[list(blocks)] = np.log(weights)
+    if self._text_fn is None:
+      self._text_fn = _text_program(bundle.model)
+    text = np.asarray(self._text_fn(bundle.params, ids, log_weights), np.float32)[0]
     norm = float(np.linalg.norm(text))
     if not np.isfinite(norm):
       raise NonFiniteError(
@@ -164,16 +210,22 @@ class Explorer:
       )
     return text / max(norm, 1e-12)
 
+  def compiled_text_programs(self) -> int:
+    """How many text programs this explorer has compiled: at most len(length_buckets), one
+    per padded length, whatever the blocks asked for."""
+    return 0 if self._text_fn is None else self._text_fn._cache_size()  # pylint: disable=protected-access
+
   def _ranked(self, text: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(scores float32 [N], top indices int64 [k] best first, their scores float32 [k])."""
     # One compiled shape for every k: the top MAX_K, cut to k.
     k = min(int(k), len(self.keys))
     top = min(max(k, MAX_K), len(self.keys))
     scores, values, indices = _top_k(self._device_embeddings, jnp.asarray(text, jnp.float32), top)
+    # Cut to k on the host: a device slice would compile a program per k.
     return (
       np.asarray(scores, np.float32),
-      np.asarray(indices[:k], np.int64),
-      np.asarray(values[:k], np.float32),
+      np.asarray(indices, np.int64)[:k],
+      np.asarray(values, np.float32)[:k],
     )
 
   def top_k(self, text: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

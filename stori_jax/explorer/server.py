@@ -3,17 +3,35 @@
 `serve` is what `python -m stori_jax.explore` runs: it checks the address, binds the port
 (a busy port is reported before minutes of indexing), builds the explorer, compiles the
 ranking once, and serves until interrupted. Requests are not logged unless asked for.
+
+The server (`make_server`) bounds what clients can hold: at most MAX_HANDLER_THREADS
+connections are served at once (werkzeug's threaded server starts a thread per connection,
+so 300 clients sending half a header held 300 threads, issue 26 row 8); a request's line and
+headers must arrive within HEADER_TIMEOUT_S of the connection's acceptance, so connections
+left waiting for a thread expire too, and its body within BODY_TIMEOUT_S (408). A client that
+runs out of time is disconnected silently.
 """
 
 from __future__ import annotations
 
+import io
 import logging
+import queue
 import socket
+import threading
+import time
 from typing import Callable
 
 from stori_jax.errors import UserError
 from stori_jax.explorer.app import create_app, require_flask
 from stori_jax.explorer.index import build_explorer
+from stori_jax.explorer.limits import (
+  BODY_TIMEOUT_S,
+  HEADER_TIMEOUT_S,
+  MAX_HANDLER_THREADS,
+  MAX_PENDING_CONNECTIONS,
+  RequestTimeout,
+)
 from stori_jax.explorer.ranking import Explorer
 
 #: The addresses `serve` listens on: this machine's browser only.
@@ -46,8 +64,6 @@ def serve(
     UserError: flask missing, a bad address or port, a port in use, or a bad build option.
   """
   require_flask()
-  from werkzeug.serving import make_server  # pylint: disable=import-outside-toplevel
-
   if host not in LOOPBACK_HOSTS:
     raise UserError(
       f"--host must be a loopback address (127.0.0.1, localhost, ::1), got {host!r}: the "
@@ -69,7 +85,7 @@ def serve(
     )
     words = explorer.parse(explorer.default_prompt or "a photo")
     explorer.rank([(w["text"], w["weight"]) for w in words], 12)  # compile once
-    server = make_server(host, port, create_app(explorer), threaded=True, fd=listener.fileno())
+    server = make_server(host, port, create_app(explorer), fd=listener.fileno())
   finally:
     listener.close()  # the server holds its own duplicate
   shown = f"[{host}]" if ":" in host else host
@@ -101,3 +117,165 @@ def _listen(host: str, port: int) -> socket.socket:
       "choose another port with --port (0 picks a free one)"
     ) from None
   return listener
+
+
+#: A connection whose deadline passed while it waited for a thread still gets this long to
+#: deliver what it already sent (a request queued behind slow clients is served).
+_GRACE_S = 0.05
+
+
+class _DeadlineReader(io.RawIOBase):
+  """The connection's input, each read bounded by the handler's current deadline."""
+
+  def __init__(self, handler):
+    super().__init__()
+    self._handler = handler
+
+  def readable(self) -> bool:
+    return True
+
+  def readinto(self, buffer) -> int:
+    handler = self._handler
+    sock = handler.connection
+    remaining = handler.deadline - time.monotonic()
+    try:
+      if remaining <= 0:
+        raise TimeoutError
+      sock.settimeout(remaining)
+      return sock.recv_into(buffer)
+    except TimeoutError:
+      handler.close_connection = True
+      raise RequestTimeout(
+        f"the request's {handler.phase} did not arrive within {handler.phase_timeout:g} s"
+      ) from None
+    finally:
+      sock.settimeout(handler.server.body_timeout)  # bounds the response's writes
+
+
+def _handler_class():
+  """werkzeug's request handler with deadlines (imported here: flask is optional)."""
+  from werkzeug.serving import WSGIRequestHandler  # pylint: disable=import-outside-toplevel
+
+  class DeadlineRequestHandler(WSGIRequestHandler):
+    """Reads each request against a deadline: HEADER_TIMEOUT_S for the line and headers
+    (from acceptance, then from the previous response), then BODY_TIMEOUT_S for the body."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, as werkzeug's threaded server
+
+    def setup(self):
+      super().setup()
+      self._start_phase("headers", self.server.header_timeout, self.server.accepted_at())
+      self.deadline = max(self.deadline, time.monotonic() + _GRACE_S)
+      plain, self.rfile = self.rfile, io.BufferedReader(_DeadlineReader(self))
+      plain.close()  # the socket stays open: the server closes it
+
+    def _start_phase(self, phase: str, timeout: float, since: float | None = None) -> None:
+      self.phase, self.phase_timeout = phase, timeout
+      self.deadline = (time.monotonic() if since is None else since) + timeout
+
+    def parse_request(self) -> bool:
+      ok = super().parse_request()
+      self._start_phase("body", self.server.body_timeout)
+      return ok
+
+    def handle_one_request(self) -> None:
+      super().handle_one_request()
+      self._start_phase("headers", self.server.header_timeout)  # for the next, kept alive
+
+  return DeadlineRequestHandler
+
+
+def make_server(
+  host: str,
+  port: int,
+  app,
+  fd: int | None = None,
+  threads: int = MAX_HANDLER_THREADS,
+  header_timeout: float = HEADER_TIMEOUT_S,
+  body_timeout: float = BODY_TIMEOUT_S,
+  max_pending: int = MAX_PENDING_CONNECTIONS,
+):
+  """A werkzeug WSGI server for `app` with a bounded pool of handler threads and request
+  deadlines (see the module doc); `serve_forever` runs it, `server_close` stops its threads.
+
+  Args:
+    host, port, fd: as werkzeug.serving.make_server (fd: a socket already listening).
+    threads: connections served at once, one thread each (started as needed).
+    header_timeout: seconds from a connection's acceptance (or its previous response) to the
+      end of a request's headers.
+    body_timeout: seconds for a request's body once its headers are in; also each write of
+      the response.
+    max_pending: connections waiting for a thread beyond which a new one is closed at once.
+  """
+  require_flask()
+  from werkzeug.serving import BaseWSGIServer  # pylint: disable=import-outside-toplevel
+
+  class BoundedWSGIServer(BaseWSGIServer):
+    """Hands accepted connections to at most `threads` worker threads."""
+
+    multithread = True
+
+    def __init__(self):
+      self.header_timeout, self.body_timeout = float(header_timeout), float(body_timeout)
+      self._queue: queue.Queue = queue.Queue()
+      self._lock = threading.Lock()
+      self._workers: list[threading.Thread] = []
+      self._idle = 0
+      self._local = threading.local()
+      self._closed = False
+      super().__init__(host, port, app, _handler_class(), fd=fd)
+      # werkzeug calls server_close on the socket it replaces with fd's: still open for work
+      self._closed = False
+
+    def accepted_at(self) -> float:
+      """When the connection the calling handler thread serves was accepted."""
+      return self._local.accepted
+
+    def process_request(self, request, client_address):
+      with self._lock:
+        if self._closed or self._queue.qsize() >= max_pending:
+          self.shutdown_request(request)  # every thread busy and the queue full: refuse
+          return
+        self._queue.put((request, client_address, time.monotonic()))
+        if self._idle == 0 and len(self._workers) < threads:
+          worker = threading.Thread(
+            target=self._work, name=f"explorer-http-{len(self._workers)}", daemon=True
+          )
+          self._workers.append(worker)
+          worker.start()
+
+    def _work(self):
+      while True:
+        with self._lock:
+          self._idle += 1
+        item = self._queue.get()
+        with self._lock:
+          self._idle -= 1
+        if item is None:
+          return
+        request, client_address, self._local.accepted = item
+        try:
+          self.finish_request(request, client_address)
+        except Exception:  # pylint: disable=broad-except  # socketserver's rule: log, go on
+          self.handle_error(request, client_address)
+        finally:
+          self.shutdown_request(request)
+
+    def server_close(self):
+      super().server_close()
+      with self._lock:
+        if self._closed:
+          return
+        self._closed = True
+        workers = list(self._workers)
+      while True:  # connections never served: closed
+        try:
+          item = self._queue.get_nowait()
+        except queue.Empty:
+          break
+        if item is not None:
+          self.shutdown_request(item[0])
+      for _ in workers:
+        self._queue.put(None)
+
+  return BoundedWSGIServer()
