@@ -15,6 +15,8 @@ import jax.numpy as jnp
 
 from stori_jax.encoding import l2_normalize_jax
 
+_HIGHEST = jax.lax.Precision.HIGHEST  # accelerators would otherwise multiply in bf16 / tf32
+
 
 def _flatten(features, mask, n_concepts: int):
   features, mask = jnp.asarray(features, jnp.float32), jnp.asarray(mask, bool)
@@ -70,7 +72,7 @@ def pca_components(x: jax.Array, weights: jax.Array, n_components: int, sign_rul
 @functools.partial(jax.jit, static_argnames=("n_concepts", "sign_rule"))
 def _pca_assign(x, fg, n_concepts, sign_rule):
   mean, components = pca_components(x, fg, n_concepts, sign_rule)
-  scores = (x - mean) @ components.T
+  scores = jnp.matmul(x - mean, components.T, precision=_HIGHEST)
   low = jnp.min(jnp.where(fg[:, None], scores, jnp.inf), axis=0)
   high = jnp.max(jnp.where(fg[:, None], scores, -jnp.inf), axis=0)
   scaled = (scores - low) / jnp.maximum(high - low, 1e-12)
@@ -105,7 +107,9 @@ def pca_concepts(features, mask, n_concepts: int = 5, sign_rule: str = "sklearn>
 
 
 def _squared_distances(x, centers):
-  return jnp.sum(x * x, axis=1)[:, None] - 2.0 * x @ centers.T + jnp.sum(centers * centers, axis=1)
+  # 2.0 * x first, as `2.0 * x @ centers.T` groups.
+  cross = jnp.matmul(2.0 * x, centers.T, precision=_HIGHEST)
+  return jnp.sum(x * x, axis=1)[:, None] - cross + jnp.sum(centers * centers, axis=1)
 
 
 def kmeans_plus_plus(key, x, weights, k: int) -> jax.Array:

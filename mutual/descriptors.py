@@ -32,9 +32,12 @@ def cosine_scores(embeddings: jax.Array, descriptor_embeddings: jax.Array) -> ja
   """embeddings float [..., E] x unit descriptor embeddings [D, E] -> float32 [..., D].
 
   The embeddings are used as given: the concept embeddings are means of unit vectors and are not
-  re-normalised (reference), so their scores are dot products rather than cosines.
+  re-normalised (reference), so their scores are dot products rather than cosines. The product
+  runs at HIGHEST precision: fp32 on accelerators too (no TF32 / bf16 passes).
   """
-  return jnp.einsum("...e,de->...d", embeddings, descriptor_embeddings).astype(jnp.float32)
+  return jnp.einsum(
+    "...e,de->...d", embeddings, descriptor_embeddings, precision=jax.lax.Precision.HIGHEST
+  ).astype(jnp.float32)
 
 
 def _masked_median(values: jax.Array, mask: jax.Array) -> jax.Array:

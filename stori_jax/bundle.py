@@ -12,6 +12,7 @@ import numpy as np
 
 from stori_jax.errors import InputError
 from stori_jax.models import CLIP, CLIPConfig, reweighted_block_indices
+from stori_jax.models.attention import matmul_precision
 from stori_jax.preprocess import ImageLike, PreprocessConfig, preprocess
 from stori_jax.tokenizer import Tokenizer, default_tokenizer, tokenize_weighted
 
@@ -268,7 +269,9 @@ class CLIPBundle:
     """exp(logit_scale) * cosine similarity: float32 [B_images, B_texts]."""
     image = image_features / jnp.linalg.norm(image_features, axis=-1, keepdims=True)
     text = text_features / jnp.linalg.norm(text_features, axis=-1, keepdims=True)
-    return self.logit_scale * image @ text.T
+    # (scale * image) @ text^T, as `scale * image @ text.T` groups; fp32 features, the compute
+    # dtype's precision.
+    return jnp.matmul(self.logit_scale * image, text.T, precision=matmul_precision(self.dtype))
 
   def with_dtype(self, dtype) -> "CLIPBundle":
     """The same weights computing in another dtype (params stay float32). The bundle itself

@@ -6,6 +6,7 @@ import pytest
 
 import stori_jax
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, get_architecture, init_params
+from stori_jax.models import ConvNeXtConfig, ResNetConfig
 
 CONFIG = CLIPConfig(
   embed_dim=16,
@@ -86,3 +87,90 @@ def test_bf16_products_accumulate_in_fp32_and_round_once():
       expected = expected + params["params"]["bias"].astype(dtype)
       assert out.dtype == dtype
       np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(expected, np.float32))
+
+
+# Random init (issue 25): op by op on the CPU, each random initialiser one compiled program per
+# shape (stori_jax.models.initializers), instead of jitting flax's whole init.
+SMALL_RESNET = CLIPConfig(
+  embed_dim=40,
+  text=TextConfig(width=64, layers=1, heads=4),
+  vision=ResNetConfig(image_size=64, layers=(1, 2, 1, 1), width=16, heads=8),
+)
+SMALL_CONVNEXT = CLIPConfig(
+  embed_dim=40,
+  text=TextConfig(width=64, layers=1, heads=4),
+  vision=ConvNeXtConfig(image_size=64, depths=(1, 1, 2, 1), dims=(16, 32, 48, 64)),
+)
+
+
+def jitted_flax_init(config, seed):
+  """The former init_params: flax's whole init jitted on the default device."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from stori_jax.models import CLIP  # pylint: disable=import-outside-toplevel
+
+  size = config.vision.image_size
+  images = jnp.zeros((1, size, size, 3), jnp.float32)
+  ids = jnp.zeros((1, config.text.context_length), jnp.int32)
+  return jax.jit(CLIP(config).init)(jax.random.PRNGKey(seed), images, ids)["params"]
+
+
+@pytest.mark.parametrize(
+  "config", [CONFIG, SMALL_RESNET, SMALL_CONVNEXT], ids=["vit", "resnet", "convnext"]
+)
+def test_init_params_equal_the_jitted_flax_init_bit_for_bit(config):
+  import jax  # pylint: disable=import-outside-toplevel
+
+  params = init_params(config, seed=3)
+  expected = jitted_flax_init(config, seed=3)
+  assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(expected)
+  for (path, value), want in zip(
+    jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves(expected)
+  ):
+    name = jax.tree_util.keystr(path)
+    # jax arrays on the default device, uncommitted, as the jitted init's outputs were.
+    assert isinstance(value, jax.Array) and value.devices() == {jax.devices()[0]}, name
+    assert not value.committed, name
+    assert value.dtype == want.dtype == jnp.float32, name
+    np.testing.assert_array_equal(np.asarray(value), np.asarray(want), err_msg=name)
+
+
+TWO_DEVICES = """
+import jax, numpy as np
+from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
+config = CLIPConfig(
+  embed_dim=16,
+  text=TextConfig(width=32, layers=1, heads=2),
+  vision=VisionConfig(image_size=32, patch_size=8, width=32, layers=1, heads=4),
+)
+first, second = jax.devices()
+reference = init_params(config, seed=1)
+with jax.default_device(second):  # the default device is not the CPU that computes the init
+  params = init_params(config, seed=1)
+leaves = jax.tree_util.tree_leaves(params)
+assert all(leaf.devices() == {second} and not leaf.committed for leaf in leaves)
+for leaf, want in zip(leaves, jax.tree_util.tree_leaves(reference)):
+  np.testing.assert_array_equal(np.asarray(leaf), np.asarray(want))
+print("ok", len(leaves))
+"""
+
+
+def test_init_params_land_on_another_default_device():
+  """With the default device elsewhere (an accelerator; here a second CPU device) the params are
+  computed on the first CPU and moved there, uncommitted, with the same values."""
+  import os  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run(
+    [sys.executable, "-c", TWO_DEVICES],
+    env=env,
+    cwd=repo,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip().splitlines()[-1].startswith("ok ")

@@ -18,6 +18,13 @@ import jax.numpy as jnp
 LOG_WEIGHT_FLOOR = -1e4
 
 
+def matmul_precision(dtype) -> jax.lax.Precision | None:
+  """The `precision=` of a matrix product or convolution computing in `dtype`: HIGHEST for
+  float32, so that a GPU does not multiply in TF32 nor a TPU in bf16 passes ("fp32 means fp32";
+  XLA:CPU is exact either way); None (DEFAULT) otherwise: bf16 operands are already bf16."""
+  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
 def causal_mask(length: int) -> jax.Array:
   """bool [length, length]; True where query m may attend to key n (n <= m)."""
   return jnp.tril(jnp.ones((length, length), dtype=bool))
@@ -43,6 +50,7 @@ def attention_probs(
     "bhqd,bhkd->bhqk",
     query.transpose(0, 2, 1, 3),
     key.transpose(0, 2, 1, 3),
+    precision=matmul_precision(query.dtype),
     preferred_element_type=jnp.float32,
   )
   logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
@@ -74,6 +82,7 @@ def reweighted_attention(
     "bhqk,bhkd->bhqd",
     probs.astype(value.dtype),
     value.transpose(0, 2, 1, 3),
+    precision=matmul_precision(value.dtype),
     preferred_element_type=jnp.float32,
   )
   return out.transpose(0, 2, 1, 3).astype(value.dtype)

@@ -13,6 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from stori_jax.models import initializers
+from stori_jax.models.attention import matmul_precision
 from stori_jax.models.config import ConvNeXtConfig
 from stori_jax.models.modified_resnet import check_image_size, spatial_details
 from stori_jax.models.transformer import dense, exact_gelu, layer_norm
@@ -36,6 +38,8 @@ class ConvNeXtBlock(nn.Module):
       feature_group_count=channels,  # Depthwise.
       dtype=self.dtype,
       param_dtype=jnp.float32,
+      precision=matmul_precision(self.dtype),
+      kernel_init=initializers.lecun_normal(),
       name="conv_dw",
     )(x)
     y = layer_norm(c.layer_norm_eps, "norm")(y).astype(self.dtype)
@@ -73,6 +77,8 @@ class ConvNeXt(nn.Module):
       padding="VALID",
       dtype=self.dtype,
       param_dtype=jnp.float32,
+      precision=matmul_precision(self.dtype),
+      kernel_init=initializers.lecun_normal(),
       name=name,
     )
     x = conv(c.dims[0], 4, "stem_conv")(images.astype(self.dtype))
@@ -87,7 +93,13 @@ class ConvNeXt(nn.Module):
       hidden.append(x)
     pooled = layer_norm(c.layer_norm_eps, "head_norm")(x.astype(jnp.float32).mean(axis=(1, 2)))
     features = nn.Dense(
-      self.embed_dim, use_bias=c.proj_bias, dtype=self.dtype, param_dtype=jnp.float32, name="proj"
+      self.embed_dim,
+      use_bias=c.proj_bias,
+      dtype=self.dtype,
+      param_dtype=jnp.float32,
+      precision=matmul_precision(self.dtype),
+      kernel_init=initializers.lecun_normal(),
+      name="proj",
     )(pooled.astype(self.dtype)).astype(jnp.float32)
     if not return_hidden:
       return features

@@ -15,7 +15,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from stori_jax.models.attention import reweighted_attention
+from stori_jax.models import initializers
+from stori_jax.models.attention import matmul_precision, reweighted_attention
 from stori_jax.models.config import ResNetConfig
 from stori_jax.models.transformer import dense
 
@@ -54,6 +55,8 @@ def _conv(features: int, kernel: int, dtype, name: str, stride: int = 1) -> nn.C
     use_bias=False,
     dtype=dtype,
     param_dtype=jnp.float32,
+    precision=matmul_precision(dtype),
+    kernel_init=initializers.lecun_normal(),
     name=name,
   )
 
@@ -98,7 +101,7 @@ class AttentionPool(nn.Module):
     x = jnp.concatenate([tokens.mean(axis=1, keepdims=True), tokens], axis=1)
     positions = self.param(
       "positional_embedding",
-      nn.initializers.normal(channels**-0.5),
+      initializers.normal(channels**-0.5),
       (height * width + 1, channels),
     )
     x = x + positions.astype(x.dtype)

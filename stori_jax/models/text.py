@@ -8,7 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from stori_jax.models.attention import causal_mask
+from stori_jax.models import initializers
+from stori_jax.models.attention import causal_mask, matmul_precision
 from stori_jax.errors import InputError
 from stori_jax.models.config import TextConfig
 from stori_jax.models.transformer import ResidualBlock, layer_norm
@@ -72,10 +73,10 @@ class TextTransformer(nn.Module):
       c.width,
       dtype=self.dtype,
       param_dtype=jnp.float32,
-      embedding_init=nn.initializers.normal(0.02),
+      embedding_init=initializers.normal(0.02),
     )
     self.positional_embedding = self.param(
-      "positional_embedding", nn.initializers.normal(0.01), (c.context_length, c.width)
+      "positional_embedding", initializers.normal(0.01), (c.context_length, c.width)
     )
     self.resblocks = [
       ResidualBlock(c.heads, c.mlp_width, c.activation, self.layer_norm_eps, self.dtype)
@@ -83,7 +84,7 @@ class TextTransformer(nn.Module):
     ]
     self.ln_final = layer_norm(self.layer_norm_eps)
     self.text_projection = self.param(
-      "text_projection", nn.initializers.normal(c.width**-0.5), (c.width, self.embed_dim)
+      "text_projection", initializers.normal(c.width**-0.5), (c.width, self.embed_dim)
     )
 
   def embed(self, ids: jax.Array) -> jax.Array:
@@ -146,13 +147,19 @@ class TextTransformer(nn.Module):
       pooled = self.ln_final(
         x[jnp.arange(x.shape[0]), eot_positions(ids, self.config.eot_token_id)]
       )
-    return (pooled @ self.text_projection).astype(jnp.float32)
+    return self.project(pooled)
+
+  def project(self, pooled: jax.Array) -> jax.Array:
+    """ln_final's output float32 [B, W] -> features float32 [B, embed_dim]; the product keeps
+    the compute dtype's precision (HIGHEST in float32)."""
+    projected = jnp.matmul(pooled, self.text_projection, precision=matmul_precision(self.dtype))
+    return projected.astype(jnp.float32)
 
   def pool(self, x: jax.Array, ids: jax.Array) -> jax.Array:
     """ln_final at the EOT position, projected: [B, L, W] -> float32 [B, embed_dim]."""
     batch = jnp.arange(x.shape[0])
     pooled = self.ln_final(x[batch, eot_positions(ids, self.config.eot_token_id)])
-    return (pooled @ self.text_projection).astype(jnp.float32)
+    return self.project(pooled)
 
   def __call__(
     self,

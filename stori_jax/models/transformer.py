@@ -14,7 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from stori_jax.models.attention import reweighted_attention
+from stori_jax.models import initializers
+from stori_jax.models.attention import matmul_precision, reweighted_attention
 
 Dtype = Any
 
@@ -36,9 +37,12 @@ def dense(features: int, dtype: Dtype, name: str | None = None, **kwargs) -> nn.
   """nn.Dense computing in `dtype` with float32 params. In a low-precision dtype (bf16) the
   product accumulates in float32 and is rounded to `dtype` once, as accelerators' matrix units
   do; XLA:CPU also runs bf16 x bf16 -> f32 products at about twice its f32 rate (where its
-  bf16 -> bf16 ones run at the f32 rate, 2 cores with AVX512-BF16). float32: plain nn.Dense."""
+  bf16 -> bf16 ones run at the f32 rate, 2 cores with AVX512-BF16). float32: nn.Dense at
+  HIGHEST precision (`matmul_precision`)."""
   if jnp.dtype(dtype) != jnp.float32:
     kwargs["dot_general"] = functools.partial(_accumulate_in_float32, dtype=dtype)
+  kwargs.setdefault("precision", matmul_precision(dtype))
+  kwargs.setdefault("kernel_init", initializers.lecun_normal())  # compiled: see initializers
   return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32, name=name, **kwargs)
 
 
@@ -88,7 +92,10 @@ class Attention(nn.Module):
     key, value = key_projection(x), projection("value")(x)
     kernel = key_projection.variables["params"]["kernel"]
     bare_keys = jnp.dot(
-      x.astype(self.dtype), kernel.astype(self.dtype), preferred_element_type=jnp.float32
+      x.astype(self.dtype),
+      kernel.astype(self.dtype),
+      precision=matmul_precision(self.dtype),
+      preferred_element_type=jnp.float32,
     ).astype(self.dtype)
     if query_index is not None:
       x = x[jnp.arange(batch), query_index][:, None]

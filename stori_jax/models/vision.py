@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from stori_jax.models.config import VisionConfig
+from stori_jax.models import initializers
+from stori_jax.models.attention import matmul_precision
 from stori_jax.models.transformer import ResidualBlock, layer_norm
 
 
@@ -31,10 +33,12 @@ class VisionTransformer(nn.Module):
       use_bias=False,
       dtype=self.dtype,
       param_dtype=jnp.float32,
+      precision=matmul_precision(self.dtype),
+      kernel_init=initializers.lecun_normal(),
     )
-    self.class_embedding = self.param("class_embedding", nn.initializers.normal(scale), (c.width,))
+    self.class_embedding = self.param("class_embedding", initializers.normal(scale), (c.width,))
     self.positional_embedding = self.param(
-      "positional_embedding", nn.initializers.normal(scale), (c.num_tokens, c.width)
+      "positional_embedding", initializers.normal(scale), (c.num_tokens, c.width)
     )
     self.ln_pre = layer_norm(self.layer_norm_eps)
     self.resblocks = [
@@ -42,7 +46,7 @@ class VisionTransformer(nn.Module):
       for _ in range(c.layers)
     ]
     self.ln_post = layer_norm(self.layer_norm_eps)
-    self.proj = self.param("proj", nn.initializers.normal(scale), (c.width, self.embed_dim))
+    self.proj = self.param("proj", initializers.normal(scale), (c.width, self.embed_dim))
 
   def embed(self, images: jax.Array) -> jax.Array:
     """[B, S, S, 3] -> ln_pre(class token + patch tokens + positions) [B, 1 + g*g, W]."""
@@ -79,7 +83,9 @@ class VisionTransformer(nn.Module):
       x, keys = block(x)
       hidden.append(x)
     pooled = self.ln_post(x[:, 0])
-    features = (pooled @ self.proj).astype(jnp.float32)
+    # pooled is fp32 (ln_post); the product keeps the compute dtype's precision.
+    features = jnp.matmul(pooled, self.proj, precision=matmul_precision(self.dtype))
+    features = features.astype(jnp.float32)
     if not return_hidden:
       return features
     return features, {"hidden_states": hidden, "patch_tokens": x[:, 1:], "keys": keys}
