@@ -13,6 +13,9 @@ says, 2.7 MB):
 
 Parts, in this order, each with a time budget (--budget_s caps them all: a part starts only
 with at least 15 s of it left):
+  crf          the reference mode's lattice CRF built on the device (mutual.crf): its lattice
+               arrays and refined labels against the host build (numpy) on the accelerator
+               itself, then milliseconds per image for a class of B images at 224 px;
   mutual       the mutual-knowledge analysis (`pipeline.analyze_class`): a random ViT-B/16
                (`init_params`), B = 50 synthetic 224-px images per class, D = 4,229 random unit
                descriptor embeddings, C = 1,000 random unit class embeddings, reference mode, CRF
@@ -82,6 +85,7 @@ FULL = dict(
   reweight_repeats=5,
   feature_images=4,
   feature_texts=8,
+  crf_images=4,
   compute_dtype="bfloat16",
 )
 SMOKE = dict(
@@ -101,14 +105,17 @@ SMOKE = dict(
   reweight_repeats=2,
   feature_images=2,
   feature_texts=2,
+  crf_images=2,
   compute_dtype="bfloat16",
 )
 #: Seconds per part (GPU run; the overall --budget_s caps the sum), and at smoke size.
-BUDGETS = dict(mutual=120, reference=40, train_ours=60, train_torch=45, reweight=45, features=30)
+BUDGETS = dict(
+  crf=30, mutual=120, reference=35, train_ours=55, train_torch=40, reweight=40, features=30
+)
 # Smoke: about a minute on a quiet CPU; the budgets leave room for a loaded CI machine (on 2
 # cores shared by other jobs the parts took 85, 37, 50, 9, 25 and 19 s).
 SMOKE_BUDGETS = dict(
-  mutual=240, reference=90, train_ours=150, train_torch=60, reweight=60, features=60
+  crf=90, mutual=240, reference=90, train_ours=150, train_torch=60, reweight=60, features=60
 )
 PARTS = tuple(BUDGETS)
 #: A part starts only with this much of the overall budget left; a child is killed this long
@@ -124,7 +131,7 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
     "smoke", False, "Every part at tiny sizes, in this process.", flag_values=values
   )
   flags.DEFINE_float(
-    "budget_s", None, "Overall seconds (default: 330; --smoke: 660).", flag_values=values
+    "budget_s", None, "Overall seconds (default: 360; --smoke: 750).", flag_values=values
   )
   flags.DEFINE_list("parts", list(PARTS), "Parts to run, in this order.", flag_values=values)
   flags.DEFINE_bool(
@@ -485,7 +492,47 @@ def part_features(ctx: Context) -> None:
   )
 
 
+def part_crf(ctx: Context) -> None:
+  """The reference mode's lattice CRF on the device: its lattices and labels against the host
+  build (numpy, the reference the CPU tests hold to SimpleCRF) on the accelerator itself, and
+  its milliseconds per image for a class of B images."""
+  from mutual import crf  # pylint: disable=import-outside-toplevel
+
+  sizes = ctx.sizes
+  size = 64 if ctx.smoke else 224
+  rng = np.random.default_rng(0)
+  images = _class_images(dict(sizes, images=sizes["crf_images"]), size, 0)
+  images = np.concatenate([images, rng.integers(0, 256, images.shape, dtype=np.uint8)])
+  grid = rng.random((len(images), 8, 8)) < 0.4
+  masks = np.repeat(np.repeat(grid, size // 8, axis=1), size // 8, axis=2)
+  params = crf.CRFParams(5, 10.0, 40.0, 13.0, 3.0, 3.0, 0.99, 1)
+  # The lattice arrays, image by image (the products fenced against fused multiply-adds).
+  unequal = 0
+  for image in images[:4]:
+    features = crf._bilateral_features(image, params, np)  # pylint: disable=protected-access
+    host = crf.build_lattice(features)
+    with jax.enable_x64(True):
+      device = jax.jit(crf.device_lattice)(jax.numpy.asarray(features), np.int32(0))
+    unequal += sum(not np.array_equal(np.asarray(d), h) for d, h in zip(device, host))
+  ctx.put(lattice_arrays_checked=3 * min(4, len(images)), lattice_arrays_unequal=unequal)
+  on_device = np.asarray(crf.lattice_refine(images, masks, params))
+  from_host = np.asarray(crf.lattice_refine(images, masks, params, on_device=False))
+  ctx.put(
+    label_images=len(images),
+    label_pixels_differing=int((on_device != from_host).sum()),
+    label_images_differing=int((on_device != from_host).any(axis=(1, 2)).sum()),
+  )
+  batch = np.concatenate([images] * -(-sizes["images"] // len(images)))[: sizes["images"]]
+  batch_masks = np.concatenate([masks] * -(-sizes["images"] // len(masks)))[: sizes["images"]]
+  jax.block_until_ready(crf.lattice_refine(batch, batch_masks, params))  # compiles
+  start = time.perf_counter()
+  jax.block_until_ready(crf.lattice_refine(batch, batch_masks, params))
+  seconds = time.perf_counter() - start
+  ctx.put(image_size=size, class_images=len(batch), ms_per_image=1e3 * seconds / len(batch))
+
+
 PART_FUNCTIONS = dict(
+  crf=part_crf,
   mutual=part_mutual,
   reference=part_reference,
   train_ours=part_train_ours,
@@ -603,7 +650,11 @@ def summary(parts: dict) -> dict:
   reweight, features = parts.get("reweight", {}), parts.get("features", {})
   ours_step, torch_s = ours.get("seconds_per_step"), torch_step.get("seconds_per_step")
   jax_image, ref_image = mutual.get("steady_seconds_per_image"), ref.get("seconds_per_image")
+  lattice = parts.get("crf", {})
   return dict(
+    crf_lattice_arrays_unequal=lattice.get("lattice_arrays_unequal"),
+    crf_label_pixels_differing=lattice.get("label_pixels_differing"),
+    crf_ms_per_image=lattice.get("ms_per_image"),
     mutual_first_visit_seconds=mutual.get("first_visit_seconds"),
     mutual_steady_seconds_per_class=mutual.get("steady_seconds_per_class"),
     mutual_steady_ms_per_image=None if jax_image is None else 1e3 * jax_image,
@@ -682,7 +733,7 @@ def main(argv, values: flags.FlagValues = flags.FLAGS):
   unknown = [p for p in values.parts if p not in PART_FUNCTIONS]
   if unknown:
     raise app.UsageError(f"unknown parts {unknown}; known: {', '.join(PARTS)}")
-  budget_s = values.budget_s or (660.0 if smoke else 330.0)
+  budget_s = values.budget_s or (750.0 if smoke else 360.0)
   isolate = (not smoke) if values.isolate is None else bool(values.isolate)
   start = time.time()
   parts = run_parts(values.parts, smoke, budget_s, isolate)

@@ -129,7 +129,7 @@ STAGES = (
 #: Jitted functions called from Python inside the stages; their XLA cost counts to the stage
 #: (names missing from a module are skipped).
 JITTED = (
-  (foreground, "sign_split"),
+  (foreground, "checked_split"),
   (foreground, "main_regions"),
   (concepts, "_pca_assign"),
   (concepts, "kmeans"),

@@ -35,6 +35,7 @@ from mutual.foreground import pixel_coordinates
 
 #: How the kernels are filtered (`refine`): exactly, or with SimpleCRF's permutohedral lattice.
 FILTERS = ("exact", "lattice")
+HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _gaussian_taps(sigma: float) -> jax.Array:
@@ -95,7 +96,9 @@ def appearance_operator(features, factor: int, chunk: int = 1024, dense_entries:
   key_norms = jnp.sum(keys * keys, axis=1)
 
   def kernel(q):
-    d2 = jnp.sum(q * q, axis=1)[:, None] - 2.0 * q @ keys.T + key_norms[None]
+    # fp32 products at full precision (no TF32 on a GPU: docs/design.md, numerics contract).
+    d2 = jnp.sum(q * q, axis=1)[:, None] - 2.0 * jnp.matmul(q, keys.T, precision=HIGHEST)
+    d2 = d2 + key_norms[None]
     return jnp.exp(-0.5 * jnp.maximum(d2, 0.0))
 
   def key_values(values):
@@ -106,13 +109,15 @@ def appearance_operator(features, factor: int, chunk: int = 1024, dense_entries:
   n = queries.shape[0]
   if n * keys.shape[0] <= dense_entries:
     dense = kernel(queries)
-    return lambda values: (dense @ key_values(values)).reshape(height, width, -1)
+    return lambda values: jnp.matmul(dense, key_values(values), precision=HIGHEST).reshape(
+      height, width, -1
+    )
   pad = -n % chunk
   blocks = jnp.pad(queries, ((0, pad), (0, 0))).reshape(-1, chunk, dim)
 
   def apply(values):
     kv = key_values(values)
-    out = jax.lax.map(lambda q: kernel(q) @ kv, blocks)
+    out = jax.lax.map(lambda q: jnp.matmul(kernel(q), kv, precision=HIGHEST), blocks)
     return out.reshape(-1, values.shape[-1])[:n].reshape(height, width, -1)
 
   return apply

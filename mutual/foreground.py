@@ -238,6 +238,22 @@ def sign_split(features, center: bool, joint: bool, solver: str = "gram"):
   return second > 0, bound <= GRAM_TOLERANCE
 
 
+@functools.partial(jax.jit, static_argnames=("center", "joint", "solver"))
+def checked_split(features, center: bool, joint: bool, solver: str = "gram") -> jax.Array:
+  """sign_split's mask bool [B, h, w], with the SVD's split for the images whose Gram split is
+  ill-determined (an undecided sign, a loose bound). One program: the fallback is a branch
+  taken on the device (lax.cond), so neither a host sync nor a new compilation waits on it."""
+  mask, ok = sign_split(features, center=center, joint=joint, solver=solver)
+  if solver == "svd":
+    return mask
+
+  def with_fallback(mask):
+    fallback, _ = sign_split(features, center=center, joint=joint, solver="svd")
+    return jnp.where(ok[:, None, None], mask, fallback)
+
+  return jax.lax.cond(jnp.all(ok), lambda m: m, with_fallback, mask)
+
+
 def prominent_patches(
   features,
   min_second: int = 5,
@@ -267,10 +283,7 @@ def prominent_patches(
     raise ValueError("At least two patches are needed for a spectral split.")
   if solver not in SOLVERS:
     raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
-  mask, ok = sign_split(features, center=center, joint=joint, solver=solver)
-  if not bool(jnp.all(ok)):  # an ill-determined vector or an undecided sign: the SVD's there
-    fallback, _ = sign_split(features, center=center, joint=joint, solver="svd")
-    mask = jnp.where(ok[:, None, None], mask, fallback)
+  mask = checked_split(features, center=center, joint=joint, solver=solver)
   if not largest_only:
     return mask
   return main_regions(mask, min_second=min_second, keep_second=keep_second)

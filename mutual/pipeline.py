@@ -305,7 +305,9 @@ def vision_side(
   )
   # The splits and fits run in float32 whatever the towers' compute dtype.
   image_embeddings, patch = image_embeddings.astype(jnp.float32), patch.astype(jnp.float32)
-  class_scores = image_embeddings @ jnp.asarray(bank.class_embeddings).T
+  class_scores = jnp.matmul(
+    image_embeddings, jnp.asarray(bank.class_embeddings).T, precision=jax.lax.Precision.HIGHEST
+  )
   predicted = jnp.argmax(class_scores, axis=-1)
   fg = foreground.prominent_patches(
     patch, joint=bool(analysis.joint_foreground), center=bool(analysis.center_features)

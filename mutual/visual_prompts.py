@@ -41,6 +41,8 @@ VARIANTS = ("ellipse", "grayscale_outside", "blur_outside")
 ELLIPSES = ("moments", "reference")
 #: The mesh axis the concept regions of a tower call are sharded over.
 DATA_AXIS = "regions"
+# fp32 products at full precision (no TF32 on a GPU: docs/design.md, numerics contract).
+HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def gaussian_kernel(size: int = 11, sigma: float | None = None) -> jax.Array:
@@ -68,7 +70,7 @@ def gaussian_blur(image: jax.Array, size: int = 11, sigma: float | None = None) 
 
 def grayscale(image: jax.Array) -> jax.Array:
   """float [H, W, 3] RGB -> its luma repeated on 3 channels."""
-  luma = image @ jnp.asarray(LUMA, image.dtype)
+  luma = jnp.matmul(image, jnp.asarray(LUMA, image.dtype), precision=HIGHEST)
   return jnp.repeat(luma[..., None], 3, axis=-1)
 
 
@@ -82,9 +84,10 @@ def fit_ellipse(region: jax.Array):
   coords = pixel_coordinates(*region.shape).reshape(-1, 2)
   weight = region.reshape(-1).astype(jnp.float32)
   count = jnp.sum(weight)
-  center = weight @ coords / jnp.maximum(count, 1.0)
+  center = jnp.matmul(weight, coords, precision=HIGHEST) / jnp.maximum(count, 1.0)
   centered = (coords - center) * weight[:, None]
-  cov = centered.T @ (coords - center) / jnp.maximum(count, 1.0) + jnp.eye(2) / 12.0
+  cov = jnp.matmul(centered.T, coords - center, precision=HIGHEST) / jnp.maximum(count, 1.0)
+  cov = cov + jnp.eye(2) / 12.0
   return center, 4.0 * cov, count > 0
 
 
@@ -94,7 +97,7 @@ def ellipse_geometry(center, shape_matrix, height: int, width: int):
   which is exact on circles)."""
   d = pixel_coordinates(height, width) - center
   inverse = jnp.linalg.inv(shape_matrix)
-  md = d @ inverse
+  md = jnp.matmul(d, inverse, precision=HIGHEST)
   radius = jnp.sqrt(jnp.maximum(jnp.sum(md * d, axis=-1), 1e-12))
   gradient = jnp.linalg.norm(md, axis=-1) / radius
   distance = jnp.abs(radius - 1.0) / jnp.maximum(gradient, 1e-12)

@@ -11,6 +11,12 @@ from stori_jax import cli
 
 #: part -> the figures it must report.
 FIELDS = {
+  "crf": (
+    "lattice_arrays_checked",
+    "lattice_arrays_unequal",
+    "label_pixels_differing",
+    "ms_per_image",
+  ),
   "mutual": (
     "first_visit_seconds",
     "steady_seconds_per_class",
@@ -30,7 +36,16 @@ FIELDS = {
   "reweight": ("float32", "bfloat16"),
   "features": ("image_max_rel_error", "text_max_rel_error"),
 }
-COUNTS = ("compiles", "compiles_first_class", "compiles_after_first_class", "images", "prompts")
+COUNTS = (
+  "compiles",
+  "compiles_first_class",
+  "compiles_after_first_class",
+  "images",
+  "prompts",
+  "lattice_arrays_checked",
+  "lattice_arrays_unequal",
+  "label_pixels_differing",
+)
 
 
 def _finite(value):
@@ -65,6 +80,11 @@ def test_smoke_writes_every_field(tmp_path):
   assert mutual["compiles_first_class"] > 0  # the first class compiles its programs
   assert mutual["compiles"] == mutual["compiles_first_class"] + mutual["compiles_after_first_class"]
   assert mutual["host_seconds_per_image"] <= mutual["steady_seconds_per_image"] + 1e-6
+  # The device's lattices are the host's, array for array and label for label.
+  lattice = result["parts"]["crf"]
+  assert lattice["lattice_arrays_unequal"] == 0 and lattice["label_pixels_differing"] == 0
+  # No class after the first compiles anything.
+  assert mutual["compiles_after_first_class"] == 0
   # CPU against the CPU: the same numbers.
   features = result["parts"]["features"]
   assert features["image_max_rel_error"] < 1e-6 and features["text_max_rel_error"] < 1e-6

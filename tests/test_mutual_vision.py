@@ -463,3 +463,17 @@ def test_crf_matches_pydensecrf(world):
     kept += (q[1] > q[0]).any()
   assert kept >= 8  # the reference keeps a foreground in most images: a real comparison
   assert min(ious) > 0.95 and np.mean(ious) > 0.98, ious
+
+
+def test_the_svd_fallback_compiles_nothing_new():
+  """A batch that needs the SVD's split after one that did not runs the same program (the
+  fallback is a branch on the device, not a host decision)."""
+  features = np.random.default_rng(6).normal(size=(64, 2, 2, 48)).astype(np.float32)
+  _, ok = foreground.sign_split(features, center=False, joint=False, solver="gram")
+  ok = np.asarray(ok)
+  decided, undecided = features[ok][:4], features[~ok][:4]
+  assert len(decided) == len(undecided) == 4
+  foreground.prominent_patches(decided, joint=False)
+  programs = foreground.checked_split._cache_size()
+  foreground.prominent_patches(undecided, joint=False)
+  assert foreground.checked_split._cache_size() == programs
