@@ -112,6 +112,22 @@ def absolute_path(path: str) -> str:
   return os.path.abspath(path) if path and os.path.exists(path) else path
 
 
+# The identity (JSON-able) of this process's latest `claim_workdir` call: the processes of a
+# multi-process run compare theirs before any claims (`multihost.claim_on_process_zero`).
+_LAST_IDENTITY: list[Any] = [None]
+
+
+def last_identity() -> Any:
+  """The JSON-able identity the latest `claim_workdir` call of this process was given (None
+  before any, or after `forget_last_identity`)."""
+  return _LAST_IDENTITY[0]
+
+
+def forget_last_identity() -> None:
+  """Clears `last_identity` (before a claim whose identity is to be read)."""
+  _LAST_IDENTITY[0] = None
+
+
 # Digests already computed by this process: (real path, size, mtime_ns) -> sha256.
 _DIGESTS: dict[tuple[str, int, int], str] = {}
 
@@ -270,6 +286,7 @@ def claim_workdir(
     WorkdirBusyError: another process holds the workdir.
   """
   identity = to_jsonable(identity)
+  _LAST_IDENTITY[0] = identity
   ignored = tuple(ignore)
   path = os.path.join(workdir, RUN_FILE)
   if os.path.exists(workdir) and not os.path.isdir(workdir):

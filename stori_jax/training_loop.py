@@ -36,7 +36,9 @@ def resume(
   workdir: str,
   announce: bool = True,
 ) -> tuple[State, int]:
-  """The latest checkpoint's state and step, or (state, 0) when there is none.
+  """The newest intact checkpoint's state and step, or (state, 0) when there is none. A newer
+  checkpoint that cannot be read (a truncated file) is moved aside with a warning naming it
+  (`TrainCheckpointer.restore_latest_intact`), and the run goes on from the one before.
 
   Args:
     checkpointer: the run's checkpoints.
@@ -49,11 +51,11 @@ def resume(
 
   Raises:
     NonFiniteError: the checkpoint holds NaN or infinity.
+    UnreadableCheckpointsError: there are checkpoints, but none can be read.
   """
-  step = checkpointer.latest_step()
+  state, step = checkpointer.restore_latest_intact(state, warn=announce)
   if step is None:
     return state, 0
-  state = checkpointer.restore(state, step)
   require_finite_checkpoint(trained(state), step, checkpointer.directory)
   watch.last_saved = step
   if announce:
@@ -158,6 +160,8 @@ def train_loop(
 
   Raises:
     NonFiniteError: the run diverged.
+    CheckpointWriteError: the disk filled up while a checkpoint was written (one paragraph
+      naming the step; the last complete checkpoint is kept).
   """
   bar = None
   try:

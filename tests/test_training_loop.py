@@ -2,14 +2,26 @@
 the host, the log / eval / checkpoint intervals, the non-finite watch, the compile time kept
 out of the ETA, and a killed run resumed to the same result. Tiny fake steps, no models."""
 
+import errno
+import logging
+import os
+import shutil
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
-from stori_jax import training_loop
-from stori_jax.checkpointing import NonFiniteWatch, TrainCheckpointer, nonfinite_code
+from stori_jax import checkpointing, training_loop
+from stori_jax.checkpointing import (
+  CheckpointWriteError,
+  NonFiniteWatch,
+  TrainCheckpointer,
+  UnreadableCheckpointsError,
+  nonfinite_code,
+)
 from stori_jax.errors import NonFiniteError
 
 
@@ -225,3 +237,105 @@ def test_the_trainers_steps_donate_their_state():
   new_state, _ = step(state, method.context, jnp.eye(2, 4), jnp.array([0, 1]))
   assert state["params"].is_deleted() and not new_state["params"].is_deleted()
   assert not zero_shot.is_deleted()  # the context is not donated
+
+
+# A broken or unwritable checkpoint ------------------------------------------------------------
+
+
+def _truncate(path):
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
+  """Checkpoints 2 and 4 written, 4's manifest truncated: the run resumes from 2 with a
+  warning naming 4 (moved aside, not deleted) and ends as an uninterrupted run."""
+  straight, records = _run_jitted(tmp_path / "straight", 6)
+  with pytest.raises(Killed):
+    _run_jitted(tmp_path / "resumed", 6, kill_at=5)  # after the checkpoint of step 4
+  checkpoints = tmp_path / "resumed" / "checkpoints"
+  assert sorted(os.listdir(checkpoints)) == ["2", "4"]
+  _truncate(checkpoints / "4" / "default" / "manifest.ocdbt")
+  capsys.readouterr()
+  resumed, later = _run_jitted(tmp_path / "resumed", 6)
+  err = capsys.readouterr().err
+  assert "warning: the checkpoint of step 4 in" in err and "cannot be read" in err
+  assert "Resumed from step 2 of 6" in err
+  np.testing.assert_array_equal(straight, resumed)
+  assert later == records[2:]
+  assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints-broken")) == ["4"]
+  assert sorted(os.listdir(checkpoints)) == ["4", "6"]  # 4 written again, intact
+
+
+def test_no_readable_checkpoint_is_one_paragraph(tmp_path):
+  with pytest.raises(Killed):
+    _run_jitted(tmp_path, 6, kill_at=3)  # only the checkpoint of step 2
+  _truncate(tmp_path / "checkpoints" / "2" / "default" / "_METADATA")
+  with pytest.raises(UnreadableCheckpointsError, match="none of the 1 checkpoints") as error:
+    _run_jitted(tmp_path, 6)
+  assert "step 2:" in str(error.value) and "--restart" in str(error.value)
+
+
+def test_a_full_disk_during_a_background_write_names_the_step_and_recovers(tmp_path, monkeypatch):
+  """The write of step 2's checkpoint fails in the background (tensorstore's ENOSPC), which
+  surfaces at the save of step 4: one CheckpointWriteError naming both steps; freed, the same
+  run starts again and ends as an uninterrupted one."""
+  straight, _ = _run_jitted(tmp_path / "straight", 6)
+  real_save = ocp.CheckpointManager.save
+  real_wait = ocp.CheckpointManager.wait_until_finished
+  failing = {}
+
+  def save(self, step, *args, **kwargs):
+    real_save(self, step, *args, **kwargs)
+    if step == 2:
+      failing["error"] = ValueError(
+        "RESOURCE_EXHAUSTED: Failed to write 204 bytes to file 8: No space left on device "
+        "[os_error_code='28']"
+      )
+
+  def wait_until_finished(self):
+    real_wait(self)
+    if "error" in failing:
+      raise failing["error"]  # orbax raises the background thread's error at every wait
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", wait_until_finished)
+  with pytest.raises(CheckpointWriteError) as error:
+    _run_jitted(tmp_path / "full", 6)
+  message = str(error.value)
+  assert message.startswith("the checkpoint of step 2 could not be written to ")
+  assert "no space left on the device. The run stopped at step 4;" in message
+  monkeypatch.undo()
+  shutil.rmtree(tmp_path / "full" / "checkpoints" / "2")  # as a write that never committed
+  resumed, _ = _run_jitted(tmp_path / "full", 6)
+  np.testing.assert_array_equal(straight, resumed)
+
+
+def test_a_full_disk_while_saving_keeps_the_last_complete_checkpoint(tmp_path, monkeypatch):
+  real_save = ocp.CheckpointManager.save
+
+  def save(self, step, *args, **kwargs):
+    if step == 4:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real_save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  with pytest.raises(CheckpointWriteError) as error:
+    _run_jitted(tmp_path, 6)
+  message = str(error.value)
+  assert "the checkpoint of step 4 could not be written" in message
+  assert "stopped at step 4; the last complete checkpoint, of step 2, is kept" in message
+
+
+def test_orbax_logged_disk_full_tracebacks_are_dropped(caplog):
+  """orbax logs each background thread's failure with its traceback (about 540 lines in all);
+  the one CheckpointWriteError paragraph replaces them. Other errors are still logged."""
+  checkpointing._install_quiet_hooks()
+  absl_logger = logging.getLogger("absl")
+  try:
+    raise ValueError("RESOURCE_EXHAUSTED: Failed writing: No space left on device")
+  except ValueError:
+    absl_logger.error("_SignalingThread.run() raised an exception", exc_info=True)
+  absl_logger.error("[step=6] Save Finalize thread failed: No space left on device")
+  absl_logger.error("something else failed")
+  assert [r.getMessage() for r in caplog.records] == ["something else failed"]

@@ -1,0 +1,97 @@
+"""Issue 26, rows 13 and 15, on the tiny demo run through its command line: a truncated file in
+the latest checkpoint makes the run resume from the newest intact one, with a warning naming
+the broken one, to the result of an uninterrupted run; a full disk during a checkpoint write
+stops the run with one paragraph and exit status 2, and the same command then finishes it."""
+
+import errno
+import json
+import os
+
+import orbax.checkpoint as ocp
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "configs", "demo.py")
+#: 4 shots of the demo's 12 classes (one step per epoch), 4 steps, checkpoints every 2.
+OVERRIDES = {
+  "views": 2,
+  "shots": 4,
+  "data.n_test_per_class": 5,
+  "log_every": 1,
+  "eval_every": 2,
+  "checkpoint_every": 2,
+  "epochs": 4,
+}
+
+
+def _train(run_command, model, workdir):
+  flags = [f"--config.{k}={v}" for k, v in {"model.source": model, **OVERRIDES}.items()]
+  return run_command("stori_jax.train", f"--config={DEMO}", f"--workdir={workdir}", *flags)
+
+
+def _result(workdir):
+  """What the run decided: its weights and its accuracies (not its timings)."""
+  with open(os.path.join(workdir, "weights.json"), encoding="utf-8") as f:
+    weights = json.load(f)
+  with open(os.path.join(workdir, "metrics.json"), encoding="utf-8") as f:
+    metrics = json.load(f)
+  return weights, {k: v for k, v in metrics.items() if "time" not in k and "second" not in k}
+
+
+def _error_paragraph(done):
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert "Traceback" not in done.stderr, done.stderr[-3000:]
+  lines = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+  assert len(lines) == 1, done.stderr[-3000:]
+  return lines[0]
+
+
+@pytest.mark.slow
+def test_a_truncated_checkpoint_file_resumes_from_the_intact_one_before(
+  tmp_path, run_command, tiny_random_model
+):
+  straight = tmp_path / "straight"
+  assert _train(run_command, tiny_random_model, straight).returncode == 0
+  broken = tmp_path / "broken"
+  assert _train(run_command, tiny_random_model, broken).returncode == 0
+  checkpoints = broken / "checkpoints"
+  assert sorted(os.listdir(checkpoints)) == ["2", "4"]
+  manifest = checkpoints / "4" / "default" / "manifest.ocdbt"
+  with open(manifest, "r+b") as f:
+    f.truncate(os.path.getsize(manifest) // 2)
+  done = _train(run_command, tiny_random_model, broken)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "Traceback" not in done.stderr
+  assert f"warning: the checkpoint of step 4 in {checkpoints} cannot be read" in done.stderr
+  assert "Resumed from step 2 of 4" in done.stderr
+  assert os.listdir(tmp_path / "broken" / "checkpoints-broken") == ["4"]
+  assert _result(broken) == _result(straight)
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_checkpoint_write_is_one_paragraph(
+  tmp_path, run_command, tiny_random_model, monkeypatch
+):
+  real_save = ocp.CheckpointManager.save
+
+  def save(self, step, *args, **kwargs):
+    if step == 4:  # the writer finds the disk full
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real_save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  workdir = tmp_path / "run"
+  message = _error_paragraph(_train(run_command, tiny_random_model, workdir))
+  assert "the checkpoint of step 4 could not be written" in message
+  assert "no space left on the device. The run stopped at step 4;" in message
+  assert "the last complete checkpoint, of step 2, is kept" in message
+  assert "Free space on that disk" in message
+  assert not os.path.exists(workdir / "metrics.json")
+  # Space freed: the same command resumes from step 2 and finishes as an uninterrupted run.
+  monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
+  done = _train(run_command, tiny_random_model, workdir)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "Resumed from step 2 of 4" in done.stderr
+  straight = tmp_path / "straight"
+  assert _train(run_command, tiny_random_model, straight).returncode == 0
+  assert _result(workdir) == _result(straight)
