@@ -437,10 +437,19 @@ def mutual_modes_figures() -> dict[str, str]:
       records += report.image_records(cls, result, bank.descriptors, names, methods)
       if mode == "reference" and model is not None:
         theirs = torch_reference.analyze_class(
-          model, cls.images, bundle.preprocess_config.mean, bundle.preprocess_config.std,
-          bank.descriptor_embeddings, bank.class_embeddings, int(a.top_k), int(a.u),
-          methods=methods, joint=bool(a.joint_foreground), crf=use_crf,
-          kmeans_seed=int(a.kmeans_seed), ellipse_seed=int(a.ellipse_seed),
+          model,
+          cls.images,
+          bundle.preprocess_config.mean,
+          bundle.preprocess_config.std,
+          bank.descriptor_embeddings,
+          bank.class_embeddings,
+          int(a.top_k),
+          int(a.u),
+          methods=methods,
+          joint=bool(a.joint_foreground),
+          crf=use_crf,
+          kmeans_seed=int(a.kmeans_seed),
+          ellipse_seed=int(a.ellipse_seed),
         )
         for m in methods:
           ours = pipeline.summarise(result, m)
@@ -495,7 +504,7 @@ def mutual_precision_figures() -> dict[str, str]:
       f"{100 * r['predicted'] / n:.1f}%"
     )
   text = (
-    "With `config.analysis.compute_dtype=\"bfloat16\"` (the towers in bf16; splits, fits "
+    'With `config.analysis.compute_dtype="bfloat16"` (the towers in bf16; splits, fits '
     "and language stages in fp32) on configs/mutual_synthetic.py's images: "
     + "; ".join(parts)
     + ". A concept's patches and descriptors are discrete choices, and bf16 features move "

@@ -44,13 +44,19 @@ class CLIPBundle:
 
   Features are unnormalised and projected, as OpenAI's encode_text and
   encode_image return them; they are float32 whatever the compute dtype.
+  preprocess_config defaults to OpenAI's mean and std at the model's image size.
   """
 
   config: CLIPConfig
   params: Any
   dtype: Any = jnp.float32
-  preprocess_config: PreprocessConfig = PreprocessConfig()
+  preprocess_config: PreprocessConfig | None = None
   source: str = ""
+
+  def __post_init__(self):
+    # A fixed 224 px default would not fit smaller models (bundle.preprocess -> wrong size).
+    if self.preprocess_config is None:
+      object.__setattr__(self, "preprocess_config", PreprocessConfig(self.config.vision.image_size))
 
   @functools.cached_property
   def model(self) -> CLIP:
@@ -238,9 +244,17 @@ class CLIPBundle:
     if images.ndim == 3:
       images = images[None]
     if images.ndim != 4 or images.shape[1:] != (size, size, 3):
+      pre = self.preprocess_config.image_size
+      hint = (
+        f"bundle.preprocess(image) gives {size}x{size} inputs."
+        if pre == size
+        else f"This bundle's preprocess_config has image_size {pre}, not the model's {size}: "
+        f"build the bundle with PreprocessConfig({size}) (or fix image_size in the "
+        "checkpoint's stori_config.json)."
+      )
       raise InputError(
         f"This model takes images of shape [batch, {size}, {size}, 3] (NHWC, normalised); "
-        f"got {tuple(images.shape)}. bundle.preprocess(image) gives {size}x{size} inputs."
+        f"got {tuple(images.shape)}. {hint}"
       )
     if not jnp.issubdtype(images.dtype, jnp.floating):
       raise InputError(

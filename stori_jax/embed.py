@@ -76,24 +76,42 @@ def token_table(bundle: CLIPBundle, ids: np.ndarray, weights: np.ndarray) -> str
 
 def output_path(output: str) -> str:
   """The file `np.save(output)` writes (".npy" added when missing), checked to be writable
-  before any work: its folder exists and it is not a folder itself.
+  before any work: its folder exists and takes a file, and neither `output` nor the file is a
+  folder (an existing folder given as --output once got `<folder>.npy` written beside it).
 
   Raises:
-    InputError: the folder is missing or the path is a folder.
+    InputError: the folder is missing or cannot be written to, or the path is a folder.
   """
+  if os.path.isdir(output) or output.endswith(os.sep):
+    raise InputError(
+      f"--output {output} is a folder; give a file name, such as "
+      f"{os.path.join(output, 'embeddings.npy')}"
+    )
   path = output if output.endswith(".npy") else output + ".npy"
   folder = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(folder):
     raise InputError(f"--output {output}: the folder {folder} does not exist; create it first")
   if os.path.isdir(path):
     raise InputError(f"--output {output}: {path} is a folder; give a file name")
+  try:  # a real write, as save_npy will do it: access() says yes to root on /proc and the like
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    raise InputError(
+      f"--output {output}: cannot write a file in the folder {folder} ({e.strerror or e}); "
+      "give a path in a folder you can write to"
+    ) from None
   return path
 
 
 def save_npy(path: str, array: np.ndarray) -> None:
   """np.save through a temporary file and os.replace: a kill never leaves half a file."""
   folder = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+  try:
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+  except OSError as e:
+    raise InputError(f"cannot save the embeddings to {path}: {e}; nothing was saved") from None
   try:
     with os.fdopen(fd, "wb") as f:
       np.save(f, array)
@@ -101,9 +119,11 @@ def save_npy(path: str, array: np.ndarray) -> None:
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; np.save would not
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     if os.path.exists(tmp):
       os.remove(tmp)
+    if isinstance(e, OSError):  # a full disk, a folder removed meanwhile: the user's to fix
+      raise InputError(f"cannot save the embeddings to {path}: {e}; nothing was saved") from None
     raise
 
 

@@ -74,10 +74,8 @@ def _load_open_clip_dir(directory: str):
   try:
     config = config_from_open_clip(spec["model_cfg"], os.path.basename(directory))
     pre = spec.get("preprocess_cfg", {})
-    preprocess = PreprocessConfig(
-      config.vision.image_size,
-      tuple(pre.get("mean", PreprocessConfig.mean)),
-      tuple(pre.get("std", PreprocessConfig.std)),
+    preprocess = validate.preprocess_from_dict(
+      {k: pre[k] for k in ("mean", "std") if k in pre}, config, config_path
     )
   except CheckpointError:
     raise

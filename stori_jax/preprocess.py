@@ -34,6 +34,55 @@ class ImageFileMissingError(UserError, FileNotFoundError):
   """An image path that does not exist."""
 
 
+# PIL modes whose samples are wider than 8 bits: PIL's own convert("L"/"RGB") clips them at
+# 255 (a 16-bit image turns all white, a [0, 1] float image near black), so they are scaled here.
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+_WIDE_MODES = (*_SIXTEEN_BIT_MODES, "I", "F")
+
+
+def to_8bit(image: Image.Image, where: str = "") -> Image.Image:
+  """An image of any PIL mode -> one with 8-bit samples that `convert("RGB")` reads correctly.
+
+  8-bit modes (L, RGB, RGBA, P, 1, CMYK, ...) are returned unchanged. 16-bit integer images
+  (I;16*, and I with values in [0, 65535], as older PIL decodes 16-bit PNGs) are scaled by
+  255 / 65535 to mode L; float images (F) with values in [0, 1] by 255. The project's one
+  decoder: every image reader goes through `to_pil` or this function.
+
+  Raises:
+    InputError: a 32-bit integer image with values outside [0, 65535], or a float image with
+      NaN, infinite or out-of-[0, 1] values: their scale cannot be known (named by `where`).
+  """
+  if image.mode not in _WIDE_MODES:
+    return image
+  name = f"The image {where}" if where else "An image"
+  pixels = np.asarray(image)
+  if image.mode == "F":
+    if pixels.size and not np.isfinite(pixels).all():
+      raise InputError(
+        f"{name} is a float image (PIL mode F) with NaN or infinite pixels; save it as an "
+        "8-bit PNG or JPEG, or replace the non-finite values."
+      )
+    lo, hi = (float(pixels.min()), float(pixels.max())) if pixels.size else (0.0, 0.0)
+    if lo < 0.0 or hi > 1.0:
+      raise InputError(
+        f"{name} is a float image (PIL mode F) with values in [{lo:g}, {hi:g}]; float images "
+        "must hold values in [0, 1] to be scaled to 8 bits. Rescale it to [0, 1], or save it "
+        "as an 8-bit PNG or JPEG."
+      )
+    scaled = np.rint(pixels.astype(np.float64) * 255.0)
+  else:
+    wide = pixels.astype(np.int64)
+    if image.mode == "I" and wide.size and (wide.min() < 0 or wide.max() > 65535):
+      raise InputError(
+        f"{name} is a 32-bit integer image (PIL mode I) with values in "
+        f"[{int(wide.min())}, {int(wide.max())}], outside the 16-bit range [0, 65535], so "
+        "its scale is unknown. Save it as an 8- or 16-bit PNG."
+      )
+    # Round to nearest: 65535 -> 255, 257 * k -> k exactly (8-bit values widened by 257).
+    scaled = (wide * 255 + 32767) // 65535
+  return Image.fromarray(np.clip(scaled, 0, 255).astype(np.uint8), mode="L")
+
+
 def _read_image_file(path: str | os.PathLike) -> Image.Image:
   if not os.path.exists(path):
     raise ImageFileMissingError(f"Image file {path} does not exist.")
@@ -42,24 +91,25 @@ def _read_image_file(path: str | os.PathLike) -> Image.Image:
   try:
     with Image.open(path) as im:
       im.load()
-      return im
   except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
     # PIL says "image file is truncated" or "cannot identify image file" without the name.
     raise InputError(
       f"Cannot read the image {path}: {type(e).__name__}: {e}. The file is truncated, corrupt "
       "or not an image; replace it, or remove it from the input."
     ) from None
+  return to_8bit(im, str(path))
 
 
 def to_pil(image: ImageLike) -> Image.Image:
-  """A path, a PIL image or a uint8 HWC array -> PIL image.
+  """A path, a PIL image or a uint8 HWC array -> PIL image with 8-bit samples (`to_8bit`).
 
   Raises:
     ImageFileMissingError: a path that does not exist.
-    InputError: an unreadable file (named), a wrong array dtype or shape.
+    InputError: an unreadable file (named), a wrong array dtype or shape, a 16-bit or float
+      image whose scale cannot be known.
   """
   if isinstance(image, Image.Image):
-    return image
+    return to_8bit(image)
   if isinstance(image, np.ndarray):
     if image.dtype != np.uint8 or image.ndim not in (2, 3):
       raise InputError(

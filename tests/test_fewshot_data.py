@@ -678,3 +678,117 @@ def test_tfds_not_installed_says_what_to_install(monkeypatch):
   monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # import now raises ImportError
   with pytest.raises(ImportError, match="pip install tensorflow-datasets"):
     datasets.load_tfds("dtd")
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 26 rows 4 and 10: bounds before allocation, bad split rows named.
+
+
+def test_a_stray_huge_label_is_named_without_building_the_range(tmp_path):
+  import tracemalloc
+
+  _write_dtd(tmp_path)
+  path = tmp_path / "dtd" / "split_zhou_DescribableTextures.json"
+  split = json.loads(path.read_text())
+  split["test"][0][1:] = [10**9, "huge"]
+  split["test"][1][1:] = [-2, "negative"]
+  path.write_text(json.dumps(split))
+  tracemalloc.start()
+  try:
+    with pytest.raises(ValueError, match=r"negative: \[-2\]; missing: 3..999999999\)") as e:
+      datasets.load_coop_split(tmp_path, "dtd")
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert peak < 50 << 20, peak  # a range of 10**9 labels once took 14.5 GB
+  assert "number the classes 0, 1, 2" in str(e.value)
+
+
+@pytest.mark.parametrize(
+  "row, match",
+  [
+    ([7, 0, "banded"], "the image path of [7, 0, 'banded'] is not a non-empty string"),
+    ([None, 0, "banded"], "the image path of [None, 0, 'banded']"),
+    (["banded/x.png", 0, 3], "the class name of ['banded/x.png', 0, 3] is not a string"),
+    (["banded/x.png", float("inf"), "banded"], "is not an integer"),
+  ],
+)
+def test_split_rows_of_the_wrong_type_are_named(tmp_path, row, match):
+  from stori_jax.errors import InputError
+
+  _write_dtd(tmp_path)
+  path = tmp_path / "dtd" / "split_zhou_DescribableTextures.json"
+  split = json.loads(path.read_text())
+  split["train"].append(row)
+  path.write_text(json.dumps(split))
+  with pytest.raises(InputError) as e:
+    datasets.load_coop_split(tmp_path, "dtd")
+  assert match in str(e.value) and str(path) in str(e.value)
+
+
+def test_synthetic_world_too_large_for_memory_is_refused_before_drawing(monkeypatch):
+  monkeypatch.setattr(datasets, "_memory_bytes", lambda: 4 << 30)
+  monkeypatch.setattr(
+    synthetic_tasks, "fewshot_dataset", lambda *a, **k: pytest.fail("drew images anyway")
+  )
+  with pytest.raises(ConfigError, match=r"about 4.3 GiB in memory, more than half .* 4.0 GiB"):
+    datasets.load_synthetic(1, 0, 100_000, image_size=36)
+
+
+#: Runs `python -m module args` and reports the process's own peak RSS (VmHWM, reset at exec)
+#: at exit: ru_maxrss of a child also counts the forked test process before exec (1.4 GB).
+PEAK_RSS_RUNNER = """
+import atexit, runpy, sys
+def report():
+  with open("/proc/self/status") as f:
+    kb = [line.split()[1] for line in f if line.startswith("VmHWM:")][0]
+  sys.stderr.write(f"\\npeak_rss_kb={kb}\\n")
+atexit.register(report)
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def measure_module(module, *args, cwd=None):
+  """(exit status, stderr without the report, wall seconds, peak RSS bytes) of
+  `python -m module *args`."""
+  import re
+  import subprocess
+  import time
+
+  start = time.monotonic()
+  done = subprocess.run(
+    [sys.executable, "-c", PEAK_RSS_RUNNER, module, *args],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+    cwd=cwd or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
+  )
+  seconds = time.monotonic() - start
+  found = re.search(r"\npeak_rss_kb=(\d+)\n", done.stderr)
+  assert found, done.stderr[-2000:]
+  return done.returncode, done.stderr[: found.start()], seconds, int(found.group(1)) * 1024
+
+
+def test_row4_sizes_stop_with_exit_2_in_5_s_and_under_1_gb(tmp_path):
+  # the issue's reproducers, as commands: each once took 14.5 to 19 GB or hung
+  _write_dtd(tmp_path)
+  path = tmp_path / "dtd" / "split_zhou_DescribableTextures.json"
+  split = json.loads(path.read_text())
+  split["train"].append(["banded/train_0.png", 10**9, "huge"])
+  path.write_text(json.dumps(split))
+  train = ("--config", "configs/demo.py")
+  cases = [
+    (("--config", "configs/dtd.py", f"--config.data.root={tmp_path}"), "missing: 3..999999999"),
+    ((*train, "--config.views=1000000"), "config.views must be an integer >= 1 and <= 1000"),
+    ((*train, "--config.data.n_test_per_class=100000000"), "n_test_per_class must be"),
+    ((*train, "--config.data.image_size=100000"), "config.data.image_size must be"),
+  ]
+  for i, (args, phrase) in enumerate(cases):
+    code, stderr, seconds, rss = measure_module(
+      "stori_jax.train", *args, f"--workdir={tmp_path / f'w{i}'}"
+    )
+    assert code == 2 and "Traceback" not in stderr, stderr[-2000:]
+    assert phrase in stderr and stderr.count("error: ") == 1, stderr
+    assert seconds < 5 and rss < 1 << 30, (args, seconds, rss)

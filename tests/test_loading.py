@@ -237,3 +237,98 @@ def test_convert_cli_and_parity_cli(tmp_path, openai_file):
   assert "text block 2" in result.stdout and "vision block 2" in result.stdout
   report = json.loads(report_path.read_text())
   assert report["worst_final_rel"] < 1e-5
+
+
+# Issue 26 row 9: non-float weights and broken preprocessing entries are refused at load, named.
+
+
+def _edit_native(directory, edit):
+  path = os.path.join(directory, "stori_config.json")
+  with open(path, encoding="utf-8") as f:
+    meta = json.load(f)
+  edit(meta)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(meta, f)  # allow_nan: a NaN mean is written as the bare token NaN
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.bool_])
+def test_non_float_weight_tensors_are_refused_with_their_name(tmp_path, bundle, dtype):
+  from safetensors.numpy import load_file
+
+  directory = stori_jax.save(bundle, tmp_path / "ckpt")
+  path = os.path.join(directory, "params.safetensors")
+  flat = load_file(path)
+  key = "text/token_embedding/embedding"
+  flat[key] = flat[key].astype(dtype)
+  save_file(flat, path)
+  with pytest.raises(CheckpointError, match=f"{key} as {np.dtype(dtype).name}.*floating point"):
+    stori_jax.load(directory)
+  # a state-dict file (OpenAI layout) too
+  sd = _openai_state_dict(bundle.params)
+  sd["visual.proj"] = sd["visual.proj"].astype(dtype)
+  save_file(sd, str(tmp_path / "sd.safetensors"))
+  with pytest.raises(CheckpointError, match=r"visual\.proj as"):
+    stori_jax.load(tmp_path / "sd.safetensors", arch=CONFIG)
+
+
+@pytest.mark.parametrize(
+  "preprocess, match",
+  [
+    ({"std": [0.0, 0.26, 0.27]}, r"std is \[0.0, 0.26, 0.27\]; every value must be > 0"),
+    ({"mean": [float("nan"), 0.45, 0.4]}, r"mean is .*nan.*3 finite numbers"),
+    ({"std": [0.26, 0.27]}, r"std is \[0.26, 0.27\]; it must be a list of 3 finite numbers"),
+    (
+      {"image_size": 224},
+      r"image_size is 224, but the model's vision tower takes 32x32 images.*"
+      r'"preprocess": \{"image_size": 32\}',
+    ),
+    ("fast", r'"preprocess" must be a JSON object'),
+  ],
+)
+def test_bad_preprocess_entries_are_refused(tmp_path, bundle, preprocess, match):
+  directory = stori_jax.save(bundle, tmp_path / "ckpt")
+  _edit_native(
+    directory,
+    lambda m: (
+      m.update(preprocess=preprocess if isinstance(preprocess, str) else m["preprocess"])
+      or (m["preprocess"].update(preprocess) if isinstance(preprocess, dict) else None)
+    ),
+  )
+  with pytest.raises(CheckpointError, match=match) as e:
+    stori_jax.load(directory)
+  assert "stori_config.json" in str(e.value)
+
+
+def test_default_preprocess_follows_the_model_size(tmp_path, bundle):
+  # a 32-px model saved without a preprocess config must not record (or preprocess at) 224
+  assert bundle.preprocess_config.image_size == 32
+  loaded = stori_jax.load(stori_jax.save(bundle, tmp_path / "ckpt"))
+  assert loaded.preprocess_config.image_size == 32
+  image = np.zeros((50, 40, 3), np.uint8)
+  assert loaded.encode_image(loaded.preprocess(image)[None]).shape == (1, 32)
+
+
+# Issue 26 row 4: a config that does not fit its weights is refused before any model is built.
+
+
+@pytest.mark.parametrize(
+  "key, value, match",
+  [
+    ("text", {"layers": 10**9}, r"text.layers is 1000000000; at most 1024 is accepted"),
+    ("text", {"layers": 3}, r"text.layers = 3, but the weights .* hold 2 text blocks"),
+    ("vision", {"layers": 5}, r"vision.layers = 5, but the weights .* hold 2 vision blocks"),
+    ("text", {"context_length": 10**8}, r"text.context_length is 100000000; at most"),
+    ("text", {"context_length": 99}, r"text.context_length x text.width = \(99, 64\)"),
+  ],
+)
+def test_config_against_weights_before_building(tmp_path, bundle, monkeypatch, key, value, match):
+  from stori_jax.checkpoints import native
+
+  directory = stori_jax.save(bundle, tmp_path / "ckpt")
+  _edit_native(directory, lambda m: m["config"][key].update(value))
+  # nothing may be built from the edited config before the refusal
+  monkeypatch.setattr(native, "param_shapes", lambda config: pytest.fail("built the model"))
+  monkeypatch.setattr(native, "check_params", lambda *a: pytest.fail("built the model"))
+  with pytest.raises(CheckpointError, match=match) as e:
+    stori_jax.load(directory)
+  assert "stori_config.json" in str(e.value)

@@ -99,9 +99,7 @@ def test_vision_side_passes_each_stage_on(tiny_synthetic, monkeypatch):
   def embeddings(bundle, images, maps_per_method, n_concepts, **kwargs):
     seen["prompts"] = dict(ellipse=kwargs["ellipse"])
     b = maps_per_method[0].shape[0]
-    return [(jnp.zeros((b, n_concepts, 4)), jnp.ones((b, n_concepts), bool))] * len(
-      maps_per_method
-    )
+    return [(jnp.zeros((b, n_concepts, 4)), jnp.ones((b, n_concepts), bool))] * len(maps_per_method)
 
   def pca(features, mask, n_concepts, sign_rule):
     seen["pca"] = sign_rule

@@ -107,8 +107,17 @@ def test_reference_mode_agrees_with_the_torch_reference_per_image(tiny_synthetic
   for cls in dataset.classes(int(bundle.config.vision.image_size)):
     ours = pipeline.analyze_class(bundle, cls.images, bank, a)
     theirs = torch_reference.analyze_class(
-      model, cls.images, mean, std, bank.descriptor_embeddings, bank.class_embeddings,
-      int(a.top_k), int(a.u), joint=True, crf=use_crf, kmeans_seed=int(a.kmeans_seed),
+      model,
+      cls.images,
+      mean,
+      std,
+      bank.descriptor_embeddings,
+      bank.class_embeddings,
+      int(a.top_k),
+      int(a.u),
+      joint=True,
+      crf=use_crf,
+      kmeans_seed=int(a.kmeans_seed),
       ellipse_seed=int(a.ellipse_seed),
     )
     for method in same:

@@ -77,13 +77,26 @@ def test_user_errors_before_any_work(tmp_path, monkeypatch, tiny_synthetic):
   (tmp_path / "dir.npy").mkdir()
   with pytest.raises(InputError, match=r"dir.npy is a folder; give a file name"):
     _run_main(monkeypatch, tiny_synthetic, f"--output={tmp_path / 'dir'}", "a circle")
+  # issue 26 row 16: an existing folder as --output is refused (it once wrote folder.npy
+  # beside it and reported success)
+  with pytest.raises(
+    InputError, match=r"dir.npy is a folder; give a file name, such as .*dir.npy/embeddings.npy"
+  ):
+    _run_main(monkeypatch, tiny_synthetic, f"--output={tmp_path / 'dir.npy'}", "a circle")
+  (tmp_path / "folder").mkdir()
+  with pytest.raises(InputError, match=r"folder is a folder; give a file name"):
+    _run_main(monkeypatch, tiny_synthetic, f"--output={tmp_path / 'folder'}", "a circle")
+  # issue 26 row 10: a folder that takes no files (under /proc) is refused before any work
+  with pytest.raises(InputError, match=r"cannot write a file in the folder /proc"):
+    _run_main(monkeypatch, tiny_synthetic, "--output=/proc/emb.npy", "a circle")
   with pytest.raises(WeightedPromptError, match="not a number in ASCII digits"):
     _run_main(monkeypatch, tiny_synthetic, "a (red:\uff12) circle")
   with pytest.raises(InputError, match="--start_block/--stop_block: Reweighting blocks 9"):
     _run_main(monkeypatch, tiny_synthetic, "--start_block=9", "a circle")
   with pytest.raises(UserError, match="give one or more prompts"):
     _run_main(monkeypatch, tiny_synthetic)
-  assert os.listdir(tmp_path) == ["dir.npy"]
+  assert sorted(os.listdir(tmp_path)) == ["dir.npy", "folder"]
+  assert os.listdir(tmp_path / "folder") == [] and os.listdir(tmp_path / "dir.npy") == []
 
 
 def test_non_finite_features_are_refused_and_not_saved(
@@ -96,3 +109,56 @@ def test_non_finite_features_are_refused_and_not_saved(
     _run_main(monkeypatch, broken, f"--output={target}", "a (red:2) circle")
   assert not target.exists() and os.listdir(tmp_path) == []
   assert "norm nan" not in capsys.readouterr().out
+
+
+def test_huge_layer_count_in_the_checkpoint_config_stops_at_once(tmp_path):
+  # issue 26 row 4: text.layers 1e9 in stori_config.json, then embed, grew 40 MB/s and hung
+  import json
+  import shutil
+
+  from stori_jax.loading import ASSETS_DIR
+
+  directory = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(ASSETS_DIR, "tiny-synthetic"), directory)
+  meta = json.loads((directory / "stori_config.json").read_text())
+  meta["config"]["text"]["layers"] = 10**9
+  (directory / "stori_config.json").write_text(json.dumps(meta))
+  code, stderr, seconds, rss = _measure_module("stori_jax.embed", f"--source={directory}", "a cat")
+  assert code == 2 and "Traceback" not in stderr, stderr
+  assert "text.layers is 1000000000; at most 1024 is accepted" in stderr
+  assert seconds < 5 and rss < 1 << 30, (seconds, rss)
+
+
+#: Runs `python -m module args` and reports the process's own peak RSS (VmHWM, reset at exec)
+#: at exit: ru_maxrss of a child also counts the forked test process before exec (1.4 GB).
+_PEAK_RSS_RUNNER = """
+import atexit, runpy, sys
+def report():
+  with open("/proc/self/status") as f:
+    kb = [line.split()[1] for line in f if line.startswith("VmHWM:")][0]
+  sys.stderr.write(f"\\npeak_rss_kb={kb}\\n")
+atexit.register(report)
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def _measure_module(module, *args):
+  """(exit status, stderr without the report, wall seconds, peak RSS bytes) of
+  `python -m module *args` (the same helper as tests/test_fewshot_data.py)."""
+  import re
+  import time
+
+  start = time.monotonic()
+  done = subprocess.run(
+    [sys.executable, "-c", _PEAK_RSS_RUNNER, module, *args],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+    cwd=REPO,
+  )
+  seconds = time.monotonic() - start
+  found = re.search(r"\npeak_rss_kb=(\d+)\n", done.stderr)
+  assert found, done.stderr[-2000:]
+  return done.returncode, done.stderr[: found.start()], seconds, int(found.group(1)) * 1024

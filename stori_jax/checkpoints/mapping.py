@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from stori_jax.checkpoints.errors import CheckpointMismatchError
-from stori_jax.checkpoints.validate import check_params, unflatten
+from stori_jax.checkpoints.validate import check_float_weights, check_params, unflatten
 from stori_jax.models import CLIPConfig
 
 
@@ -45,6 +45,7 @@ class StateDictReader:
       self.absent.add(key)
       return
     self.used.add(key)
+    check_float_weights({key: self.state_dict[key]}, self.source)
     value = np.asarray(self.state_dict[key], dtype=np.float32)
     self.flat[target] = transform(value) if transform else value
 
@@ -63,6 +64,7 @@ class StateDictReader:
       self.absent.add(key)
       return
     self.used.add(key)
+    check_float_weights({key: self.state_dict[key]}, self.source)
     parts = np.split(np.asarray(self.state_dict[key], dtype=np.float32), len(targets), axis=0)
     for target, part in zip(targets, parts):
       self.flat[target] = transform(part) if transform else part

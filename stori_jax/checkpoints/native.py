@@ -17,7 +17,15 @@ import numpy as np
 
 from stori_jax import jsonio
 from stori_jax.checkpoints.errors import CheckpointError
-from stori_jax.checkpoints.validate import check_params, config_from_dict, flatten, unflatten
+from stori_jax.checkpoints.validate import (
+  check_float_weights,
+  check_config_fits_weights,
+  check_params,
+  config_from_dict,
+  flatten,
+  preprocess_from_dict,
+  unflatten,
+)
 from stori_jax.data.files import read_json
 from stori_jax.models import CLIPConfig, param_shapes
 from stori_jax.preprocess import PreprocessConfig
@@ -36,7 +44,7 @@ def save(
   directory: str | os.PathLike,
   config: CLIPConfig,
   params: Mapping[str, Any],
-  preprocess_config: PreprocessConfig = PreprocessConfig(),
+  preprocess_config: PreprocessConfig | None = None,
   params_format: str = "safetensors",
   metadata: Mapping[str, Any] | None = None,
   params_dtype: str = "float32",
@@ -44,8 +52,10 @@ def save(
   """Writes a converted checkpoint; returns the directory.
 
   params_dtype "float16"/"bfloat16" halves the file (safetensors only); loading
-  always returns float32 params.
+  always returns float32 params. preprocess_config defaults to OpenAI's at the model's size.
   """
+  if preprocess_config is None:
+    preprocess_config = PreprocessConfig(config.vision.image_size)
   directory = os.path.abspath(directory)
   os.makedirs(directory, exist_ok=True)
   check_params(params, config, "params to save")
@@ -146,15 +156,13 @@ def load(directory: str | os.PathLike):
       f"{CONFIG_FILE}? Convert the checkpoint again with python -m stori_jax.convert."
     )
   config = config_from_dict(meta["config"], path)
-  try:
-    preprocess_config = PreprocessConfig(
-      **{k: tuple(v) if isinstance(v, list) else v for k, v in meta.get("preprocess", {}).items()}
-    )
-  except (TypeError, AttributeError) as e:
-    raise CheckpointError(f'{path}: the "preprocess" entry is malformed ({e}).') from None
+  preprocess_config = preprocess_from_dict(meta.get("preprocess"), config, path)
   params_format = meta.get("params_format", "safetensors")
   if params_format == "safetensors":
-    flat = _read_params_safetensors(os.path.join(directory, SAFETENSORS_FILE))
+    target = os.path.join(directory, SAFETENSORS_FILE)
+    flat = _read_params_safetensors(target)
+    check_float_weights(flat, target)
+    check_config_fits_weights(config, {k: v.shape for k, v in flat.items()}, target, path)
     params = unflatten({k: v.astype(np.float32) for k, v in flat.items()})
   elif params_format == "orbax":
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
@@ -171,6 +179,7 @@ def load(directory: str | os.PathLike):
         f"Cannot restore the orbax params {target} ({type(e).__name__}: {str(e)[:300]}); copy "
         "the directory again, or convert the original weights again."
       ) from None
+    check_float_weights(flatten(params), target)
   else:
     raise CheckpointError(
       f"{path}: unknown params_format {params_format!r}; expected 'safetensors' or 'orbax'."

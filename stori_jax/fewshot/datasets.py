@@ -35,7 +35,7 @@ from stori_jax.config_files import ConfigError
 from stori_jax.errors import InputError, UserError
 from stori_jax.data import synthetic_tasks
 from stori_jax.data.files import ClassMismatchError, check_no_problems, quoted, read_json
-from stori_jax.preprocess import to_pil
+from stori_jax.preprocess import to_8bit, to_pil
 
 COOP_DATASETS_DOC = "https://github.com/KaiyangZhou/CoOp/blob/main/DATASETS.md"
 
@@ -93,16 +93,20 @@ class FewShotSplit:
 
 
 def open_image(source: ImageSource | Image.Image) -> Image.Image:
-  """A path, encoded bytes, a uint8 HWC array or a PIL image -> PIL image (mode unchanged)."""
+  """A path, encoded bytes, a uint8 HWC array or a PIL image -> PIL image, 8-bit samples.
+
+  16-bit and float images are scaled to 8 bits (or refused) by `preprocess.to_8bit`, the
+  decoder every reader shares.
+  """
   if isinstance(source, (bytes, bytearray, memoryview)):
     try:
       with Image.open(io.BytesIO(bytes(source))) as image:
         image.load()
-        return image
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
       raise InputError(
         f"Cannot decode an encoded image ({len(source)} bytes): {type(e).__name__}: {e}."
       ) from None
+    return to_8bit(image, f"({len(source)} encoded bytes)")
   return to_pil(source)
 
 
@@ -320,21 +324,49 @@ def _class_names_from_entries(entries: Mapping[str, Sequence], where: str) -> tu
     for row in rows:
       if not isinstance(row, (list, tuple)) or len(row) != 3:
         raise InputError(f"{where}: expected [relpath, label, classname] rows, got {row!r:.120}.")
-      _, label, classname = row
+      relpath, label, classname = row
+      if not isinstance(relpath, str) or not relpath:
+        raise InputError(
+          f"{where}: the image path of {row!r:.120} is not a non-empty string; each row is "
+          '[relpath, label, classname], e.g. ["images/cat_1.jpg", 0, "cat"].'
+        )
+      if not isinstance(classname, str):
+        raise InputError(f"{where}: the class name of {row!r:.120} is not a string.")
       try:
         label = int(label)
-      except (TypeError, ValueError):
+      except (TypeError, ValueError, OverflowError):
         raise InputError(f"{where}: the label of {row!r:.120} is not an integer.") from None
       if names.setdefault(label, classname) != classname:
         raise InputError(
           f"{where}: label {label} is named both {names[label]!r} and {classname!r}."
         )
-  if sorted(names) != list(range(len(names))):
+  labels = sorted(names)
+  if labels != list(range(len(labels))):
     raise InputError(
-      f"{where}: labels are not 0..{len(names) - 1} "
-      f"(missing: {sorted(set(range(max(names, default=-1) + 1)) - set(names))})."
+      f"{where}: labels are not 0..{len(labels) - 1} ({_label_gaps(labels)}); number the "
+      "classes 0, 1, 2, ... with no gaps."
     )
   return tuple(names[i] for i in range(len(names)))
+
+
+def _label_gaps(labels: Sequence[int], shown: int = 5) -> str:
+  """The negative labels and missing ranges of sorted `labels`, e.g. 'missing: 3..999999999'.
+
+  Ranges, never the full list: one stray label 10**9 once built a billion-element set (14.5 GB)
+  just for this message (issue 26 row 4).
+  """
+  parts = []
+  negative = [label for label in labels if label < 0]
+  if negative:
+    parts.append(f"negative: {negative[:shown]}" + (" ..." if len(negative) > shown else ""))
+  gaps, previous = [], -1
+  for label in labels:
+    if label > previous + 1:
+      gaps.append(str(previous + 1) if label == previous + 2 else f"{previous + 1}..{label - 1}")
+    previous = max(previous, label)
+  if gaps:
+    parts.append("missing: " + ", ".join(gaps[:shown]) + (", ..." if len(gaps) > shown else ""))
+  return "; ".join(parts)
 
 
 def _check_every_class_has_items(
@@ -682,6 +714,35 @@ def _iter_tfds(tfds, builder, split: str, relabel: np.ndarray):
 # The synthetic world (the offline stand-in for the datasets above).
 
 
+def _memory_bytes() -> int | None:
+  """The machine's physical memory, or None where the OS does not say."""
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (AttributeError, ValueError, OSError):
+    return None
+
+
+def _check_synthetic_memory(classes: int, shots: int, n_test_per_class: int, size: int) -> None:
+  """Refuses a synthetic world whose uint8 images would not fit in half the machine's memory,
+  before drawing any (100,000,000 test images per class once grew to 19 GB, then hung).
+
+  Raises:
+    ConfigError: with the estimate, the machine's memory and the values to lower.
+  """
+  images = classes * (int(shots) + int(n_test_per_class))
+  estimate = images * int(size) * int(size) * 3
+  memory = _memory_bytes()
+  limit = memory // 2 if memory else 64 << 30
+  if estimate > limit:
+    raise ConfigError(
+      f"the synthetic world would hold {images:,} images of {size}x{size} px ({classes} "
+      f"classes x ({shots} shots + {n_test_per_class} test images)), about "
+      f"{estimate / 2**30:,.1f} GiB in memory, more than "
+      + (f"half this machine's {memory / 2**30:,.1f} GiB" if memory else "64 GiB")
+      + "; lower config.data.n_test_per_class, config.shots or config.data.image_size"
+    )
+
+
 def load_synthetic(
   shots: int,
   seed: int,
@@ -703,6 +764,7 @@ def load_synthetic(
     classes = synthetic_tasks.resolve_classes(class_names)
   except ValueError as e:
     raise ConfigError(f"config.data.class_names: {e}") from None
+  _check_synthetic_memory(len(classes), shots, n_test_per_class, image_size)
   data = synthetic_tasks.fewshot_dataset(
     shots, seed, n_test_per_class, classes=classes, test_seed=test_seed, image_size=image_size
   )

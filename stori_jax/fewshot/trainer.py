@@ -67,6 +67,14 @@ IDENTITY_IGNORED = (
 # Config ------------------------------------------------------------------------------------
 
 
+#: Sane upper bounds of size-like config values (far above the paper's settings: 1 to 10 views,
+#: 64 px synthetic images, 50 test images per class); a value past them is a typo, refused
+#: before anything is allocated (a million views once grew memory at 40 MB/s, issue 26 row 4).
+MAX_VIEWS = 1000
+MAX_SYNTHETIC_IMAGE_SIZE = 1024
+MAX_TEST_PER_CLASS = 100_000
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Checks every value for type and range before any work; one ConfigError names them all.
 
@@ -90,8 +98,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       f"needs both 'synthetic'"
     )
   if source == "synthetic":
-    checks.integer("data.image_size", minimum=8)
-    checks.integer("data.n_test_per_class", minimum=1)
+    # Upper bounds before any allocation (issue 26 rows 4 and 10): the world's images are held
+    # in memory, and load_synthetic checks their total size against the machine's.
+    checks.integer("data.image_size", minimum=8, maximum=MAX_SYNTHETIC_IMAGE_SIZE)
+    checks.integer("data.n_test_per_class", minimum=1, maximum=MAX_TEST_PER_CLASS)
   if source == "tfds":
     checks.text("data.tfds_name", nonempty=True)
   checks.text("data.root")
@@ -129,7 +139,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"but config.prompts.use_cupl is False; set rare_tokens=0 or use_cupl=True"
       )
   checks.integer("start_block", minimum=1, optional=True)
-  checks.integer("views", minimum=1)
+  checks.integer("views", minimum=1, maximum=MAX_VIEWS)
   scale = checks.numbers("augment_scale", minimum=0, maximum=1, count=2)
   if scale is not None and not 0 < scale[0] <= scale[1]:
     checks.problem(
