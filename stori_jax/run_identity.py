@@ -324,6 +324,16 @@ def claim_workdir(
           f"Either pass another --workdir, or add --restart to move the old run aside "
           f"(to {workdir.rstrip(os.sep)}.old-<time>) and start afresh."
         )
+      here = os.path.realpath(os.getcwd())
+      real = os.path.realpath(workdir)
+      if here == real or here.startswith(real.rstrip(os.sep) + os.sep):
+        # Renaming the folder this process stands in would leave "." pointing into the moved
+        # run, where the new run would then write.
+        raise WorkdirMismatchError(
+          f"{problem}, and --restart cannot move it aside: it is the current folder or holds "
+          f"it ({here}). Pass a --workdir outside the current folder, or run the command from "
+          "another folder."
+        )
       if check_only:
         return None
       moved = move_aside(workdir)

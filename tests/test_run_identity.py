@@ -161,3 +161,16 @@ def test_large_digests_are_cached_by_size_and_time(tmp_path, monkeypatch):
   assert run_identity.file_digest(str(big)) == "planted"
   big.write_bytes(os.urandom(2 << 20))  # new contents and modification time: read again
   assert run_identity.file_digest(str(big)) not in ("planted", first)
+
+
+def test_restart_refuses_to_move_the_current_folder(tmp_path, monkeypatch):
+  """`--workdir . --restart` on another run's folder: one clear error, nothing moved."""
+  workdir = tmp_path / "run"
+  run_identity.claim_workdir(str(workdir), {"config": {"seed": 1}})
+  (workdir / "results.json").write_text("{}\n")
+  run_identity.release_workdirs()
+  monkeypatch.chdir(workdir)
+  with pytest.raises(run_identity.WorkdirMismatchError, match="cannot move it aside"):
+    run_identity.claim_workdir(".", {"config": {"seed": 2}}, restart=True)
+  assert sorted(os.listdir(workdir)) == [".lock", "results.json", "run.json"]
+  assert not list(tmp_path.glob("run.old-*"))
