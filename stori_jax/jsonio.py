@@ -3,12 +3,17 @@ never sees half a file (a kill during the write leaves the old file or the new o
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
 from typing import Any
 
-from stori_jax.errors import NonFiniteError
+from stori_jax.errors import NonFiniteError, UserError
+
+
+class DiskFullError(UserError, OSError):
+  """A result file could not be written: its disk or quota is full."""
 
 
 def dumps_strict(obj: Any, **kwargs) -> str:
@@ -35,9 +40,15 @@ def write_text_atomic(path: str, text: str) -> None:
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as error:
     if os.path.exists(tmp):
       os.remove(tmp)
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+      raise DiskFullError(
+        f"cannot write {path}: the disk (or quota) is full. The earlier version of the file, "
+        "if any, is kept; free some space and run the same command again (a training run "
+        "resumes from its last checkpoint)."
+      ) from None
     raise
 
 
