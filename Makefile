@@ -1,6 +1,8 @@
 # `make test` and `make demo` set up everything they need in .venv on first use.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The JAX core (what `make demo` needs: no PyTorch, about 1 GB), then the test extras on top.
+CORE_STAMP := $(VENV)/.core-installed
 STAMP := $(VENV)/.installed
 # PyTorch for the parity references. torchvision (needed by open_clip) must match it;
 # on aarch64 use TORCH_SPEC="torch==2.9.1 torchvision==0.24.1".
@@ -10,9 +12,13 @@ PYTEST_MARK := $(if $(filter true 1,$(CI)),,-m "not slow")
 
 .PHONY: test test-all demo readme-figures install clean
 
-$(STAMP): setup.py
+$(CORE_STAMP): setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(CORE_STAMP)
+
+$(STAMP): $(CORE_STAMP) setup.py
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e ".[torch,test]"
 	# SimpleCRF, the reference's dense CRF (tests of mutual/torch_reference.py), has only a source
@@ -31,7 +37,7 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q
 
 # The main job on the embedded default: few-shot SToRI on the synthetic world (offline).
-demo: $(STAMP)
+demo: $(CORE_STAMP)
 	$(PY) -m stori_jax.train --config configs/demo.py --workdir workdirs/demo
 
 # Re-measures the README's embedded-world figures and rewrites their marked regions in place
