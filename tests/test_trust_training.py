@@ -153,7 +153,7 @@ def _not_reached(*args, **kwargs):
     ("method", "foo", "config.method must be one of 'stori', 'taskres', got 'foo'"),
     ("epochs", -1, "config.epochs must be an integer >= 1, got -1"),
     ("batch_size", 0, "config.batch_size must be an integer >= 1, got 0"),
-    ("views", 0, "config.views must be an integer >= 1, got 0"),
+    ("views", 0, "config.views must be an integer >= 1 and <= 1000, got 0"),
     ("optim.lr", float("nan"), "config.optim.lr must be a finite number > 0, got nan"),
     ("optim.lr", -0.1, "config.optim.lr must be a finite number > 0"),
     ("shots", 0, "config.shots must be an integer >= 1"),
