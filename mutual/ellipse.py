@@ -283,11 +283,12 @@ def largest_contours(masks: jax.Array, chunk: int = 16, capacity: int | None = N
 # ------------------------------------------------------------------------------------------
 
 
-def _svd_solve(matrix, rhs):
+def _svd_solve(matrix, rhs, relative: float = 0.0):
   """Least squares as cv2.solve(DECOMP_SVD) / SVBackSubst: singular values at most
-  2 DBL_EPSILON times their sum count as zero. Returns (solution, singular values, descending)."""
+  2 DBL_EPSILON times their sum (or `relative` times the largest) count as zero. Returns
+  (solution, singular values, descending)."""
   u, sigma, vt = jnp.linalg.svd(matrix, full_matrices=False)
-  keep = sigma > 2 * DBL_EPSILON * jnp.sum(sigma)
+  keep = (sigma > 2 * DBL_EPSILON * jnp.sum(sigma)) & (sigma > relative * sigma[0])
   coef = jnp.where(keep, (u.T @ rhs) / jnp.where(keep, sigma, 1.0), 0.0)
   return vt.T @ coef, sigma
 
@@ -345,9 +346,14 @@ def _fit_ellipse(points: jax.Array, extra=None, n_extra=None, rows: int | None =
   gfp, sigma = _weighted_least_squares(design, weights, 10000.0)
   # OpenCV's degeneracy test on the design matrix: w0 * FLT_EPSILON > w4.
   degenerate = sigma[0] * FLT_EPSILON > sigma[4]
-  # The centre, where the conic's gradient vanishes.
+  # The centre, where the conic's gradient vanishes. A coefficient the first fit gives as
+  # round-off (a strip two pixels wide, whose exact fit has b = e = 0) is zero in OpenCV's fit
+  # and noise in ours: the centre's system drops singular values below 1e-9 of the largest,
+  # so such a degenerate conic is centred on the points' mean, as OpenCV centres it.
   r, _ = _svd_solve(
-    jnp.stack([jnp.stack([2 * gfp[0], gfp[2]]), jnp.stack([gfp[2], 2 * gfp[1]])]), gfp[3:5]
+    jnp.stack([jnp.stack([2 * gfp[0], gfp[2]]), jnp.stack([gfp[2], 2 * gfp[1]])]),
+    gfp[3:5],
+    relative=1e-9,
   )
   # Refit the quadratic terms about that centre: a' u'^2 + b' v'^2 + c' u'v' = 1.
   qu, qv = u - r[0], v - r[1]
