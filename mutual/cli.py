@@ -58,7 +58,8 @@ def claim_workdir(
 
   The identity is the command (`what`), the resolved config and the content of the descriptor
   file it names, since editing that file changes the results as much as the config does.
-  Prints where an old run went. `check_only`: raise as a claim would, change nothing.
+  Prints where an old run went. `check_only`: raise as a claim would, change nothing, and
+  return the identity a claim would record.
   """
   if config.get("analysis") is not None:
     # A bad analysis mode, stage, dtype or chunk would otherwise surface after the model loads.
@@ -74,6 +75,8 @@ def claim_workdir(
   moved = run_identity.claim_workdir(
     workdir, identity, restart=restart, what=what, check_only=check_only
   )
+  if check_only:
+    return moved  # the identity a claim would record
   if moved:
     print(f"Moved the old run in {workdir} to {moved} (--restart).")
   return moved

@@ -175,8 +175,8 @@ def disagreement(identities: list[Any]) -> str | None:
 def claim_on_process_zero(claim: Callable[[bool], T], name: str) -> T | None:
   """Claims a run's workdir once for all processes: `claim(check_only)` (e.g. a partial of
   run_identity.claim_workdir) first checks on every process, before anything is written; then
-  the processes compare the identities they checked (run_identity.last_identity: the
-  resolved config and the contents that decide the results) and the checks' outcomes, so that
+  the processes compare the identities their checks return (`claim(True)`: the resolved config
+  and the contents that decide the results) and the checks' outcomes, so that
   processes started with other flags, or a workdir refused on one process only, stop every
   process alike with one message instead of a run recorded under the wrong config or a hang
   (ProcessesDisagreeError); then process 0 claims while the others wait. (A process that
@@ -185,14 +185,14 @@ def claim_on_process_zero(claim: Callable[[bool], T], name: str) -> T | None:
   single-process run just `claim(False)`."""
   if jax.process_count() == 1:
     return claim(False)
-  run_identity.forget_last_identity()
   failure: Exception | None = None
+  identity = None
   try:
-    claim(True)
+    identity = claim(True)
   except Exception as error:  # pylint: disable=broad-except  # shared, then raised
     failure = error
   outcome = {
-    "identity": run_identity.last_identity(),
+    "identity": identity,
     "error": None if failure is None else str(failure) or type(failure).__name__,
   }
   outcomes = exchange(f"{name}: workdir checked", outcome)

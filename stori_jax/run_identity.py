@@ -112,22 +112,6 @@ def absolute_path(path: str) -> str:
   return os.path.abspath(path) if path and os.path.exists(path) else path
 
 
-# The identity (JSON-able) of this process's latest `claim_workdir` call: the processes of a
-# multi-process run compare theirs before any claims (`multihost.claim_on_process_zero`).
-_LAST_IDENTITY: list[Any] = [None]
-
-
-def last_identity() -> Any:
-  """The JSON-able identity the latest `claim_workdir` call of this process was given (None
-  before any, or after `forget_last_identity`)."""
-  return _LAST_IDENTITY[0]
-
-
-def forget_last_identity() -> None:
-  """Clears `last_identity` (before a claim whose identity is to be read)."""
-  _LAST_IDENTITY[0] = None
-
-
 # Digests already computed by this process: (real path, size, mtime_ns) -> sha256.
 _DIGESTS: dict[tuple[str, int, int], str] = {}
 
@@ -275,7 +259,8 @@ def claim_workdir(
       or written): the other processes of a multi-host run, while process 0 claims.
 
   Returns:
-    The path the old run was moved to (restart), else None.
+    The path the old run was moved to (restart), else None; with check_only, the identity as
+    it would be recorded (JSON-able), which the processes of a multi-process run compare.
 
   The claiming process holds the workdir's lock (`lock_workdir`) until it exits, so a second
   command on the same workdir stops at its claim while the first runs.
@@ -286,7 +271,6 @@ def claim_workdir(
     WorkdirBusyError: another process holds the workdir.
   """
   identity = to_jsonable(identity)
-  _LAST_IDENTITY[0] = identity
   ignored = tuple(ignore)
   path = os.path.join(workdir, RUN_FILE)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -335,11 +319,11 @@ def claim_workdir(
           "another folder."
         )
       if check_only:
-        return None
+        return identity
       moved = move_aside(workdir)
       _release(workdir)  # the old run's folder keeps its lock file, unlocked
   if check_only:
-    return None
+    return identity
   try:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:

@@ -5,7 +5,10 @@ JAX's compiled programs released after each test file."""
 import gc
 import importlib
 import os
+import re
 import subprocess
+import sys
+import time
 
 import jax
 import pytest
@@ -106,5 +109,43 @@ def run_command(capsys, monkeypatch):
     code = cli.run_in_process(module, [str(a) for a in args])
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess([module.__name__, *args], code, out, err)
+
+  return run
+
+
+#: Runs `python -m module args` and reports the process's own peak RSS (VmHWM, reset at exec)
+#: at exit: ru_maxrss of a child also counts the forked test process before exec (1.4 GB).
+_PEAK_RSS_RUNNER = """
+import atexit, runpy, sys
+def report():
+  with open("/proc/self/status") as f:
+    kb = [line.split()[1] for line in f if line.startswith("VmHWM:")][0]
+  sys.stderr.write(f"\\npeak_rss_kb={kb}\\n")
+atexit.register(report)
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture
+def measure_command():
+  """`measure_command(module, *args)` runs `python -m module *args` as a program (memory is the
+  point) from the repository root and returns (exit status, stderr without the report, wall
+  seconds, peak RSS bytes)."""
+
+  def run(module, *args):
+    start = time.monotonic()
+    done = subprocess.run(
+      [sys.executable, "-c", _PEAK_RSS_RUNNER, module, *map(str, args)],
+      capture_output=True,
+      text=True,
+      timeout=120,
+      check=False,
+      cwd=REPO,
+    )
+    seconds = time.monotonic() - start
+    found = re.search(r"\npeak_rss_kb=(\d+)\n", done.stderr)
+    assert found, done.stderr[-2000:]
+    return done.returncode, done.stderr[: found.start()], seconds, int(found.group(1)) * 1024
 
   return run

@@ -735,43 +735,7 @@ def test_synthetic_world_too_large_for_memory_is_refused_before_drawing(monkeypa
     datasets.load_synthetic(1, 0, 100_000, image_size=36)
 
 
-#: Runs `python -m module args` and reports the process's own peak RSS (VmHWM, reset at exec)
-#: at exit: ru_maxrss of a child also counts the forked test process before exec (1.4 GB).
-PEAK_RSS_RUNNER = """
-import atexit, runpy, sys
-def report():
-  with open("/proc/self/status") as f:
-    kb = [line.split()[1] for line in f if line.startswith("VmHWM:")][0]
-  sys.stderr.write(f"\\npeak_rss_kb={kb}\\n")
-atexit.register(report)
-sys.argv = sys.argv[1:]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-"""
-
-
-def measure_module(module, *args, cwd=None):
-  """(exit status, stderr without the report, wall seconds, peak RSS bytes) of
-  `python -m module *args`."""
-  import re
-  import subprocess
-  import time
-
-  start = time.monotonic()
-  done = subprocess.run(
-    [sys.executable, "-c", PEAK_RSS_RUNNER, module, *args],
-    capture_output=True,
-    text=True,
-    timeout=120,
-    check=False,
-    cwd=cwd or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
-  )
-  seconds = time.monotonic() - start
-  found = re.search(r"\npeak_rss_kb=(\d+)\n", done.stderr)
-  assert found, done.stderr[-2000:]
-  return done.returncode, done.stderr[: found.start()], seconds, int(found.group(1)) * 1024
-
-
-def test_row4_sizes_stop_with_exit_2_in_5_s_and_under_1_gb(tmp_path):
+def test_row4_sizes_stop_with_exit_2_in_5_s_and_under_1_gb(tmp_path, measure_command):
   # the issue's reproducers, as commands: each once took 14.5 to 19 GB or hung
   _write_dtd(tmp_path)
   path = tmp_path / "dtd" / "split_zhou_DescribableTextures.json"
@@ -786,7 +750,7 @@ def test_row4_sizes_stop_with_exit_2_in_5_s_and_under_1_gb(tmp_path):
     ((*train, "--config.data.image_size=100000"), "config.data.image_size must be"),
   ]
   for i, (args, phrase) in enumerate(cases):
-    code, stderr, seconds, rss = measure_module(
+    code, stderr, seconds, rss = measure_command(
       "stori_jax.train", *args, f"--workdir={tmp_path / f'w{i}'}"
     )
     assert code == 2 and "Traceback" not in stderr, stderr[-2000:]

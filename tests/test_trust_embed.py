@@ -111,7 +111,7 @@ def test_non_finite_features_are_refused_and_not_saved(
   assert "norm nan" not in capsys.readouterr().out
 
 
-def test_huge_layer_count_in_the_checkpoint_config_stops_at_once(tmp_path):
+def test_huge_layer_count_in_the_checkpoint_config_stops_at_once(tmp_path, measure_command):
   # issue 26 row 4: text.layers 1e9 in stori_config.json, then embed, grew 40 MB/s and hung
   import json
   import shutil
@@ -123,42 +123,7 @@ def test_huge_layer_count_in_the_checkpoint_config_stops_at_once(tmp_path):
   meta = json.loads((directory / "stori_config.json").read_text())
   meta["config"]["text"]["layers"] = 10**9
   (directory / "stori_config.json").write_text(json.dumps(meta))
-  code, stderr, seconds, rss = _measure_module("stori_jax.embed", f"--source={directory}", "a cat")
+  code, stderr, seconds, rss = measure_command("stori_jax.embed", f"--source={directory}", "a cat")
   assert code == 2 and "Traceback" not in stderr, stderr
   assert "text.layers is 1000000000; at most 1024 is accepted" in stderr
   assert seconds < 5 and rss < 1 << 30, (seconds, rss)
-
-
-#: Runs `python -m module args` and reports the process's own peak RSS (VmHWM, reset at exec)
-#: at exit: ru_maxrss of a child also counts the forked test process before exec (1.4 GB).
-_PEAK_RSS_RUNNER = """
-import atexit, runpy, sys
-def report():
-  with open("/proc/self/status") as f:
-    kb = [line.split()[1] for line in f if line.startswith("VmHWM:")][0]
-  sys.stderr.write(f"\\npeak_rss_kb={kb}\\n")
-atexit.register(report)
-sys.argv = sys.argv[1:]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-"""
-
-
-def _measure_module(module, *args):
-  """(exit status, stderr without the report, wall seconds, peak RSS bytes) of
-  `python -m module *args` (the same helper as tests/test_fewshot_data.py)."""
-  import re
-  import time
-
-  start = time.monotonic()
-  done = subprocess.run(
-    [sys.executable, "-c", _PEAK_RSS_RUNNER, module, *args],
-    capture_output=True,
-    text=True,
-    timeout=120,
-    check=False,
-    cwd=REPO,
-  )
-  seconds = time.monotonic() - start
-  found = re.search(r"\npeak_rss_kb=(\d+)\n", done.stderr)
-  assert found, done.stderr[-2000:]
-  return done.returncode, done.stderr[: found.start()], seconds, int(found.group(1)) * 1024
