@@ -62,7 +62,7 @@ def test_device_refine_is_simplecrfs_on_random_inputs():
   dense_crf = pytest.importorskip("denseCRF", reason="SimpleCRF builds from source (make install)")
   rng = np.random.default_rng(7)
   unary = np.eye(2, dtype=np.float32)
-  differing = 0
+  differing, changed = 0, []
   for _ in range(6):
     images, masks = _images(rng, 6, 64), _masks(rng, 6, 64)
     got = np.asarray(crf.refine(images, masks, confidence=0.99, filter="lattice"))
@@ -73,9 +73,11 @@ def test_device_refine_is_simplecrfs_on_random_inputs():
       ]
     )
     differing += int((got != want).sum())
-    # The CRF does something here: its labels are not the mask's.
-    assert (got != masks).sum() > 0
+    changed.append(float((got != masks).mean()))
   assert differing == 0
+  # The inputs exercise the CRF: it relabels 0.1% to 18% of the pixels per batch (5.6% on
+  # average), so equal labels are not equal masks passed through.
+  assert np.mean(changed) > 0.02 and max(changed) > 0.1, changed
 
 
 def test_device_refine_equals_host_build_at_224():
