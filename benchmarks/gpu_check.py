@@ -24,7 +24,7 @@ with at least 15 s of it left):
                time) and device seconds (wall - host) per image, XLA compilations and their
                seconds (stori_jax.profiling), the ImageNet-val projection: steady seconds per
                image x 50,000 + every compilation second seen, in minutes;
-  reference    the per-image reference (`mutual.torch_reference.analyze_class`, torch on CUDA,
+  reference    the per-image reference (`stori_jax.reference.mutual_knowledge.analyze_class`, torch on CUDA,
                bf16 under autocast, as benchmarks/mutual_throughput.py runs it at equal work;
                SimpleCRF's CRF when it is installed) on a few images of the same class;
   train_ours   the few-shot SToRI train step at ImageNet size (100 classes x 10 CuPL-like
@@ -311,15 +311,15 @@ def part_reference(ctx: Context) -> None:
   """The per-image reference pipeline on the accelerator (torch on CUDA) for a few images."""
   import torch  # pylint: disable=import-outside-toplevel
 
-  from mutual import torch_reference as mutual_reference  # pylint: disable=import-outside-toplevel
-  from stori_jax import torch_reference  # pylint: disable=import-outside-toplevel
+  from stori_jax.reference import mutual_knowledge as mutual_reference  # pylint: disable=import-outside-toplevel
+  from stori_jax.reference import clip_towers  # pylint: disable=import-outside-toplevel
 
   sizes = ctx.sizes
   config = _config(sizes["arch"])
   device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
   crf = mutual_reference.have_crf()
   ctx.put(device=str(device), torch_version=torch.__version__, crf=crf, arch=sizes["arch"])
-  model = torch_reference.randomize_(torch_reference.build(config, "open_clip", 0), 0)
+  model = clip_towers.randomize_(clip_towers.build(config, "open_clip", 0), 0)
   model = model.float().eval().to(device)
   if sizes["compute_dtype"] == "bfloat16":
     # As benchmarks/mutual_throughput.py: the towers under autocast, their outputs float32.

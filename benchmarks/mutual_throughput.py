@@ -9,7 +9,7 @@ Both sides get the same random weights (stori_jax.parity.random_pair: an open_cl
 converted bundle), the same B images of one class, the same descriptor embeddings (D random
 texts encoded by the model's text tower once, outside the timing), class embeddings and settings
 (tokens, joint spectral split, PCA and K-means with L = 5, k, relevance mean - 0.02, Sinkhorn,
-top 3, u). The per-image side is mutual.torch_reference, which follows the reference code step
+top 3, u). The per-image side is stori_jax.reference.mutual_knowledge, which follows the reference code step
 by step with its libraries: PyTorch for the towers, the SVD and the 1,000-round Sinkhorn loop;
 scikit-learn for PCA and MinMaxScaler; kmeans_pytorch for K-means (from the start the JAX side
 draws); OpenCV for connected components, contours, fitEllipse, ellipse drawing, grayscale and
@@ -71,7 +71,8 @@ from absl import app, flags
 
 import stori_jax
 from stori_jax import profiling
-from mutual import concepts, crf, features, foreground, pipeline, report, torch_reference
+from mutual import concepts, crf, features, foreground, pipeline, report
+from stori_jax.reference import mutual_knowledge as torch_reference
 from mutual import visual_prompts
 from mutual import ellipse as reference_ellipse
 from mutual.paper_config import analysis_config

@@ -391,13 +391,13 @@ def build_weights(config, seed: int, with_torch: bool, attention: str = "sdpa"):
   """(params, torch model or None): the same random weights in both frameworks."""
   if not with_torch:
     return jax.device_get(init_params(config, seed)), None
-  from stori_jax import torch_reference  # pylint: disable=import-outside-toplevel
+  from stori_jax.reference import clip_towers  # pylint: disable=import-outside-toplevel
   from stori_jax.checkpoints import hf  # pylint: disable=import-outside-toplevel
 
-  torch_reference._torch().manual_seed(seed)  # pylint: disable=protected-access
-  model = torch_reference.randomize_(torch_reference.build_transformers(config), seed)
+  clip_towers._torch().manual_seed(seed)  # pylint: disable=protected-access
+  model = clip_towers.randomize_(clip_towers.build_transformers(config), seed)
   model.set_attn_implementation(attention)
-  state_dict = torch_reference.state_dict_numpy(model)
+  state_dict = clip_towers.state_dict_numpy(model)
   return hf.params_from_state_dict(state_dict, config, "random transformers"), model
 
 

@@ -12,7 +12,7 @@ Data and analysis settings are configs/mutual_imagenet.py's (classnames.txt: CoO
 --config.data.source=tfds --config.data.root=TFDS_DATA_DIR; a subset: --config.data.classes /
 images_per_class).
 Sweep fields:
-  models              registry names (default the study's 13: `python -m stori_jax.models
+  models              registry names (default the study's 13: `python -m stori_jax.list_models
                       --paper mutual-knowledge` lists them and whether their weights are here);
                       a subset: --config.models="('openai-rn50','openai-vit-b-16')"
   skip_missing        False: a model without weights stops the run, before any image is read,

@@ -4,7 +4,7 @@ contrastive pretraining (configs/tiny_clip_pretrain.py made `tiny-synthetic-base
   python -m stori_jax.pretrain --config configs/tiny_clip_weight_response.py --workdir /tmp/wr
 
 The text tower learns to respond to token weights at blocks start_block..6 (see
-stori_jax/weight_response.py); the image tower and the temperature are the base model's.
+stori_jax/pretraining/weight_response.py); the image tower and the temperature are the base model's.
 This config and seed made the shipped checkpoint (its stori_config.json echoes it under
 metadata.weight_response_config; a test checks they agree).
 """

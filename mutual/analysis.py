@@ -14,7 +14,7 @@ from absl import logging
 from tqdm import tqdm
 
 import stori_jax
-from mutual import cli, data, pipeline, report
+from mutual import run_flags, data, pipeline, report
 from stori_jax import multihost
 from stori_jax.errors import UserError
 
@@ -23,7 +23,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   """Runs the analysis; returns the aggregates (also written to workdir/results.json).
 
   The data are checked first (descriptor file, classes matched by name, no empty class) and the
-  workdir claimed for this config (`cli.claim_workdir`; `restart` moves another run aside),
+  workdir claimed for this config (`run_flags.claim_workdir`; `restart` moves another run aside),
   both before the model loads.
 
   In a multi-process run (jax.distributed initialised, see stori_jax.multihost) process p
@@ -33,7 +33,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   """
   dataset = data.prepare(config)
   processes, rank = jax.process_count(), jax.process_index()
-  cli.claim_workdir_once(config, workdir, restart, "mutual-knowledge analysis")
+  run_flags.claim_workdir_once(config, workdir, restart, "mutual-knowledge analysis")
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
   class_names = list(dataset.names)

@@ -24,21 +24,21 @@ import os
 import jax
 from absl import flags
 
-from mutual import analysis, cli, report
+from mutual import analysis, run_flags, report
 from stori_jax import cli as stori_cli
 from stori_jax import multihost
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
-  cli.define_run_flags("Analysis", values)
+  run_flags.define_run_flags("Analysis", values)
   multihost.define_flags(values)
 
 
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Analyses the config's images in its workdir and prints the table."""
   multihost.initialize_from_flags(values)
-  config, workdir, results = cli.run_from_flags(
+  config, workdir, results = run_flags.run_from_flags(
     argv,
     values,
     analysis.run,

@@ -25,18 +25,18 @@ import os
 
 from absl import flags
 
-from mutual import cli, evaluation
+from mutual import run_flags, evaluation
 from stori_jax import cli as stori_cli
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
-  cli.define_run_flags("Evaluation", values)
+  run_flags.define_run_flags("Evaluation", values)
 
 
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Runs the config's evaluation in its workdir and prints Table 1 and the protocols."""
-  _, workdir, results = cli.run_from_flags(
+  _, workdir, results = run_flags.run_from_flags(
     argv,
     values,
     evaluation.run,

@@ -18,7 +18,6 @@ from tqdm import tqdm
 import stori_jax
 from mutual import (
   baselines,
-  cli,
   data,
   features,
   foreground,
@@ -26,6 +25,7 @@ from mutual import (
   pipeline,
   protocols,
   report,
+  run_flags,
   xai,
 )
 from stori_jax.config_files import ConfigError
@@ -303,7 +303,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   _check_config(config)
   dataset = data.prepare(config)
   train_dataset = training_dataset(config, dataset) if config.baselines.enabled else None
-  cli.claim_workdir(config, workdir, restart, "mutual-knowledge evaluation")
+  run_flags.claim_workdir(config, workdir, restart, "mutual-knowledge evaluation")
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
   class_names = list(dataset.names)

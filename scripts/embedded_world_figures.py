@@ -21,9 +21,9 @@ from absl import flags
 import stori_jax
 from stori_jax import cli
 from stori_jax.config_files import load_config
-from stori_jax.evaluation import synthetic_world as sw
+from stori_jax import world_metrics as sw
 from stori_jax.models import default_start_block
-from stori_jax.retrieval import datasets, protocol, start_block
+from stori_jax.retrieval import datasets, protocol, block_sweep
 from stori_jax.retrieval.index import encode_data
 
 #: The repository's configs, whatever the working directory.
@@ -159,8 +159,8 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     f"Fig. 5 (pattern w, colour 1 - w): favoured category AUC {focus[0]:.3f} at w = 0 -> "
     f"{focus[-1]:.3f} at w = 1 (moves {max(focus) - min(focus):.3f})\n"
   )
-  blocks = start_block.start_block_sweep(bundle, embeddings, tasks)
-  print("```\n" + start_block.format_table(blocks) + "\n```\n")
+  blocks = block_sweep.start_block_sweep(bundle, embeddings, tasks)
+  print("```\n" + block_sweep.format_table(blocks) + "\n```\n")
   if values.demo_seeds:
     seeds = [int(s) for s in values.demo_seeds.split(",")]
     print(f"configs/demo.py:classes={values.demo_classes}\n")

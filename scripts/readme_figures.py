@@ -21,7 +21,7 @@ Sections:
   mutual_analyze   mutual.analyze on configs/mutual_synthetic.py, plus the concept pixels on
                    objects and descriptors naming attributes (a second pass, as the test does)
   mutual_modes     Table 3's row of configs/mutual_synthetic.py in both analysis modes, and
-                   reference mode's per-image agreement with mutual/torch_reference.py
+                   reference mode's per-image agreement with stori_jax/reference/mutual_knowledge.py
   mutual_precision the images whose MI or AUC change with bfloat16 towers (both modes;
                    scripts/mutual_precision.py)
   mutual_evaluate  mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1 and protocols
@@ -404,7 +404,7 @@ def mutual_analyze_figures() -> dict[str, str]:
 def mutual_modes_figures() -> dict[str, str]:
   """Table 3's row of the embedded world in both analysis modes (configs/mutual_synthetic.py
   with config.analysis.mode set; results aggregated as mutual.analyze aggregates them), and the
-  per-image agreement of reference mode with mutual/torch_reference.py (the reference's
+  per-image agreement of reference mode with stori_jax/reference/mutual_knowledge.py (the reference's
   libraries, image by image; SimpleCRF where it is installed) on the same images and settings."""
   import numpy as np  # pylint: disable=import-outside-toplevel
 
@@ -421,7 +421,7 @@ def mutual_modes_figures() -> dict[str, str]:
   names = list(dataset.names)
   a = config.analysis
   try:
-    from mutual import torch_reference  # pylint: disable=import-outside-toplevel
+    from stori_jax.reference import mutual_knowledge as torch_reference  # pylint: disable=import-outside-toplevel
 
     import kmeans_pytorch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except ImportError:
@@ -465,14 +465,14 @@ def mutual_modes_figures() -> dict[str, str]:
     cells = [f"`{mode}`", f"{ds['top1']:.2f}"] + [f"{ds[m]['mi']:.3f}" for m in methods]
     lines.append("| " + " | ".join(cells + [f"{ds[m]['auc']:.3f}" for m in methods]) + " |")
   if model is None:
-    prose = "(mutual/torch_reference.py needs the torch extra and kmeans_pytorch: no agreement "
+    prose = "(stori_jax/reference/mutual_knowledge.py needs the torch extra and kmeans_pytorch: no agreement "
     prose += "figure measured.)"
   else:
     shares = {m: float(np.concatenate(v).mean()) for m, v in same.items()}
     n_images = sum(len(v) for v in same[methods[0]])
     split = "per-image" if not a.joint_foreground else "joint"
     prose = (
-      f"Reference mode against `mutual/torch_reference.py` on the same {n_images} images "
+      f"Reference mode against `stori_jax/reference/mutual_knowledge.py` on the same {n_images} images "
       f"({split} split, CRF {'on: SimpleCRF' if use_crf else 'off on both sides'}): identical "
       "MI and AUC on "
       + " / ".join(f"{100 * shares[m]:.1f}% ({pipeline.METHOD_TITLES[m]})" for m in methods)

@@ -199,7 +199,7 @@ def load(
   Args:
     source: one of
       - a name from `named_checkpoints()` (shipped with the package);
-      - a registered model (`python -m stori_jax.models` lists them), by name
+      - a registered model (`python -m stori_jax.list_models` lists them), by name
         ('openai-rn50') or paper label ('ViT-B/16-dfn'): read from
         <models_dir>/<name>/ or the Hugging Face cache, else downloaded from
         its hub repository; offline, the error names the file to fetch and

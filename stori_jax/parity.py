@@ -28,7 +28,7 @@ from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.checkpoints.state_dict import read_state_dict
 from stori_jax.loading import load
 from stori_jax.models import CLIPConfig
-from stori_jax import torch_reference
+from stori_jax.reference import clip_towers
 
 
 def random_inputs(config: CLIPConfig, batch: int = 4, seed: int = 0):
@@ -51,7 +51,7 @@ def random_inputs(config: CLIPConfig, batch: int = 4, seed: int = 0):
 
 
 def jax_outputs(bundle: CLIPBundle, images: np.ndarray, ids: np.ndarray) -> dict[str, Any]:
-  """The quantities torch_reference.run returns, from the Flax model."""
+  """The quantities clip_towers.run returns, from the Flax model."""
   text_features, text_hidden = bundle.text_hidden_states(ids)
   image_features, details = bundle.image_details(images)
   return {
@@ -100,8 +100,8 @@ def random_pair(arch: str | CLIPConfig, reference: str = "open_clip", seed: int 
   """(torch model, CLIPBundle) sharing the same random weights, the same for the same seed in
   every process (the library's initialisation is seeded too, not only the noise added to it)."""
   config = arch if isinstance(arch, CLIPConfig) else architecture_config(arch)
-  model = torch_reference.randomize_(torch_reference.build(config, reference, seed), seed)
-  state_dict = torch_reference.state_dict_numpy(model)
+  model = clip_towers.randomize_(clip_towers.build(config, reference, seed), seed)
+  state_dict = clip_towers.state_dict_numpy(model)
   convert = hf if reference == "transformers" else openai
   params = convert.params_from_state_dict(state_dict, config, f"random {reference}")
   return model, CLIPBundle(config=config, params=params, source=f"random:{reference}")
@@ -132,8 +132,8 @@ def reference_for_source(source: str, arch: str | None = None):
   reference = (
     "transformers" if any(k.startswith("text_model.") for k in state_dict) else "open_clip"
   )
-  model = torch_reference.build(bundle.config, reference)
-  torch = torch_reference._torch()  # pylint: disable=protected-access
+  model = clip_towers.build(bundle.config, reference)
+  torch = clip_towers._torch()  # pylint: disable=protected-access
   ignored = set(hf.IGNORED_KEYS) | set(openai.IGNORED_KEYS)
   tensors = {k: torch.from_numpy(v) for k, v in state_dict.items() if k not in ignored}
   missing, unexpected = model.load_state_dict(tensors, strict=False)
@@ -149,7 +149,7 @@ def run_parity(model, bundle: CLIPBundle, batch: int = 4, seed: int = 0) -> dict
   images, ids = random_inputs(bundle.config, batch, seed)
   report = compare(
     jax_outputs(bundle, images, ids),
-    torch_reference.run(model, images, ids),
+    clip_towers.run(model, images, ids),
     logit_scale=float(bundle.logit_scale),
   )
   report["config"] = bundle.config.to_dict()
@@ -223,7 +223,7 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
     **fv,
   )
   flags.DEFINE_enum(
-    "reference", "open_clip", torch_reference.REFERENCES, "PyTorch reference for --random.", **fv
+    "reference", "open_clip", clip_towers.REFERENCES, "PyTorch reference for --random.", **fv
   )
   flags.DEFINE_integer(
     "image_size", None, "Input size for --random (default: the architecture's own).", **fv

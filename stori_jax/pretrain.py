@@ -14,7 +14,7 @@ this project's format. Another config in the same workdir stops before any work 
 checkpoint), prints one paragraph and exits with status 2.
 
 The stage a config names (`config.stage`) picks the library: `stori_jax.pretraining` for the
-contrastive stage, `stori_jax.weight_response` for the weight-response stage.
+contrastive stage, `stori_jax.pretraining.weight_response` for the weight-response stage.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from stori_jax import cli, metrics_log, pretraining, weight_response
+from stori_jax import cli
+from stori_jax.training import metrics_log
+from stori_jax.pretraining import contrastive, weight_response
 from stori_jax.errors import UserError
 
 EXAMPLE = "python -m stori_jax.pretrain --config configs/tiny_clip_pretrain.py"
@@ -66,7 +68,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     # The second stage of the shipped tiny CLIP (configs/tiny_clip_weight_response.py).
     stage, what, default_workdir = weight_response, "weight-response training", "weight_response"
   else:
-    stage, what, default_workdir = pretraining, "pretraining", "pretrain"
+    stage, what, default_workdir = contrastive, "pretraining", "pretrain"
   workdir = values.workdir or os.path.join("workdirs", default_workdir)
   stage.train(config, workdir, restart=values.restart)
   records = metrics_log.read_records(os.path.join(workdir, "metrics.jsonl"))

@@ -1,5 +1,5 @@
 r"""Measures which text block SToRI should start reweighting at, for any model (the paper's
-App. C.6, generalised; see stori_jax.retrieval.start_block).
+App. C.6, generalised; see stori_jax.retrieval.block_sweep).
 
   python -m stori_jax.start_block --model tiny-synthetic
   python -m stori_jax.start_block --model checkpoints/clip-vit-base-patch32 \
@@ -48,7 +48,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
   import stori_jax  # pylint: disable=import-outside-toplevel
-  from stori_jax.retrieval import start_block  # pylint: disable=import-outside-toplevel
+  from stori_jax.retrieval import block_sweep  # pylint: disable=import-outside-toplevel
 
   path, _, argument = values.data_config.partition(":")
   if not os.path.isfile(path):
@@ -61,12 +61,12 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     what="start-block measurement",
   )
   bundle = stori_jax.load(values.model)
-  sweep = start_block.measure(bundle, data_config.data, cache_dir=data_config.get("cache_dir"))
+  sweep = block_sweep.measure(bundle, data_config.data, cache_dir=data_config.get("cache_dir"))
   os.makedirs(values.workdir, exist_ok=True)
   jsonio.write_json(
     os.path.join(values.workdir, "start_block.json"), {"model": values.model, **sweep}, indent=1
   )
-  start_block.plot_sweep(
+  block_sweep.plot_sweep(
     sweep,
     os.path.join(values.workdir, "start_block.png"),
     f"{values.model}: response to token weights by first reweighted block ({sweep['data']})",
@@ -75,7 +75,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   print(
     f"{values.model} on {sweep['data']} ({sweep['n_tasks']} prompts, {sweep['n_images']} images)"
   )
-  print(start_block.format_table(sweep))
+  print(block_sweep.format_table(sweep))
   print(
     f"recommended start block: {sweep['recommended']} (the model's default: {default}); "
     f"wrote start_block.json and start_block.png to {values.workdir}"

@@ -20,8 +20,8 @@ COMMANDS = (
   "stori_jax.convert",
   "stori_jax.parity",
   "stori_jax.start_block",
-  "stori_jax.models.__main__",
-  "stori_jax.evaluation.synthetic_world",
+  "stori_jax.list_models",
+  "stori_jax.evaluate_world",
   "mutual.analyze",
   "mutual.evaluate",
   "mutual.sweep.__main__",
@@ -46,7 +46,7 @@ def _error_line(err: str) -> str:
 
 def test_commands_with_the_same_flags_run_one_after_another(capsys, tmp_path):
   from stori_jax import retrieve, train  # pylint: disable=import-outside-toplevel
-  from stori_jax.models import __main__ as models  # pylint: disable=import-outside-toplevel
+  from stori_jax import list_models as models  # pylint: disable=import-outside-toplevel
 
   verbosity = absl_logging.get_verbosity()
   assert cli.run_in_process(train, ["--config=configs/nowhere.py"]) == 2

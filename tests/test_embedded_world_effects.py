@@ -8,8 +8,8 @@ import pytest
 
 import stori_jax
 from stori_jax.config_files import load_config
-from stori_jax.evaluation import synthetic_world as sw
-from stori_jax.retrieval import datasets, protocol, start_block
+from stori_jax import world_metrics as sw
+from stori_jax.retrieval import datasets, protocol, block_sweep
 from stori_jax.retrieval.index import encode_data
 
 pytestmark = pytest.mark.slow
@@ -57,8 +57,8 @@ def test_fig5_sweep_moves_the_favoured_category(world):
 
 def test_stored_default_start_block_is_the_measured_one(world):
   bundle, embeddings, tasks = world
-  sweep = start_block.start_block_sweep(bundle, embeddings, tasks)
-  assert bundle.config.text.default_start_block == sweep["recommended"], start_block.format_table(
+  sweep = block_sweep.start_block_sweep(bundle, embeddings, tasks)
+  assert bundle.config.text.default_start_block == sweep["recommended"], block_sweep.format_table(
     sweep
   )
 

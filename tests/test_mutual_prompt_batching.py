@@ -275,7 +275,7 @@ def test_compute_dtype_setting(tiny_synthetic):
   # One bf16 bundle per bundle: a class at a time reuses its compiled towers.
   assert pipeline.tower_bundle(tiny_synthetic, analysis) is bf16
   assert pipeline.tower_bundle(tiny_synthetic, paper_config.analysis_config()) is tiny_synthetic
-  # Bad values stop before any work (mutual.cli.claim_workdir checks them first).
+  # Bad values stop before any work (mutual.run_flags.claim_workdir checks them first).
   with pytest.raises(ConfigError, match="compute_dtype must be one of"):
     paper_config.check_analysis(paper_config.analysis_config(compute_dtype="fp8"))
   with pytest.raises(ConfigError, match="prompt_chunk must be an integer >= 1"):

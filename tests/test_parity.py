@@ -12,7 +12,8 @@ torch = pytest.importorskip(
 open_clip = pytest.importorskip("open_clip", reason="pip install -e '.[torch]' (open_clip_torch)")
 
 import stori_jax  # pylint: disable=wrong-import-position
-from stori_jax import parity, torch_reference  # pylint: disable=wrong-import-position
+from stori_jax import parity  # pylint: disable=wrong-import-position
+from stori_jax.reference import clip_towers
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig  # pylint: disable=wrong-import-position
 
 # fp32 target of the numerics contract: max |jax - torch| <= 1e-5 * max |torch|.
@@ -82,7 +83,7 @@ def test_parity_would_catch_a_wrong_activation():
 
 
 def _save_open_clip_state_dict(tmp_path, config, seed=0):
-  model = torch_reference.randomize_(torch_reference.build_open_clip(config), seed)
+  model = clip_towers.randomize_(clip_towers.build_open_clip(config), seed)
   path = os.path.join(tmp_path, "weights.pt")
   torch.save(model.state_dict(), path)
   return model, path
@@ -109,7 +110,7 @@ def test_openai_jit_archive(tmp_path):
       image_size=32, patch_size=8, width=64, layers=2, heads=1, activation="quick_gelu"
     ),
   )
-  model = torch_reference.randomize_(torch_reference.build_open_clip(config), 3)
+  model = clip_towers.randomize_(clip_towers.build_open_clip(config), 3)
   images, ids = parity.random_inputs(config, 2)
   traced = torch.jit.trace(
     model,
@@ -129,7 +130,7 @@ def test_hf_directory_and_open_clip_directory(tmp_path):
   model.save_pretrained(tmp_path / "hf")  # config.json + model.safetensors
   assert_parity(parity.run_parity(model, stori_jax.load(tmp_path / "hf"), batch=2))
 
-  oc_model = torch_reference.randomize_(torch_reference.build_open_clip(config), 5)
+  oc_model = clip_towers.randomize_(clip_towers.build_open_clip(config), 5)
   directory = tmp_path / "oc"
   directory.mkdir()
   from safetensors.torch import save_file
@@ -208,7 +209,7 @@ def test_full_size_architectures(name, reference):
 def test_named_open_clip_model_state_dict(tmp_path):
   """A state dict of open_clip's own create_model, loaded by architecture name."""
   model = open_clip.create_model("ViT-B-32-quickgelu", pretrained=None).eval()
-  torch_reference.randomize_(model, 7)
+  clip_towers.randomize_(model, 7)
   path = tmp_path / "open_clip_pytorch_model.bin"
   torch.save(model.state_dict(), path)
   bundle = stori_jax.load(path, arch="ViT-B-32-quickgelu")

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from stori_jax import metrics_log, pretraining
+from stori_jax.training import metrics_log
+from stori_jax.pretraining import contrastive
 from stori_jax.config_files import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,12 +46,12 @@ def test_a_few_steps_lower_the_loss():
   config = small_config()
   config.total_steps = 30
   config.learning_rate = 3e-3
-  optimizer = pretraining.make_optimizer(config)
-  step = pretraining.make_train_step(
-    config, pretraining.CLIP(pretraining.model_config(config)), optimizer
+  optimizer = contrastive.make_optimizer(config)
+  step = contrastive.make_train_step(
+    config, contrastive.CLIP(contrastive.model_config(config)), optimizer
   )
-  state = pretraining.initial_state(config, optimizer)
-  batch = pretraining.batch_for_step(config, 0)
+  state = contrastive.initial_state(config, optimizer)
+  batch = contrastive.batch_for_step(config, 0)
   losses = []
   for i in range(25):
     previous = state
@@ -66,9 +67,9 @@ def test_a_few_steps_lower_the_loss():
 
 def test_batches_are_a_function_of_seed_and_step():
   config = small_config()
-  a_images, a_ids = pretraining.batch_for_step(config, 5)
-  b_images, b_ids = pretraining.batch_for_step(config, 5)
-  c_images, _ = pretraining.batch_for_step(config, 6)
+  a_images, a_ids = contrastive.batch_for_step(config, 5)
+  b_images, b_ids = contrastive.batch_for_step(config, 5)
+  c_images, _ = contrastive.batch_for_step(config, 6)
   np.testing.assert_array_equal(a_images, b_images)
   np.testing.assert_array_equal(a_ids, b_ids)
   assert not np.array_equal(a_images, c_images)
@@ -125,7 +126,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
 
 
 def test_pattern_groups_differ_only_in_pattern():
-  batch = pretraining.pattern_groups(3, np.random.default_rng(0), seed=(0, 1, 3), image_size=32)
+  batch = contrastive.pattern_groups(3, np.random.default_rng(0), seed=(0, 1, 3), image_size=32)
   assert len(batch) == 12
   for family in ("shape", "colour", "size", "position", "background"):
     labels = getattr(batch, family).reshape(3, 4)
@@ -136,11 +137,11 @@ def test_pattern_groups_differ_only_in_pattern():
   # the batch mix: groups of four take the configured share, the rest stays as it was
   config = small_config()
   config.data.pattern_negative_fraction = 0.5
-  images, ids = pretraining.batch_for_step(config, 2)
+  images, ids = contrastive.batch_for_step(config, 2)
   assert images.shape[0] == ids.shape[0] == config.batch_size
   config.data.hard_negative_fraction = 0.75
   with pytest.raises(ValueError, match="at most 1"):
-    pretraining.batch_for_step(config, 2)
+    contrastive.batch_for_step(config, 2)
 
 
 def test_shipped_checkpoint_was_made_by_the_pretraining_config():

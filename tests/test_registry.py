@@ -105,10 +105,10 @@ def _tiny_entry():
 
 def _tiny_state_dict_file(path):
   torch = pytest.importorskip("torch")
-  from stori_jax import torch_reference
+  from stori_jax.reference import clip_towers
 
-  model = torch_reference.randomize_(
-    torch_reference.build_open_clip(get_architecture("test-tiny")), 0
+  model = clip_towers.randomize_(
+    clip_towers.build_open_clip(get_architecture("test-tiny")), 0
   )
   os.makedirs(os.path.dirname(path), exist_ok=True)
   torch.save(model.state_dict(), path)
@@ -161,7 +161,7 @@ def test_listing_cli_shows_status(tmp_path):
   (tmp_path / "openai-rn50" / "open_clip_pytorch_model.bin").write_bytes(b"")
   env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf")}
   out = subprocess.run(
-    [sys.executable, "-m", "stori_jax.models", f"--models_dir={tmp_path}"],
+    [sys.executable, "-m", "stori_jax.list_models", f"--models_dir={tmp_path}"],
     capture_output=True,
     text=True,
     cwd=REPO,

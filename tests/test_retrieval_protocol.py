@@ -11,7 +11,7 @@ from sklearn.metrics import average_precision_score
 
 import stori_jax
 from stori_jax.data import synthetic
-from stori_jax.evaluation import synthetic_world as sw
+from stori_jax import world_metrics as sw
 from stori_jax.retrieval import datasets, index, metrics, paper_config
 from stori_jax.retrieval import protocol as P
 

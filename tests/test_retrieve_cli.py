@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from stori_jax import retrieve
+from stori_jax.retrieval import runner as retrieval_runner
 from stori_jax.config_files import ConfigError
 from stori_jax.retrieval import paper_config
 
@@ -103,7 +104,7 @@ def test_celeba3_config_runs_on_a_fixture_folder(tmp_path, tiny_synthetic):
   config.sweep.single_ws = (1.0, 2.0)
   config.sweep.start_blocks = "none"
   config.sweep.single_blocks = "none"
-  results = retrieve.run(config, str(tmp_path / "out"), bundle=tiny_synthetic)
+  results = retrieval_runner.run(config, str(tmp_path / "out"), bundle=tiny_synthetic)
   assert results["n_tasks"] == 20 and len(config.data.prompts) == 20
   assert results["prompts"][14] == "a photo of a woman with blond hair, wearing eyeglasses"
   assert results["sweeps"]["stori_pair"]["category_names"][5] == (
@@ -114,7 +115,7 @@ def test_celeba3_config_runs_on_a_fixture_folder(tmp_path, tiny_synthetic):
   config.sweep.tasks = (20,)
   # another config: another workdir (the first one holds the results of the first config)
   with pytest.raises(ConfigError, match="not task indices"):
-    retrieve.run(config, str(tmp_path / "out2"), bundle=tiny_synthetic)
+    retrieval_runner.run(config, str(tmp_path / "out2"), bundle=tiny_synthetic)
   # stopped before the index was built
   assert sorted(os.listdir(tmp_path / "out2")) == [".lock", "run.json"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from stori_jax.models import default_start_block, reweighted_block_indices
 from stori_jax.models.config import TextConfig
-from stori_jax.retrieval import datasets, start_block
+from stori_jax.retrieval import datasets, block_sweep
 from stori_jax.retrieval.index import encode_data
 
 
@@ -16,10 +16,10 @@ def _response(block, slope):
 
 def test_recommend_picks_the_latest_block_with_half_the_strongest_response():
   responses = [_response(1, 0.10), _response(2, 0.08), _response(3, 0.051), _response(4, 0.049)]
-  assert start_block.recommend(responses) == 3
-  assert start_block.recommend(responses, fraction=0.9) == 1
+  assert block_sweep.recommend(responses) == 3
+  assert block_sweep.recommend(responses, fraction=0.9) == 1
   # No response anywhere: the earliest block (reweighting as much of the tower as possible).
-  assert start_block.recommend([_response(2, 0.0), _response(3, -0.01)]) == 2
+  assert block_sweep.recommend([_response(2, 0.0), _response(3, -0.01)]) == 2
 
 
 def test_stored_default_start_block_is_used_and_checked():
@@ -40,8 +40,8 @@ def probe(tiny_synthetic):
 
 def test_block_response_measures_weights_on_the_word(probe):
   bundle, embeddings, tasks = probe
-  first = start_block.block_response(bundle, embeddings, tasks, 1)
-  last = start_block.block_response(bundle, embeddings, tasks, bundle.config.text.layers)
+  first = block_sweep.block_response(bundle, embeddings, tasks, 1)
+  last = block_sweep.block_response(bundle, embeddings, tasks, bundle.config.text.layers)
   assert set(first["by_attribute"]) == {"colour", "pattern", "shape"}
   # Excluding the word (w = 0) lowers its AP at every start block, emphasis raises it.
   assert first["removal"] < -0.1
@@ -58,15 +58,15 @@ def test_block_response_measures_weights_on_the_word(probe):
 
 def test_sweep_table_and_plot(probe, tmp_path):
   bundle, embeddings, tasks = probe
-  sweep = start_block.start_block_sweep(bundle, embeddings, tasks, start_blocks=(2, 4, 6))
+  sweep = block_sweep.start_block_sweep(bundle, embeddings, tasks, start_blocks=(2, 4, 6))
   assert [r["start_block"] for r in sweep["blocks"]] == [2, 4, 6]
   assert sweep["recommended"] in (2, 4, 6)
-  table = start_block.format_table(sweep)
+  table = block_sweep.format_table(sweep)
   assert "<- recommended" in table and len(table.splitlines()) == 5
-  start_block.plot_sweep(sweep, str(tmp_path / "start_block.png"))
+  block_sweep.plot_sweep(sweep, str(tmp_path / "start_block.png"))
   assert (tmp_path / "start_block.png").stat().st_size > 10_000
   with pytest.raises(ValueError, match="1..6"):
-    start_block.start_block_sweep(bundle, embeddings, tasks, start_blocks=(0,))
+    block_sweep.start_block_sweep(bundle, embeddings, tasks, start_blocks=(0,))
 
 
 def test_cli_refuses_a_missing_probe_config_in_one_paragraph(tmp_path):

@@ -7,7 +7,7 @@ from sklearn.metrics import average_precision_score
 
 import stori_jax
 from stori_jax.data import synthetic
-from stori_jax.evaluation import synthetic_world as sw
+from stori_jax import world_metrics as sw
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig
 from stori_jax.models.clip import param_shapes
 from stori_jax.preprocess import PreprocessConfig

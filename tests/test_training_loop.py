@@ -1,4 +1,4 @@
-"""The training loop shared by the three trainers (stori_jax.training_loop): steps counted on
+"""The training loop shared by the three trainers (stori_jax.training.loop): steps counted on
 the host, the log / eval / checkpoint intervals, the non-finite watch, the compile time kept
 out of the ETA, and a killed run resumed to the same result. Tiny fake steps, no models."""
 
@@ -14,8 +14,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from stori_jax import checkpointing, training_loop
-from stori_jax.checkpointing import (
+from stori_jax.training import checkpointer, loop
+from stori_jax.training.checkpointer import (
   CheckpointWriteError,
   NonFiniteWatch,
   TrainCheckpointer,
@@ -76,7 +76,7 @@ def run_fake(tmp_path, *, total=7, bad_from=None, prefetch=0, first_step=0, w=0.
   watch = NonFiniteWatch("fake training", "Lower it.")
   error = None
   try:
-    training_loop.train_loop(
+    loop.train_loop(
       fake_step(bad_from),
       {"w": np.float32(w), "step": HostOnlyStep()},
       batch_for_step,
@@ -151,8 +151,8 @@ def test_divergence_stops_before_the_log_and_keeps_the_last_good_checkpoint(tmp_
 
 
 def test_the_interval_rule():
-  assert [d for d in range(1, 11) if training_loop.is_due(d, 4, 10)] == [4, 8, 10]
-  assert [d for d in range(1, 11) if training_loop.is_due(d, None, 10)] == [10]
+  assert [d for d in range(1, 11) if loop.is_due(d, 4, 10)] == [4, 8, 10]
+  assert [d for d in range(1, 11) if loop.is_due(d, None, 10)] == [10]
 
 
 def test_compile_time_is_reported_apart(tmp_path, capsys):
@@ -181,7 +181,7 @@ def _run_jitted(workdir, total, kill_at=None):
   """Runs DECAY_STEP with checkpoints every 2 steps; returns (final w, records)."""
   checkpointer = TrainCheckpointer(workdir / "checkpoints")
   watch = NonFiniteWatch("training", "")
-  state, first = training_loop.resume(
+  state, first = loop.resume(
     checkpointer,
     {"w": jnp.zeros(3), "step": jnp.zeros((), jnp.int32)},
     watch,
@@ -196,7 +196,7 @@ def _run_jitted(workdir, total, kill_at=None):
       raise Killed()
     return np.arange(3, dtype=np.float32) + step
 
-  state = training_loop.train_loop(
+  state = loop.train_loop(
     DECAY_STEP,
     state,
     batch_for_step,
@@ -330,7 +330,7 @@ def test_a_full_disk_while_saving_keeps_the_last_complete_checkpoint(tmp_path, m
 def test_orbax_logged_disk_full_tracebacks_are_dropped(caplog):
   """orbax logs each background thread's failure with its traceback (about 540 lines in all);
   the one CheckpointWriteError paragraph replaces them. Other errors are still logged."""
-  checkpointing._install_quiet_hooks()
+  checkpointer._install_quiet_hooks()
   absl_logger = logging.getLogger("absl")
   try:
     raise ValueError("RESOURCE_EXHAUSTED: Failed writing: No space left on device")

@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 import stori_jax
-from mutual import analysis, cli, data
+from mutual import analysis, run_flags, data
 from stori_jax import loading, run_identity
 from stori_jax.checkpoints import CheckpointError, hub, validate
 from stori_jax.config_files import load_config
@@ -464,7 +464,7 @@ def test_a_workdir_of_another_run_is_refused_before_work_and_kept(tmp_path):
   _folders(tmp_path / "images")
   old = _folder_config(tmp_path)
   workdir = tmp_path / "out"
-  cli.claim_workdir(old, str(workdir), False, "mutual-knowledge analysis")
+  run_flags.claim_workdir(old, str(workdir), False, "mutual-knowledge analysis")
   (workdir / "results.json").write_text('{"old": true}\n')
   new = _folder_config(tmp_path)
   new.analysis.top_k = 5
@@ -478,8 +478,8 @@ def test_a_workdir_of_another_run_is_refused_before_work_and_kept(tmp_path):
   # Editing the descriptor file changes the identity too.
   _descriptor_file(tmp_path, {**DESCRIPTORS, "red star": ["six points"]})
   with pytest.raises(WorkdirMismatchError, match="data.descriptors_sha256"):
-    cli.claim_workdir(old, str(workdir), False, "mutual-knowledge analysis")
-  moved = cli.claim_workdir(new, str(workdir), True, "mutual-knowledge analysis")
+    run_flags.claim_workdir(old, str(workdir), False, "mutual-knowledge analysis")
+  moved = run_flags.claim_workdir(new, str(workdir), True, "mutual-knowledge analysis")
   assert moved and os.path.basename(moved).startswith("out.old-")
   assert open(os.path.join(moved, "results.json")).read() == '{"old": true}\n'
   assert sorted(os.listdir(workdir)) == [".lock", "run.json"]
@@ -525,7 +525,7 @@ def test_evaluate_cli_refuses_a_workdir_of_another_run_and_keeps_it(tmp_path):
   workdir = tmp_path / "out"
   other = load_config(os.path.join(ROOT, "configs/mutual_eval_synthetic.py"))
   other.data.seed = 7
-  cli.claim_workdir(other, str(workdir), False, "mutual-knowledge evaluation")
+  run_flags.claim_workdir(other, str(workdir), False, "mutual-knowledge evaluation")
   run_identity.release_workdirs()  # that run ended; the command below is another process
   (workdir / "table1.json").write_text("{}\n")
   before = {p: (workdir / p).read_bytes() for p in os.listdir(workdir)}
@@ -542,7 +542,7 @@ def test_evaluate_cli_refuses_a_workdir_of_another_run_and_keeps_it(tmp_path):
 def test_sweep_cli_refuses_an_analysis_workdir_and_keeps_it(tmp_path):
   workdir = tmp_path / "out"
   analysis = load_config(os.path.join(ROOT, "configs/mutual_synthetic.py"))
-  cli.claim_workdir(analysis, str(workdir), False, "mutual-knowledge analysis")
+  run_flags.claim_workdir(analysis, str(workdir), False, "mutual-knowledge analysis")
   run_identity.release_workdirs()  # that run ended; the command below is another process
   (workdir / "results.json").write_text('{"analysis": 1}\n')
   done = _run_cli(

@@ -16,7 +16,10 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from stori_jax import cli, jsonio, metrics_log, pretraining, retrieve, train
+from stori_jax import cli, jsonio, train
+from stori_jax.retrieval import runner as retrieval_runner
+from stori_jax.training import metrics_log
+from stori_jax.pretraining import contrastive
 from stori_jax.config_files import ConfigChecks, ConfigError, load_config
 from stori_jax.errors import NonFiniteError, UserError
 from stori_jax.fewshot import trainer
@@ -357,7 +360,7 @@ def test_an_absurd_learning_rate_stops_at_the_first_step_with_the_cause(
 
 
 def test_the_watch_names_the_first_bad_step_and_what_broke(tmp_path):
-  from stori_jax.checkpointing import NonFiniteWatch, nonfinite_code
+  from stori_jax.training.checkpointer import NonFiniteWatch, nonfinite_code
 
   watch = NonFiniteWatch("training", "Lower the learning rate.")
   finite = nonfinite_code(jnp.float32(1.0), {"g": jnp.ones(3)}, [jnp.zeros(2)])
@@ -376,13 +379,13 @@ def test_the_watch_names_the_first_bad_step_and_what_broke(tmp_path):
 
 def test_a_checkpoint_holding_nan_is_not_resumed(tmp_path):
   """A NaN checkpoint (written before these checks existed) is refused, not trained on."""
-  from stori_jax import checkpointing
+  from stori_jax.training import checkpointer
 
   good = {"params": [jnp.ones((2,))], "step": jnp.int32(2)}
-  checkpointing.require_finite_checkpoint(good, 2, str(tmp_path))
+  checkpointer.require_finite_checkpoint(good, 2, str(tmp_path))
   bad = {"params": [jnp.array([1.0, jnp.inf])], "step": jnp.int32(2)}
   with pytest.raises(NonFiniteError, match="step 2 in .* holds NaN or infinite values") as error:
-    checkpointing.require_finite_checkpoint(bad, 2, str(tmp_path))
+    checkpointer.require_finite_checkpoint(bad, 2, str(tmp_path))
   assert "--restart" in str(error.value)
 
 
@@ -393,15 +396,15 @@ def test_pretraining_stops_at_its_first_nan(tmp_path, monkeypatch):
   config = small_config()
   config.total_steps, config.checkpoint_every, config.log_every = 6, 2, 1
   config.eval_every = 1000
-  make_optimizer = pretraining.make_optimizer
+  make_optimizer = contrastive.make_optimizer
   monkeypatch.setattr(
-    pretraining,
+    contrastive,
     "make_optimizer",
     lambda c: optax.chain(make_optimizer(c), nan_from_update(4)),
   )
   workdir = str(tmp_path / "pretrain")
   with pytest.raises(NonFiniteError, match="pretraining stopped at step 4 of 6") as error:
-    pretraining.train(config, workdir)
+    contrastive.train(config, workdir)
   assert "config.learning_rate" in str(error.value)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
   records = metrics_log.read_records(os.path.join(workdir, "metrics.jsonl"))
@@ -429,7 +432,7 @@ def test_pretraining_config_values_are_checked(key, value, expected):
   config = load_config(PRETRAIN)
   _set(config, key, value)
   with pytest.raises(ConfigError) as error:
-    pretraining.validate_config(config)
+    contrastive.validate_config(config)
   assert expected in str(error.value)
 
 
@@ -439,15 +442,15 @@ def test_pretraining_refuses_a_workdir_of_another_config(tmp_path, monkeypatch):
   claim_workdir(workdir, {"config": config})
   (tmp_path / "pretrain" / "metrics.jsonl").write_text('{"step": 50, "loss": 1.0}\n')
   before = snapshot(workdir)
-  monkeypatch.setattr(pretraining, "make_optimizer", lambda c: pytest.fail("the run started"))
+  monkeypatch.setattr(contrastive, "make_optimizer", lambda c: pytest.fail("the run started"))
   config.learning_rate = 3e-3
   with pytest.raises(WorkdirMismatchError, match="config.learning_rate: 0.0015 then, 0.003 now"):
-    pretraining.train(config, workdir)
+    contrastive.train(config, workdir)
   assert snapshot(workdir) == before
   config.learning_rate, config.log_every = 1.5e-3, 7  # the log cadence may change on resume
-  monkeypatch.setattr(pretraining, "make_optimizer", _not_reached)
+  monkeypatch.setattr(contrastive, "make_optimizer", _not_reached)
   with pytest.raises(_NotReached):
-    pretraining.train(config, workdir)
+    contrastive.train(config, workdir)
 
 
 @pytest.mark.parametrize(
@@ -465,7 +468,7 @@ def test_retrieval_config_values_are_checked(tmp_path, key, value, expected):
   config = load_config(RETRIEVAL)
   _set(config, key, value)
   with pytest.raises(ConfigError) as error:
-    retrieve.run(config, str(tmp_path / "out"), bundle=object())
+    retrieval_runner.run(config, str(tmp_path / "out"), bundle=object())
   assert expected in str(error.value)
   assert not (tmp_path / "out").exists()
 
@@ -475,26 +478,26 @@ def test_retrieval_refuses_results_of_another_config(tmp_path, monkeypatch):
 
   out = str(tmp_path / "out")
   config = load_config(RETRIEVAL)
-  claim_workdir(out, retrieve.identity(config))
+  claim_workdir(out, retrieval_runner.identity(config))
   (tmp_path / "out" / "retrieval_metrics.json").write_text("{}\n")
   before = snapshot(out)
   monkeypatch.setattr(stori_jax, "load", lambda *a, **k: pytest.fail("the run started"))
   config.methods = ("stori",)
   with pytest.raises(WorkdirMismatchError, match="config.methods"):
-    retrieve.run(config, out)
+    retrieval_runner.run(config, out)
   assert snapshot(out) == before
   # batch size and table digits change how the work is done or printed: accepted
   config.methods, config.batch_size, config.table_digits = ("stori", "prompt_weighting"), 8, 2
   monkeypatch.setattr(stori_jax, "load", _not_reached)
   with pytest.raises(_NotReached):
-    retrieve.run(config, out)
+    retrieval_runner.run(config, out)
 
 
 def test_retrieval_block_numbers_are_checked_against_the_model(tmp_path, tiny_synthetic):
   config = load_config(RETRIEVAL)
   config.sweep.start_blocks = "(1,9)"
   with pytest.raises(ConfigError, match=r"config.sweep.start_blocks: blocks \[9\] are outside"):
-    retrieve.run(config, str(tmp_path / "out"), bundle=tiny_synthetic)
+    retrieval_runner.run(config, str(tmp_path / "out"), bundle=tiny_synthetic)
   assert sorted(os.listdir(tmp_path / "out")) == [".lock", "run.json"]  # no index, no result
 
 
@@ -560,7 +563,7 @@ def test_train_cli_refuses_the_readme_seed_command_on_a_finished_run(tmp_path, r
   assert snapshot(workdir) == before
 
 
-#: Commands run as programs below (synthetic_world's one run as a program), the others in this
+#: Commands run as programs below (the deprecated synthetic_world path), the others in this
 #: process.
 AS_PROGRAM = {"stori_jax.evaluation.synthetic_world"}
 
@@ -589,13 +592,13 @@ AS_PROGRAM = {"stori_jax.evaluation.synthetic_world"}
       ["is a file, not a folder"],
     ),
     (["stori_jax.convert", "--input=tiny-synthetic", "--output=FILE"], ["--output", "is a file"]),
-    (["stori_jax.models", "extra"], ["unexpected arguments ['extra']"]),
+    (["stori_jax.list_models", "extra"], ["unexpected arguments ['extra']"]),
     (
       ["stori_jax.parity", "--source=tiny-synthetic", "--random=test-tiny"],
       ["exactly one of --source PATH or --random ARCH"],
     ),
     (
-      ["stori_jax.evaluation.synthetic_world", "--n_images=0", "--output_dir=WORKDIR"],
+      ["stori_jax.evaluate_world", "--n_images=0", "--output_dir=WORKDIR"],
       ["--n_images must be >= 1, got 0"],
     ),
   ],

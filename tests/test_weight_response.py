@@ -1,4 +1,4 @@
-"""Weight-response training (stori_jax.weight_response): its batches, its config checks, a
+"""Weight-response training (stori_jax.pretraining.weight_response): its batches, its config checks, a
 short deterministic and resumable run, and the shipped tiny CLIP it made."""
 
 import json
@@ -12,7 +12,7 @@ import optax
 import pytest
 from safetensors.numpy import load_file
 
-from stori_jax import weight_response
+from stori_jax.pretraining import weight_response
 from stori_jax.config_files import ConfigError, load_config
 from stori_jax.loading import ASSETS_DIR
 from stori_jax.models import (

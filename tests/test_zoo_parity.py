@@ -14,7 +14,8 @@ open_clip = pytest.importorskip("open_clip", reason="pip install -e '.[torch]' (
 pytest.importorskip("timm", reason="open_clip's ConvNeXt towers need timm: pip install timm")
 
 import stori_jax  # pylint: disable=wrong-import-position
-from stori_jax import parity, torch_reference  # pylint: disable=wrong-import-position
+from stori_jax import parity  # pylint: disable=wrong-import-position
+from stori_jax.reference import clip_towers
 from stori_jax.checkpoints import CheckpointError  # pylint: disable=wrong-import-position
 from stori_jax.checkpoints.validate import flatten, unflatten  # pylint: disable=wrong-import-position
 from stori_jax.models import (  # pylint: disable=wrong-import-position
@@ -125,7 +126,7 @@ def test_vit_details_have_a_feature_map_too():
 
 def test_resnet_state_dict_infers_its_architecture(tmp_path):
   """An OpenAI-layout ResNet file loads without a name, like OpenAI's build_model."""
-  model = torch_reference.randomize_(torch_reference.build_open_clip(RESNET), 5)
+  model = clip_towers.randomize_(clip_towers.build_open_clip(RESNET), 5)
   path = tmp_path / "rn.pt"
   torch.save(model.state_dict(), path)
   bundle = stori_jax.load(path)
@@ -136,7 +137,7 @@ def test_resnet_state_dict_infers_its_architecture(tmp_path):
 
 
 def test_convnext_state_dict_needs_its_architecture(tmp_path):
-  model = torch_reference.randomize_(torch_reference.build_open_clip(CONVNEXT), 6)
+  model = clip_towers.randomize_(clip_towers.build_open_clip(CONVNEXT), 6)
   path = tmp_path / "convnext.pt"
   torch.save(model.state_dict(), path)
   with pytest.raises(CheckpointError, match="input size is not stored.*arch='convnext_base'"):
@@ -145,7 +146,7 @@ def test_convnext_state_dict_needs_its_architecture(tmp_path):
 
 
 def test_open_clip_directory_with_a_resnet_config(tmp_path):
-  model = torch_reference.randomize_(torch_reference.build_open_clip(RESNET), 7)
+  model = clip_towers.randomize_(clip_towers.build_open_clip(RESNET), 7)
   torch.save(model.state_dict(), tmp_path / "open_clip_pytorch_model.bin")
   v, t = RESNET.vision, RESNET.text
   (tmp_path / "open_clip_config.json").write_text(
@@ -208,7 +209,7 @@ def test_config_validation():
 def test_open_clip_named_architectures_at_small_size(tmp_path, name):
   """open_clip's own create_model (real layer counts and widths), at 64 px, loaded by name."""
   model = open_clip.create_model(name, pretrained=None, force_image_size=64).eval()
-  torch_reference.randomize_(model, 9)
+  clip_towers.randomize_(model, 9)
   path = tmp_path / "open_clip_pytorch_model.bin"
   torch.save(model.state_dict(), path)
   bundle = stori_jax.load(path, arch=get_architecture(name).with_image_size(64))

@@ -7,7 +7,7 @@ import os
 import jax
 from absl import flags
 
-from mutual import cli
+from mutual import run_flags
 from mutual.sweep.runner import run
 from mutual.sweep.table import markdown_table
 from stori_jax import cli as stori_cli
@@ -16,14 +16,14 @@ from stori_jax import multihost
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
-  cli.define_run_flags("Sweep", values)
+  run_flags.define_run_flags("Sweep", values)
   multihost.define_flags(values)
 
 
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Runs the sweep in its workdir and prints Table 3 and the fits (process 0 of several)."""
   multihost.initialize_from_flags(values)
-  config, workdir, results = cli.run_from_flags(
+  config, workdir, results = run_flags.run_from_flags(
     argv,
     values,
     run,

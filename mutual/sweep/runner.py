@@ -13,7 +13,7 @@ import jax
 from absl import logging
 from tqdm import tqdm
 
-from mutual import cli, data, pipeline, report
+from mutual import run_flags, data, pipeline, report
 from mutual.sweep.chunk import analyze_classes
 from mutual.sweep.fits import ACCURACIES, auc_accuracy_fits
 from mutual.sweep.models import ModelPool, family, model_image_size, shrink_config, sweep_models
@@ -30,7 +30,7 @@ def check_config(config) -> None:
   """The sweep's own fields, checked before any work (ConfigError names the fix)."""
   if not config.models:
     raise ConfigError(
-      "config.models is empty: name registered models (python -m stori_jax.models)."
+      "config.models is empty: name registered models (python -m stori_jax.list_models)."
     )
   for name in config.models:
     try:
@@ -187,7 +187,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   if not kept:
     raise CheckpointError("No model of config.models could be loaded (see the warnings above).")
   # Run identity once the inputs are known good (a missing model is a mistake to fix first).
-  cli.claim_workdir_once(config, workdir, restart, "mutual-knowledge sweep")
+  run_flags.claim_workdir_once(config, workdir, restart, "mutual-knowledge sweep")
   sizes = sorted({sizes_by_model[i] for i in kept})
   # One class stream per input size (each resizes the source images itself), reading the next
   # chunk's classes on a background thread while this chunk runs; a process reads only the

@@ -49,7 +49,7 @@ def convnext_needs_arch(state_dict: Mapping[str, np.ndarray], source: str) -> Ch
     f"{source} holds a ConvNeXt image tower (depths {depths}); its input size is not "
     "stored in the weights. Pass the architecture, e.g. arch='convnext_base' (224 px) or "
     "arch='convnext_base_w' (256 px), or load it by its registry name "
-    "(python -m stori_jax.models lists them)."
+    "(python -m stori_jax.list_models lists them)."
   )
 
 

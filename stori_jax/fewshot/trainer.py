@@ -30,9 +30,10 @@ from absl import logging
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
-from stori_jax import encoding, jsonio, multihost, run_identity, training_loop
+from stori_jax import encoding, jsonio, multihost, run_identity
+from stori_jax.training import loop
 from stori_jax.bundle import CLIPBundle
-from stori_jax.checkpointing import NonFiniteWatch, TrainCheckpointer, nonfinite_code
+from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.config_files import ConfigChecks, ConfigError
 from stori_jax.data import synthetic_tasks
 from stori_jax.fewshot import augment, datasets, paper_config, prompts
@@ -645,7 +646,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
     f"0.1): lower it.",
   )
   checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=2)
-  state, first_step = training_loop.resume(
+  state, first_step = loop.resume(
     checkpointer,
     state,
     watch,
@@ -689,7 +690,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
     if is_main:
       report.append_history(workdir, record)
 
-  state = training_loop.train_loop(
+  state = loop.train_loop(
     # The context is an argument, not a constant of the step: multi-host JAX forbids closing
     # over global arrays.
     lambda state, batch: train_step(state, method.context, *batch),

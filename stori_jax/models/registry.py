@@ -244,6 +244,6 @@ def get(name: str) -> ModelEntry:
   if entry is None:
     raise ValueError(
       f"{name!r} is not a registered model. Registered: {', '.join(names())} "
-      "(python -m stori_jax.models lists them with their local status)."
+      "(python -m stori_jax.list_models lists them with their local status)."
     )
   return entry

@@ -8,7 +8,7 @@ are the categories of the paper's Figures 4-6 and App. B.
 
 Sources:
 * `synthetic_data`: the synthetic world (offline, the default): per attribute triple of
-  `evaluation.synthetic_world.emphasis_triples`, its 8 categories rendered as there.
+  `world_metrics.emphasis_triples`, its 8 categories rendered as there.
 * `celeba_data`: CelebA from a folder holding `list_attr_celeba.txt` (the official
   format) and the aligned JPEGs (in `img_align_celeba/` or next to the file), or from TFDS
   `celeb_a` when tensorflow-datasets (and TensorFlow) are installed and prepared.
@@ -32,7 +32,7 @@ import numpy as np
 from stori_jax.data import synthetic
 from stori_jax.data.files import ClassMismatchError, match_names, nearest, quoted
 from stori_jax.errors import InputError
-from stori_jax.evaluation import synthetic_world as sw
+from stori_jax import world_metrics as sw
 from stori_jax.preprocess import resize_center_crop, to_pil
 from stori_jax.retrieval.metrics import category_codes
 

@@ -33,16 +33,17 @@ import ml_collections
 import numpy as np
 import optax
 
-from stori_jax import metrics_log, run_identity, training_loop
+from stori_jax import run_identity
+from stori_jax.training import loop, metrics_log
 from stori_jax.bundle import CLIPBundle
-from stori_jax.checkpointing import NonFiniteWatch, TrainCheckpointer, nonfinite_code
+from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.checkpoints import native
 from stori_jax.config_files import ConfigChecks
 from stori_jax.data import synthetic
 from stori_jax.encoding import l2_normalize_jax
 from stori_jax.loading import ASSETS_DIR, load, named_checkpoints
 from stori_jax.models import CLIP, reweighted_block_indices
-from stori_jax.pretraining import export_path
+from stori_jax.pretraining.contrastive import export_path
 from stori_jax.tokenizer import default_tokenizer
 from stori_jax.tokenizer.weighted import tokenize_weighted
 
@@ -172,7 +173,7 @@ def train(config, workdir: str, restart: bool = False):
   """Runs (or resumes) weight-response training; returns the trained model as a bundle.
 
   Raises ConfigError / WorkdirMismatchError before any work, NonFiniteError on divergence
-  (the last good checkpoint kept), as `stori_jax.pretraining.train` does.
+  (the last good checkpoint kept), as `stori_jax.pretraining.contrastive.train` does.
   """
   validate_config(config)
   base = load(config.init_from)
@@ -209,7 +210,7 @@ def train(config, workdir: str, restart: bool = False):
   )
   text = jax.tree_util.tree_map(jnp.copy, teacher["text"])
   state = {"text": text, "opt_state": optimizer.init(text), "step": jnp.zeros((), jnp.int32)}
-  state, first_step = training_loop.resume(
+  state, first_step = loop.resume(
     checkpointer,
     state,
     watch,
@@ -220,7 +221,7 @@ def train(config, workdir: str, restart: bool = False):
   metrics_path = os.path.join(workdir, "metrics.jsonl")
   metrics_log.read_records(metrics_path, up_to_step=first_step)  # drop what the resume redoes
   pool = caption_pool(config)
-  state = training_loop.train_loop(
+  state = loop.train_loop(
     train_step,
     state,
     lambda step: batch_for_step(config, pool, step),

@@ -23,9 +23,10 @@ import optax
 from absl import logging
 from tqdm import tqdm
 
-from stori_jax import jsonio, metrics_log, run_identity, training_loop
+from stori_jax import jsonio, run_identity
+from stori_jax.training import loop, metrics_log
 from stori_jax.bundle import CLIPBundle
-from stori_jax.checkpointing import NonFiniteWatch, TrainCheckpointer, nonfinite_code
+from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.checkpoints import native
 from stori_jax.config_files import ConfigChecks
 from stori_jax.data import synthetic
@@ -252,7 +253,7 @@ def export_path(config, workdir: str) -> str:
 
 def quick_eval(bundle: CLIPBundle, config) -> dict[str, float]:
   """Zero-shot colour / shape / pattern accuracy on fresh images (a progress signal)."""
-  from stori_jax.evaluation.synthetic_world import zero_shot_attributes  # pylint: disable=import-outside-toplevel
+  from stori_jax.world_metrics import zero_shot_attributes  # pylint: disable=import-outside-toplevel
 
   result = zero_shot_attributes(
     bundle,
@@ -312,7 +313,7 @@ def train(config, workdir: str, restart: bool = False) -> CLIPBundle:
     f"The likely cause is the learning rate (config.learning_rate = {config.learning_rate:g}): "
     f"lower it.",
   )
-  state, first_step = training_loop.resume(
+  state, first_step = loop.resume(
     checkpointer,
     initial_state(config, optimizer),
     watch,
@@ -338,7 +339,7 @@ def train(config, workdir: str, restart: bool = False) -> CLIPBundle:
       tqdm.write(jsonio.dumps_strict(record))  # the evaluations, above the progress bar
     metrics_log.append_record(metrics_path, record)
 
-  state = training_loop.train_loop(
+  state = loop.train_loop(
     train_step,
     state,
     lambda step: batch_for_step(config, step),

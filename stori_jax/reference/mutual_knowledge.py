@@ -95,7 +95,7 @@ def open_clip_from_bundle(bundle):
   """
   import jax  # pylint: disable=import-outside-toplevel
 
-  from stori_jax import torch_reference  # pylint: disable=import-outside-toplevel
+  from stori_jax.reference import clip_towers as torch_reference  # pylint: disable=import-outside-toplevel
   from stori_jax.checkpoints import openai  # pylint: disable=import-outside-toplevel
 
   model = torch_reference.build(bundle.config, "open_clip")
