@@ -11,7 +11,7 @@ colour 1 - w (the tiny model's pattern is its weakest attribute; see the README)
 
 import ml_collections
 
-from stori_jax.world_metrics import EMPHASIS_SEED
+from stori_jax.data.synthetic_tasks import EMPHASIS_SEED
 from stori_jax.retrieval.paper_config import base_config
 
 

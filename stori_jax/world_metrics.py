@@ -39,13 +39,19 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from stori_jax.data import synthetic
+from stori_jax.data.synthetic_tasks import (  # the emphasis scenes, re-exported here
+  EMPHASIS_FAMILIES,
+  EMPHASIS_PATTERNS as EMPHASIS_PATTERNS,
+  EMPHASIS_SEED,
+  emphasis_scenes,
+  emphasis_triples,
+)
 from stori_jax.encoding import BATCH_SIZE, encode_images, encode_texts, l2_normalize
 from stori_jax.retrieval.metrics import precision_at_k
 
 #: Default seeds, disjoint from pretraining's (0, k) namespace.
 ZERO_SHOT_SEED = (2024, 1)
 RETRIEVAL_SEED = (2024, 2)
-EMPHASIS_SEED = (2024, 3)
 
 #: Noun phrases (without the article) of each zero-shot family's prompt ensemble. The class
 #: value fills its own family's slot; the ensemble runs over every combination of the other
@@ -63,12 +69,6 @@ FAMILY_TEMPLATES: Mapping[str, str] = {
 }
 ZERO_SHOT_FAMILIES = ("colour", "shape", "pattern", "size", "position")
 
-#: Attribute families of an emphasis triple, in prompt order ("a photo of a {c} {p} {s}").
-EMPHASIS_FAMILIES = ("colour", "pattern", "shape")
-#: Patterns the prompt may name: "plain" is never the prompt's pattern (a plain object has no
-#: visible pattern to retrieve by, and "a photo of a red plain circle" is an odd query), but it
-#: is a valid alternative p' (the negatives of the pattern family are then plain objects).
-EMPHASIS_PATTERNS = tuple(p for p in synthetic.PATTERNS if p != "plain")
 EMPHASIS_WEIGHTS = (0.5, 1.0, 1.5)
 METHODS = ("stori", "prompt_weighting")
 _REFERENCE_WEIGHT = 1.0
@@ -257,55 +257,6 @@ def retrieval_recall(
 
 # ---------------------------------------------------------------------------------------------
 # 3. Emphasis and de-emphasis (the paper's Table 3).
-
-
-def emphasis_triples(
-  n_triples: int, seed: int | Sequence[int] = EMPHASIS_SEED
-) -> list[dict[str, tuple[str, str]]]:
-  """Distinct attribute triples with alternatives, deterministic given the seed.
-
-  Returns:
-    n_triples dicts {"colour": (c, c'), "pattern": (p, p'), "shape": (s, s')}: the first value
-    is the prompt's, the second the alternative (c != c', etc.). p is never "plain"; p' may be.
-    No two triples share the prompt (c, p, s).
-  """
-  limit = len(synthetic.COLOURS) * len(EMPHASIS_PATTERNS) * len(synthetic.SHAPES)
-  if not 1 <= n_triples <= limit:
-    raise ValueError(f"n_triples must be in [1, {limit}] (distinct prompts), got {n_triples}")
-  rng = np.random.default_rng(_seed_tuple(seed))
-  triples, seen = [], set()
-  while len(triples) < n_triples:
-    c, c_alt = (synthetic.COLOURS[i] for i in rng.choice(len(synthetic.COLOURS), 2, replace=False))
-    p = EMPHASIS_PATTERNS[rng.integers(len(EMPHASIS_PATTERNS))]
-    others = [q for q in synthetic.PATTERNS if q != p]
-    p_alt = others[rng.integers(len(others))]
-    s, s_alt = (synthetic.SHAPES[i] for i in rng.choice(len(synthetic.SHAPES), 2, replace=False))
-    if (c, p, s) in seen:
-      continue
-    seen.add((c, p, s))
-    triples.append({"colour": (c, c_alt), "pattern": (p, p_alt), "shape": (s, s_alt)})
-  return triples
-
-
-def emphasis_scenes(
-  triple: Mapping[str, Sequence[str]], images_per_category: int
-) -> tuple[list[tuple[synthetic.ObjectSpec]], dict[str, np.ndarray]]:
-  """Scenes of the 8 categories of one triple, and which images carry the prompt's values.
-
-  Categories follow itertools.product over (colour, pattern, shape) in {value, alternative},
-  `images_per_category` consecutive scenes each; size and position are left to the renderer
-  (random), as is the background.
-
-  Returns:
-    (scenes [8 * images_per_category], positives {family: bool [8 * images_per_category]}).
-  """
-  scenes, positives = [], {f: [] for f in EMPHASIS_FAMILIES}
-  for values in itertools.product(*(triple[f] for f in EMPHASIS_FAMILIES)):
-    spec = synthetic.ObjectSpec(**dict(zip(EMPHASIS_FAMILIES, values)))
-    scenes.extend([(spec,)] * images_per_category)
-    for f, v in zip(EMPHASIS_FAMILIES, values):
-      positives[f].extend([v == triple[f][0]] * images_per_category)
-  return scenes, {f: np.asarray(v, bool) for f, v in positives.items()}
 
 
 def _weight_text(w: float) -> str:

@@ -15,6 +15,7 @@ Size, position and background are nuisances here: random in every class's images
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
@@ -444,3 +445,70 @@ def descriptor_bank(classes: Sequence[ClassSpec] = FEWSHOT_CLASSES) -> dict[str,
 def descriptor_attribute(descriptor: str) -> tuple[str, str] | None:
   """The (family, value) a descriptor names, or None for a distractor."""
   return DESCRIPTOR_ATTRIBUTES[descriptor]
+
+
+# ---------------------------------------------------------------------------------------------
+# The emphasis experiment's scenes (paper Table 3 in this world; measured by
+# `stori_jax.world_metrics.emphasis_effect`, ranked by `stori_jax.retrieval`).
+
+#: The emphasis triples' default seed, disjoint from pretraining's (0, k) namespace.
+EMPHASIS_SEED = (2024, 3)
+#: Attribute families of an emphasis triple, in prompt order ("a photo of a {c} {p} {s}").
+EMPHASIS_FAMILIES = ("colour", "pattern", "shape")
+#: Patterns the prompt may name: "plain" is never the prompt's pattern (a plain object has no
+#: visible pattern to retrieve by, and "a photo of a red plain circle" is an odd query), but it
+#: is a valid alternative p' (the negatives of the pattern family are then plain objects).
+EMPHASIS_PATTERNS = tuple(p for p in synthetic.PATTERNS if p != "plain")
+
+
+def _seed_tuple(seed: int | Sequence[int]) -> tuple[int, ...]:
+  return tuple(int(s) for s in np.atleast_1d(np.asarray(seed, dtype=np.int64)))
+
+
+def emphasis_triples(
+  n_triples: int, seed: int | Sequence[int] = EMPHASIS_SEED
+) -> list[dict[str, tuple[str, str]]]:
+  """Distinct attribute triples with alternatives, deterministic given the seed.
+
+  Returns:
+    n_triples dicts {"colour": (c, c'), "pattern": (p, p'), "shape": (s, s')}: the first value
+    is the prompt's, the second the alternative (c != c', etc.). p is never "plain"; p' may be.
+    No two triples share the prompt (c, p, s).
+  """
+  limit = len(synthetic.COLOURS) * len(EMPHASIS_PATTERNS) * len(synthetic.SHAPES)
+  if not 1 <= n_triples <= limit:
+    raise ValueError(f"n_triples must be in [1, {limit}] (distinct prompts), got {n_triples}")
+  rng = np.random.default_rng(_seed_tuple(seed))
+  triples, seen = [], set()
+  while len(triples) < n_triples:
+    c, c_alt = (synthetic.COLOURS[i] for i in rng.choice(len(synthetic.COLOURS), 2, replace=False))
+    p = EMPHASIS_PATTERNS[rng.integers(len(EMPHASIS_PATTERNS))]
+    others = [q for q in synthetic.PATTERNS if q != p]
+    p_alt = others[rng.integers(len(others))]
+    s, s_alt = (synthetic.SHAPES[i] for i in rng.choice(len(synthetic.SHAPES), 2, replace=False))
+    if (c, p, s) in seen:
+      continue
+    seen.add((c, p, s))
+    triples.append({"colour": (c, c_alt), "pattern": (p, p_alt), "shape": (s, s_alt)})
+  return triples
+
+
+def emphasis_scenes(
+  triple: Mapping[str, Sequence[str]], images_per_category: int
+) -> tuple[list[tuple[synthetic.ObjectSpec]], dict[str, np.ndarray]]:
+  """Scenes of the 8 categories of one triple, and which images carry the prompt's values.
+
+  Categories follow itertools.product over (colour, pattern, shape) in {value, alternative},
+  `images_per_category` consecutive scenes each; size and position are left to the renderer
+  (random), as is the background.
+
+  Returns:
+    (scenes [8 * images_per_category], positives {family: bool [8 * images_per_category]}).
+  """
+  scenes, positives = [], {f: [] for f in EMPHASIS_FAMILIES}
+  for values in itertools.product(*(triple[f] for f in EMPHASIS_FAMILIES)):
+    spec = synthetic.ObjectSpec(**dict(zip(EMPHASIS_FAMILIES, values)))
+    scenes.extend([(spec,)] * images_per_category)
+    for f, v in zip(EMPHASIS_FAMILIES, values):
+      positives[f].extend([v == triple[f][0]] * images_per_category)
+  return scenes, {f: np.asarray(v, bool) for f, v in positives.items()}

@@ -32,7 +32,7 @@ import numpy as np
 from stori_jax.data import synthetic
 from stori_jax.data.files import ClassMismatchError, match_names, nearest, quoted
 from stori_jax.errors import InputError
-from stori_jax import world_metrics as sw
+from stori_jax.data import synthetic_tasks as sw
 from stori_jax.preprocess import resize_center_crop, to_pil
 from stori_jax.retrieval.metrics import category_codes
 
