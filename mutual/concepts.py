@@ -12,6 +12,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from stori_jax.encoding import l2_normalize_jax
 
@@ -187,6 +188,16 @@ def random_start(key, weights, k: int) -> jax.Array:
   kmeans_pytorch's start (numpy.random.choice without replacement). int32 [k]."""
   p = weights.astype(jnp.float32)
   return jax.random.choice(key, weights.shape[0], (k,), replace=False, p=p / jnp.sum(p))
+
+
+def kmeans_start_indices(mask: np.ndarray, n_concepts: int, seed: int = 0) -> np.ndarray:
+  """The seeded K-means start of `kmeans_concepts(init="random")` for a foreground bool
+  [B, h, w]: int [L] indices into the B*h*w patches. The reference-mode checks hand it to
+  `stori_jax.reference.mutual_knowledge.analyze_class`, whose own start is unseeded, so that
+  both sides start from the same rows."""
+  start_key, _ = jax.random.split(jax.random.PRNGKey(seed))
+  weights = jnp.asarray(np.asarray(mask).reshape(-1))
+  return np.asarray(random_start(start_key, weights, n_concepts))
 
 
 @functools.partial(jax.jit, static_argnames=("max_iter",))

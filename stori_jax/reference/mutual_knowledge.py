@@ -45,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import io
 import random
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import cv2
 import numpy as np
@@ -480,6 +480,7 @@ def analyze_class(
   joint: bool = True,
   crf: bool = True,
   kmeans_seed: int = 0,
+  kmeans_start: Callable[[np.ndarray, int, int], np.ndarray] | None = None,
   pca_sign_rule: str = "sklearn<1.5",
   ellipse_seed: int = 0,
   offset: float = 0.02,
@@ -498,7 +499,11 @@ def analyze_class(
     methods: "pca" and / or "kmeans".
     joint: one spectral split over the B images (the reference) or one per image.
     crf: SimpleCRF refinement (the reference); False uses the upsampled patch mask.
-    kmeans_seed: the seed of the K-means start (`kmeans_start`, shared with the project).
+    kmeans_seed: the seed of the K-means start.
+    kmeans_start: (foreground bool [B, h, w], n_concepts, seed) -> int [L] indices into the
+      B*h*w patches: the K-means start. None draws it as kmeans_pytorch does
+      (`numpy.random.choice` without replacement, seeded with kmeans_seed); the checks pass
+      `mutual.concepts.kmeans_start_indices` so that both sides start from the same rows.
     pca_sign_rule: "sklearn<1.5" (the reference's) or "sklearn>=1.5".
     ellipse_seed: Python's `random` is seeded with it before each image's concepts of each
       method are prompted (the padding of contours under 5 points; ellipse_box).
@@ -548,7 +553,11 @@ def analyze_class(
       labels = pca_labels(fg_tokens.cpu().numpy(), n_concepts, pca_sign_rule)
     elif method == "kmeans":
       position = np.cumsum(fg.reshape(-1)) - 1  # patch index -> row of fg_tokens
-      start = position[kmeans_start(fg, n_concepts, kmeans_seed)]
+      if kmeans_start is None:
+        rows = np.random.default_rng(kmeans_seed).choice(int(fg.sum()), n_concepts, replace=False)
+      else:
+        rows = position[kmeans_start(fg, n_concepts, kmeans_seed)]
+      start = rows
       labels = kmeans_labels(fg_tokens, start, n_concepts, stats)
     else:
       raise ValueError(f"unknown method {method!r}")
@@ -597,17 +606,3 @@ def analyze_class(
     result["auc"] = np.array([sum(c) / len(c) for c in result["curves"]])
     out[method] = result
   return out
-
-
-def kmeans_start(mask: np.ndarray, n_concepts: int, seed: int = 0) -> np.ndarray:
-  """The project's seeded K-means start for a foreground bool [B, h, w]: int [L] indices into
-  the B*h*w patches (mutual.concepts.random_start_kmeans's draw), shared with the reference
-  side, whose own start is unseeded."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-
-  from mutual import concepts  # pylint: disable=import-outside-toplevel
-
-  start_key, _ = jax.random.split(jax.random.PRNGKey(seed))
-  weights = jnp.asarray(np.asarray(mask).reshape(-1))
-  return np.asarray(concepts.random_start(start_key, weights, n_concepts))
