@@ -1,0 +1,232 @@
+"""The import graph as docs/design.md draws it ("Naming" and "Layering rules"): every import of
+`stori_jax` and `mutual`, function-local ones included, points down the layers; no cycle; only
+commands end with a `__main__` guard, no library imports a command, and no library shares a
+command's name."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("stori_jax", "mutual")
+
+#: The layers of docs/design.md, lowest first. A unit is a top-level module or a subpackage
+#: (`stori_jax.fewshot`, `mutual.pipeline`); it may import units of lower layers only.
+LAYERS = (
+  ("stori_jax.errors", "stori_jax.plotting", "stori_jax.profiling"),
+  (
+    "stori_jax.jsonio",
+    "stori_jax.config_files",
+    "stori_jax.preprocess",
+    "stori_jax.tokenizer",
+    "stori_jax.models",
+  ),
+  ("stori_jax.run_identity", "stori_jax.data"),
+  ("stori_jax.multihost", "stori_jax.cli", "stori_jax.checkpoints", "stori_jax.bundle"),
+  ("stori_jax.loading", "stori_jax.training"),
+  ("stori_jax", "stori_jax.encoding", "stori_jax.reference"),
+  ("stori_jax.retrieval", "stori_jax.fewshot"),
+  ("stori_jax.world_metrics", "stori_jax.explorer"),
+  ("stori_jax.pretraining",),
+  # mutual builds on stori_jax; its stages first, then what runs them.
+  (
+    "mutual.ellipse",
+    "mutual.information",
+    "mutual.transport",
+    "mutual.descriptors",
+    "mutual.features",
+    "mutual.foreground",
+    "mutual.concepts",
+  ),
+  ("mutual.crf", "mutual.visual_prompts"),
+  ("mutual.xai", "mutual.report", "mutual.data"),
+  ("mutual.paper_config", "mutual.report_html"),
+  ("mutual.pipeline", "mutual.baselines"),
+  ("mutual.protocols", "mutual.run_flags"),
+  ("mutual", "mutual.analysis", "mutual.evaluation", "mutual.sweep"),
+  # Commands: thin entries over everything below.
+  (
+    "stori_jax.train",
+    "stori_jax.pretrain",
+    "stori_jax.retrieve",
+    "stori_jax.explore",
+    "stori_jax.embed",
+    "stori_jax.convert",
+    "stori_jax.parity",
+    "stori_jax.start_block",
+    "stori_jax.list_models",
+    "stori_jax.evaluate_world",
+    "mutual.analyze",
+    "mutual.evaluate",
+  ),
+  # Deprecated paths kept for one release (README, "Moved in this release").
+  ("stori_jax.evaluation",),
+)
+LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}
+
+#: The modules run with `python -m`: they and only they end with a `__main__` guard.
+COMMANDS = {unit for unit in LAYERS[-2]} | {"mutual.sweep.__main__"}
+#: Deprecated entries (one release): they may import a command to run it.
+SHIMS = {"stori_jax.evaluation.synthetic_world", "stori_jax.models.__main__"}
+
+
+def _modules() -> dict[str, str]:
+  """Dotted module name -> file path, for every module of the two packages."""
+  found = {}
+  for package in PACKAGES:
+    for folder, _, files in os.walk(os.path.join(REPO, package)):
+      for name in files:
+        if not name.endswith(".py"):
+          continue
+        path = os.path.join(folder, name)
+        parts = os.path.relpath(path, REPO)[:-3].split(os.sep)
+        if parts[-1] == "__init__":
+          parts = parts[:-1]
+        found[".".join(parts)] = path
+  return found
+
+
+MODULES = _modules()
+
+
+def _unit(module: str) -> str:
+  parts = module.split(".")
+  return ".".join(parts[:2])
+
+
+def _imports(module: str, path: str) -> list[tuple[str, int]]:
+  """(imported module of the two packages, line) for every import in the file."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+    else:
+      continue
+    found += [(name, node.lineno) for name in names if name.split(".")[0] in PACKAGES]
+  return found
+
+
+EDGES = [
+  (module, target, line)
+  for module, path in sorted(MODULES.items())
+  for target, line in _imports(module, path)
+]
+
+
+def test_every_unit_has_a_layer():
+  missing = sorted({_unit(m) for m in MODULES} - set(LEVEL))
+  assert not missing, f"units with no layer (add them to LAYERS and docs/design.md): {missing}"
+
+
+def test_imports_point_down_the_layers():
+  wrong = [
+    f"{MODULES[module]}:{line}: {_unit(module)} -> {_unit(target)}"
+    for module, target, line in EDGES
+    if _unit(module) != _unit(target)
+    and module not in SHIMS
+    and LEVEL.get(_unit(target), 0) >= LEVEL.get(_unit(module), 0)
+  ]
+  assert not wrong, "imports that run up or across the layers:\n" + "\n".join(wrong)
+
+
+def test_stori_jax_never_imports_mutual():
+  wrong = [
+    f"{module}:{line} -> {target}"
+    for module, target, line in EDGES
+    if module.startswith("stori_jax") and target.startswith("mutual")
+  ]
+  assert not wrong, wrong
+
+
+def test_no_cycle_between_units():
+  graph = collections.defaultdict(set)
+  for module, target, _ in EDGES:
+    if _unit(module) != _unit(target) and module not in SHIMS:
+      graph[_unit(module)].add(_unit(target))
+  done, active = set(), []
+
+  def visit(unit):
+    if unit in active:
+      raise AssertionError("cycle: " + " -> ".join(active[active.index(unit) :] + [unit]))
+    if unit in done:
+      return
+    active.append(unit)
+    for target in sorted(graph[unit]):
+      visit(target)
+    active.pop()
+    done.add(unit)
+
+  for unit in sorted(graph):
+    visit(unit)
+
+
+def _has_main_guard(path: str) -> bool:
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  return any(
+    isinstance(node, ast.If)
+    and isinstance(node.test, ast.Compare)
+    and isinstance(node.test.left, ast.Name)
+    and node.test.left.id == "__name__"
+    for node in tree.body
+  )
+
+
+def test_only_commands_have_a_main_guard():
+  guarded = {module for module, path in MODULES.items() if _has_main_guard(path)}
+  assert guarded - SHIMS == COMMANDS, (
+    f"main guard but not a command: {sorted(guarded - SHIMS - COMMANDS)}; "
+    f"command without one: {sorted(COMMANDS - guarded)}"
+  )
+
+
+def test_no_library_imports_a_command():
+  wrong = [
+    f"{module}:{line} -> {target}"
+    for module, target, line in EDGES
+    if target in COMMANDS and module not in COMMANDS | SHIMS
+  ]
+  assert not wrong, wrong
+
+
+def test_configs_import_no_command():
+  wrong = []
+  for name in sorted(os.listdir(os.path.join(REPO, "configs"))):
+    if name.endswith(".py"):
+      path = os.path.join(REPO, "configs", name)
+      wrong += [
+        f"{name}:{line} -> {t}"
+        for t, line in _imports("configs." + name[:-3], path)
+        if t in COMMANDS
+      ]
+  assert not wrong, wrong
+
+
+def test_no_library_module_shares_a_command_name():
+  stems = {command.split(".")[-1] for command in COMMANDS if not command.endswith("__main__")}
+  clashes = sorted(
+    module
+    for module in MODULES
+    if module not in COMMANDS | SHIMS and module.split(".")[-1] in stems
+  )
+  assert not clashes, f"library modules named like a command: {clashes}"
+
+
+@pytest.mark.parametrize("unit", ["stori_jax.models", "stori_jax.tokenizer", "stori_jax.errors"])
+def test_the_bottom_layers_import_nothing_above_them(unit):
+  # The rule the layers encode, spelled out for the layers every other one builds on.
+  above = [t for m, t, _ in EDGES if _unit(m) == unit and LEVEL[_unit(t)] > LEVEL[unit]]
+  assert not above, above
