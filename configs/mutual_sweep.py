@@ -57,8 +57,7 @@ from stori_jax.config_files import config_arguments, sibling_config
 SMOKE_MODELS = ("openai-vit-b-32", "openai-rn50", "laion-aesthetic-convnext-base-w")
 
 #: `random`'s classes of the embedded world (2 images each): every stage for every full-size
-#: tower in under 5 minutes on 2 CPU cores (all 12 classes x 4 images took 37 min on 2 shared
-#: cores).
+#: tower within minutes on 2 CPU cores (all 12 classes would take several times longer).
 RANDOM_CLASSES = (0, 3, 6, 9)
 
 

@@ -43,7 +43,7 @@ def get_config():
   # Captions are at most ~34 tokens: training cuts token rows to this length
   # (exact: the mask is causal); the context stays 64 for longer prompts.
   config.text_length = 40
-  # Sized to finish in under an hour on 2 CPU cores (~1.65 steps/s there: about 41 minutes).
+  # Sized to finish in under an hour on 2 CPU cores.
   config.batch_size = 128
   config.total_steps = 4000
   config.warmup_steps = 200

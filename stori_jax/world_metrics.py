@@ -358,7 +358,7 @@ def emphasis_effect(
   base_seed = _seed_tuple(seed)
   pool = 8 * images_per_category
   images, positives = [], []
-  for t, triple in enumerate(triples):  # rendering is fast (~10 ms per 64 images)
+  for t, triple in enumerate(triples):
     scenes, is_positive = emphasis_scenes(triple, images_per_category)
     images.append(synthetic.render(scenes, (*base_seed, t), image_size=_image_size(bundle)).images)
     positives.append(is_positive)

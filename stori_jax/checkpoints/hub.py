@@ -65,7 +65,7 @@ def unreachable_reason() -> str | None:
   """Why the hub cannot be reached (offline mode, no route, no DNS), else None.
 
   One TCP connection per process, with a short timeout, so that an unreachable hub fails at
-  once instead of after huggingface_hub's retries (about 25 s). Behind a proxy the probe is
+  once instead of after huggingface_hub's retries. Behind a proxy the probe is
   left to the proxy (huggingface_hub uses it).
   """
   if hub_offline():

@@ -65,7 +65,7 @@ _NEEDS_FULL_CLEAN = regex.compile(r"[^\t\n\r\x20-\x25\x27-\x7e]")
 _CACHE_LIMIT = 1 << 20  # pre-token BPE cache entries; cleared when exceeded (bounds memory)
 _CACHE_MAX_WORD = 64  # longer pre-tokens are not cached (characters)
 # Words of at most this many byte symbols use CLIP's reference merge loop (fastest when short);
-# longer ones the heap, whose cost grows as n log n instead of n^2 (a 64 KB word: 0.3 s, not 26 s).
+# longer ones the heap, whose cost grows as n log n instead of n^2 (a pathological long word).
 _SHORT_WORD = 8
 
 
