@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from stori_jax.data.synthetic import ATTRIBUTE_WORDS
 from stori_jax.retrieval import metrics
 from stori_jax.retrieval.datasets import RetrievalTask
 
@@ -27,8 +28,6 @@ _ATTRIBUTE_WORD_RE = re.compile(r"(\W*)([^\W\d_]+)(\W*)")
 def attribute_words(families: Sequence[str]) -> dict[str, tuple[str, str]]:
   """{prompt word: (family, value)} for the values of `families` (`synthetic.ATTRIBUTE_WORDS`:
   "red" -> ("colour", "red"), and each value's other spellings)."""
-  from stori_jax.data.synthetic import ATTRIBUTE_WORDS  # pylint: disable=import-outside-toplevel
-
   return {
     word: (family, value)
     for (family, value), words in ATTRIBUTE_WORDS.items()

@@ -18,6 +18,8 @@ from absl import logging
 
 from stori_jax import jsonio
 from stori_jax.errors import InputError, UserError
+from stori_jax.preprocess import resize_center_crop, to_pil
+from stori_jax.retrieval import datasets
 
 
 def image_folder(root: str, cache_dir: str | None = None):
@@ -30,8 +32,6 @@ def image_folder(root: str, cache_dir: str | None = None):
   Raises:
     InputError: `root` is not a folder of images, or none of its images can be read.
   """
-  from stori_jax.retrieval import datasets  # pylint: disable=import-outside-toplevel
-
   try:
     listing = datasets.folder_data(root)
   except ValueError as e:
@@ -69,8 +69,6 @@ def image_folder(root: str, cache_dir: str | None = None):
 
 def _file_loader(paths: Sequence[str]) -> Callable[[np.ndarray, int], np.ndarray]:
   """(indices, size) -> uint8 [n, size, size, 3]: files read, resized and center-cropped."""
-  # pylint: disable=import-outside-toplevel
-  from stori_jax.preprocess import resize_center_crop, to_pil
 
   def load(indices, size):
     return np.stack(
@@ -90,8 +88,6 @@ def _image_problem(path: str) -> str | None:
   retrieval readers): it refuses what is not a regular file, such as a FIFO named x.png,
   before opening it, where opening one would wait forever for a writer (issue 26 row 14).
   """
-  from stori_jax.preprocess import to_pil  # pylint: disable=import-outside-toplevel
-
   try:
     image = to_pil(path)
     if image.width == 0 or image.height == 0:

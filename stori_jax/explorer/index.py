@@ -8,6 +8,7 @@ encoded (minutes for a large folder).
 
 from __future__ import annotations
 
+import stori_jax
 from stori_jax.errors import InputError
 from stori_jax.explorer.folder import image_folder
 from stori_jax.explorer.ranking import Explorer
@@ -18,6 +19,7 @@ from stori_jax.explorer.world import (
   world_description,
 )
 from stori_jax.models.text import default_start_block, reweighted_block_indices
+from stori_jax.retrieval import index
 
 
 def build_explorer(
@@ -44,10 +46,6 @@ def build_explorer(
   Raises:
     UserError: a bad option (named), a folder without readable images, a bad model source.
   """
-  # pylint: disable=import-outside-toplevel
-  import stori_jax
-  from stori_jax.retrieval import index
-
   _check_options(images, images_per_combination, batch_size)
   bundle = stori_jax.load(source)
   # The blocks are checked before the index is built (minutes for a large folder).

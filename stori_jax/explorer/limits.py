@@ -14,6 +14,7 @@ import json
 import math
 from typing import Any
 
+from stori_jax.models.text import reweighted_block_indices
 from stori_jax.tokenizer import check_weight
 
 #: Slider range; weights outside are refused by the API (the parser and /api/rank alike).
@@ -80,8 +81,6 @@ def validate_rank(
   integers, each defaulting to `default_blocks`, with 1 <= start <= stop <= layers
   (`models.text.reweighted_block_indices`, which the encoder applies).
   """
-  from stori_jax.models.text import reweighted_block_indices  # pylint: disable=import-outside-toplevel
-
   if not isinstance(payload, dict):
     raise ValueError("the body must be a JSON object {words: [...], k: int}")
   words = payload.get("words")

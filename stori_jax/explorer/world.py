@@ -11,6 +11,9 @@ import itertools
 
 import numpy as np
 
+from stori_jax.data import synthetic
+from stori_jax.retrieval import datasets
+
 #: The synthetic world's index: its families whose prompt words define the chart's categories,
 #: the render seed (its own namespace, apart from pretraining's (0, k) and the evaluations'
 #: (2024, 1..3): held-out images), the prompt the page opens with, and a bound on its size
@@ -34,10 +37,6 @@ def world_data(images_per_combination: int = 2, image_size: int = 64, seed=WORLD
     (RetrievalData of N = 256 m images, keys "red-checkered-heart/0", rendered on first use;
     their attributes {family: str [N]} for WORLD_FAMILIES).
   """
-  # pylint: disable=import-outside-toplevel
-  from stori_jax.data import synthetic
-  from stori_jax.retrieval import datasets
-
   m = int(images_per_combination)
   vocabularies = [synthetic.VOCABULARIES[f] for f in WORLD_FAMILIES]
   combinations = list(itertools.product(*vocabularies))
@@ -71,8 +70,6 @@ def world_data(images_per_combination: int = 2, image_size: int = 64, seed=WORLD
 
 def world_description(images_per_combination: int) -> str:
   """What `world_data`'s index holds, for the page."""
-  from stori_jax.data import synthetic  # pylint: disable=import-outside-toplevel
-
   sizes = [len(synthetic.VOCABULARIES[f]) for f in WORLD_FAMILIES]
   names = {"colour": "colours", "pattern": "patterns", "shape": "shapes"}
   m = int(images_per_combination)

@@ -27,7 +27,9 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from stori_jax.retrieval import protocol
+from stori_jax.errors import InputError, UserError
+from stori_jax.plotting import pyplot
+from stori_jax.retrieval import datasets, index, protocol
 from stori_jax.retrieval.datasets import RetrievalTask
 from stori_jax.retrieval.metrics import average_precision, category_auc
 
@@ -173,8 +175,6 @@ def format_table(sweep: dict[str, Any]) -> str:
 
 def plot_sweep(sweep: dict[str, Any], path: str, title: str = "") -> None:
   """start_block.png: the three responses against the start block, per attribute."""
-  from stori_jax.plotting import pyplot  # pylint: disable=import-outside-toplevel
-
   plt = pyplot()
   blocks = [r["start_block"] for r in sweep["blocks"]]
   names = sorted(sweep["blocks"][0]["by_attribute"])
@@ -210,9 +210,6 @@ def measure(
 
   Returns the sweep with "data" (the probe set's name) and "n_images", "n_tasks" added.
   """
-  from stori_jax.errors import InputError, UserError  # pylint: disable=import-outside-toplevel
-  from stori_jax.retrieval import datasets, index  # pylint: disable=import-outside-toplevel
-
   try:
     data = datasets.build_data(data_config, int(bundle.config.vision.image_size))
   except UserError:

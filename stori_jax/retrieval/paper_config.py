@@ -5,6 +5,8 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
+from stori_jax.retrieval.datasets import cub_prompts
+
 #: Table 9: (template, ((CelebA column, phrase), ...)) with {0} the woman / man slot's
 #: position given by the phrase order. "not Male" is a woman.
 CELEBA3_PROMPTS = (
@@ -101,7 +103,6 @@ def celeba_prompt_dicts(prompts) -> list[dict]:
 
 
 def cub_prompt_dicts() -> list[dict]:
-  from stori_jax.retrieval.datasets import cub_prompts  # pylint: disable=import-outside-toplevel
 
   return [
     {"template": p.template, "attributes": [list(a) for a in p.attributes]}
@@ -120,7 +121,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.pair_weights = (2.0, 1.5)
   c.methods = ("stori", "prompt_weighting")
   # First reweighted text block (1-indexed; prompt weighting acts at its input). None: the
-  # second half of the tower, the paper's block 7 of 12.
+  # model's default start block (stori_jax.bundle.START_BLOCK_NONE; the paper's 7 of 12).
   c.start_block = ml_collections.config_dict.placeholder(int)
   c.table_digits = 3  # decimals in retrieval_tables.md (the paper's 3)
   c.figure_weights = (1.5, 0.5)  # Figure 4's weighted panel: (w on a, w on b)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from stori_jax import multihost
 from stori_jax.errors import NonFiniteError, UserError
 
 #: The errno values that mean the disk (or the user's quota on it) is full.
@@ -189,8 +190,6 @@ class TrainCheckpointer:
   def _move_aside(self, step: int) -> str:
     """Moves step `step`'s folder to `<directory>-broken/<step>[-n]` (on process 0; the
     others wait for it); returns the new path."""
-    from stori_jax import multihost  # pylint: disable=import-outside-toplevel
-
     source = os.path.join(self.directory, str(step))
     target = os.path.join(f"{self.directory}-broken", str(step))
     n = 1
