@@ -19,6 +19,10 @@ stops with a message naming the URL and where to put it.
 
 Images are yielded class by class as uint8 [B, S, S, 3] at the model's input size (resize of the
 shorter side and centre crop, bicubic, as CLIP's preprocessing).
+
+The folders, class-name files, TFDS splits and image decoding are read by the data layer
+(`stori_jax.data`: `folders`, `coop`, `tfds`, `images`, `files`); this module pairs the classes
+with the descriptors and streams their images.
 """
 
 from __future__ import annotations
@@ -32,21 +36,24 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from absl import logging
-from PIL import Image
 
 from stori_jax.config_files import ConfigError
 from stori_jax.data import synthetic, synthetic_tasks
+from stori_jax.data.coop import COOP_LAYOUTS, read_classnames_txt
 from stori_jax.data.download import fetch_json
-from stori_jax.data.files import ClassMismatchError, match_names, nearest, quoted, read_json
-from stori_jax.errors import InputError, UserError
-from stori_jax.fewshot.datasets import (
-  COOP_LAYOUTS,
+from stori_jax.data.files import (
+  ClassMismatchError,
   DatasetMissingError,
-  _import_tfds,
-  open_image,
-  read_classnames_txt,
+  check_name_lists,
+  match_names,
+  nearest,
+  quoted,
+  read_json,
 )
-from stori_jax.preprocess import resize_center_crop
+from stori_jax.data.folders import image_files, subfolders
+from stori_jax.data.images import model_input
+from stori_jax.data.tfds import encoded_examples, import_tfds, label_names, prepared_builder
+from stori_jax.errors import InputError
 
 DESCRIPTORS_REPOSITORY = "https://github.com/sachit-menon/classify_by_description_release"
 _DESCRIPTORS_RAW = (
@@ -58,11 +65,14 @@ DESCRIPTOR_FILES = {
   "places365": "descriptors_places365.json",
   "food101": "descriptors_food101.json",
 }
+_TFDS_ALTERNATIVE = "an image folder (config.data.source='folder')"
+# The readers call these module names, which tests replace (a decode counter, a stand-in TFDS).
+_as_model_input = model_input
+_import_tfds = functools.partial(import_tfds, _TFDS_ALTERNATIVE)
+
 #: Seed stream of the synthetic world's analysis images (disjoint from pretraining's (0, k) and
 #: the evaluation's (2024, k) namespaces).
 SYNTHETIC_STREAM = 2025
-
-_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,26 +145,7 @@ def _missing_message(path: str, dataset: str | None) -> str:
 
 
 def _validated(descriptors, where: str) -> dict[str, list[str]]:
-  if isinstance(descriptors, dict):
-    empty = [k for k, v in descriptors.items() if isinstance(v, list) and not v]
-    if empty:
-      raise InputError(
-        f"{where}: the classes {quoted(empty)} have no descriptors; give each class at least "
-        "one, or remove it from the file."
-      )
-  if (
-    not isinstance(descriptors, dict)
-    or not descriptors
-    or not all(
-      isinstance(k, str) and isinstance(v, list) and v and all(isinstance(s, str) for s in v)
-      for k, v in descriptors.items()
-    )
-  ):
-    raise InputError(
-      f"{where} is not a descriptor file: expected a non-empty JSON object "
-      "{class name: [descriptor, ...]} with at least one descriptor per class."
-    )
-  return descriptors
+  return check_name_lists(descriptors, where, what="descriptor file", entry="descriptor")
 
 
 def load_descriptors(path: str | os.PathLike, dataset: str | None = None) -> dict[str, list[str]]:
@@ -491,30 +482,6 @@ def match_classes(
   return pairs, skipped
 
 
-def _image_error(where: str, error: Exception) -> InputError:
-  return InputError(
-    f"Cannot read the image {where}: {type(error).__name__}: {error}. Replace or remove the "
-    "file (it may be truncated or not an image)."
-  )
-
-
-def _as_model_input(source, image_size: int, where: str = "") -> np.ndarray:
-  """An image file, encoded bytes or array -> uint8 [S, S, 3] (the file named on failure)."""
-  try:
-    image = open_image(source).convert("RGB")
-  except InputError as error:  # already a clear message; add which image when it lacks it
-    if where and where not in str(error):
-      raise InputError(f"{where}: {error}") from None
-    raise
-  except UserError:
-    raise
-  except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-    raise _image_error(where or str(source)[:200], error) from None
-  if min(image.size) == 0:
-    raise InputError(f"The image {where or source} is empty ({image.size[0]}x{image.size[1]}).")
-  return np.asarray(resize_center_crop(image, image_size), np.uint8)
-
-
 def _selected(labels: int, classes: Sequence[int] | None) -> list[int]:
   chosen = list(range(labels)) if classes is None else [int(c) for c in classes]
   bad = [c for c in chosen if not 0 <= c < labels]
@@ -524,12 +491,6 @@ def _selected(labels: int, classes: Sequence[int] | None) -> list[int]:
       "data's classes to the descriptor file)."
     )
   return chosen
-
-
-def _visible_dirs(root: str) -> list[str]:
-  return sorted(
-    d for d in os.listdir(root) if not d.startswith(".") and os.path.isdir(os.path.join(root, d))
-  )
 
 
 def folder_dataset(
@@ -553,20 +514,13 @@ def folder_dataset(
       "<root>/<class folder>/<image files> (ImageNet: the ILSVRC2012 val images from "
       "https://image-net.org sorted into one folder per wnid)."
     )
-  keys = _visible_dirs(root)
+  keys = subfolders(root)
   if not keys:
     raise InputError(
       f"Image folder {os.path.abspath(root)} has no class folders: put the images there as "
       "<root>/<class folder>/<image files>."
     )
-  files = {
-    k: sorted(
-      f
-      for f in os.listdir(os.path.join(root, k))
-      if f.lower().endswith(_IMAGE_EXTENSIONS) and not f.startswith(".")
-    )
-    for k in keys
-  }
+  files = {k: image_files(os.path.join(root, k)) for k in keys}
   pairs, skipped = match_classes(
     keys,
     descriptors,
@@ -628,14 +582,8 @@ def tfds_dataset(
   about 6.4 GB for all 1,000 classes; choose `classes` to bound it).
   """
   tfds = _import_tfds()
-  builder = tfds.builder(name, data_dir=data_dir)
-  if not builder.is_prepared():
-    raise DatasetMissingError(
-      f"The TFDS dataset {name!r} is not prepared in {builder.data_dir}: run `tfds build {name} "
-      f"--data_dir {data_dir or '~/tensorflow_datasets'}` once (imagenet2012 needs the ILSVRC2012 "
-      "tars from https://image-net.org in <data_dir>/downloads/manual), or use an image folder."
-    )
-  raw = list(builder.info.features["label"].names)
+  builder = prepared_builder(tfds, name, data_dir, alternative=_TFDS_ALTERNATIVE)
+  raw = label_names(builder)
   where = f"TFDS {name} ({split})"
   if not skip_missing:  # names first (cheap): a mismatch stops before the split is read
     match_classes(
@@ -648,10 +596,7 @@ def tfds_dataset(
     )
   counts = np.zeros(len(raw), np.int64)
   encoded: dict[int, list] = {label: [] for label in range(len(raw))}
-  dataset_split = builder.as_dataset(
-    split=split, shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()}
-  )
-  for index, example in enumerate(tfds.as_numpy(dataset_split)):
+  for index, example in encoded_examples(tfds, builder, split):
     label = int(example["label"])
     counts[label] += 1
     if not images_per_class or len(encoded[label]) < images_per_class:

@@ -1,10 +1,16 @@
 """The readers of users' small files (stori_jax.data.files): a key named twice in one object and
-absurd nesting are refused with the path, not silently merged or a RecursionError traceback."""
+absurd nesting are refused with the path, not silently merged or a RecursionError traceback;
+text files name a line that is not UTF-8; JSON name lists are checked."""
 
 import pytest
 
-from stori_jax.data.files import read_json
-from stori_jax.errors import InputError
+from stori_jax.data.files import (
+  DatasetMissingError,
+  check_name_lists,
+  read_json,
+  read_text_lines,
+)
+from stori_jax.errors import InputError, UserError
 
 
 def test_a_key_named_twice_is_refused_naming_it(tmp_path):
@@ -27,3 +33,41 @@ def test_nesting_a_hundred_thousand_deep_is_a_clear_error(tmp_path):
   with pytest.raises(InputError, match="nests its lists or objects too deeply") as error:
     read_json(path, "descriptor file")
   assert str(path) in str(error.value)
+
+
+def test_text_lines_drop_a_byte_order_mark_and_name_a_bad_line(tmp_path):
+  path = tmp_path / "names.txt"
+  path.write_bytes("\ufeffa\r\nb\n".encode())
+  assert read_text_lines(path) == ["a", "b"]
+  path.write_bytes(b"a\nb\n\xff\n")
+  with pytest.raises(InputError, match=r"The class list .* is not UTF-8 \(line 3\)"):
+    read_text_lines(path, "class list")
+
+
+@pytest.mark.parametrize(
+  "value, allow_empty, match",
+  [
+    ({"cat": []}, False, r"the classes 'cat' have no descriptors"),
+    ({}, False, r"expected a non-empty JSON object \{class name: \[descriptor, ...\]\}"),
+    (["cat"], False, "is not a descriptor file"),
+    ({"cat": ["ok", 3]}, False, "is not a descriptor file"),
+    ({"cat": "whiskers"}, True, r"expected a JSON object \{class name: \[descriptor, ...\]\}\.$"),
+  ],
+)
+def test_name_lists_are_checked(value, allow_empty, match):
+  with pytest.raises(InputError, match=match):
+    check_name_lists(
+      value, "d.json", what="descriptor file", entry="descriptor", allow_empty=allow_empty
+    )
+
+
+def test_well_formed_name_lists_pass():
+  kw = dict(what="descriptor file", entry="descriptor")
+  assert check_name_lists({"cat": ["whiskers"]}, "d.json", **kw) == {"cat": ["whiskers"]}
+  assert check_name_lists({}, "d.json", allow_empty=True, **kw) == {}
+  assert check_name_lists({"cat": []}, "d.json", allow_empty=True, **kw) == {"cat": []}
+
+
+def test_a_missing_dataset_is_a_user_error_and_a_file_not_found_error():
+  assert issubclass(DatasetMissingError, UserError)
+  assert issubclass(DatasetMissingError, FileNotFoundError)

@@ -2,9 +2,12 @@
 matching class names between them.
 
 Every failure names the file and what is wrong with it (`InputError`, a user's mistake), so a
-malformed or wrongly encoded file is never reported as a bare `JSONDecodeError`. Classes are
-matched by name, never by position: `normalise_name` forgives case, underscores, hyphens and
-spaces ("Blue_Circle" ~ "blue circle"), and `match_names` lists what is missing on either side.
+malformed or wrongly encoded file is never reported as a bare `JSONDecodeError`; a file or
+dataset that is not there at all is a `DatasetMissingError` whose message says what to get and
+where to put it. JSON name lists ({class name: [text, ...]}: descriptor banks, prompt files) are
+checked by `check_name_lists`. Classes are matched by name, never by position: `normalise_name`
+forgives case, underscores, hyphens and spaces ("Blue_Circle" ~ "blue circle"), and
+`match_names` lists what is missing on either side.
 """
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
-from stori_jax.errors import InputError
+from stori_jax.errors import InputError, UserError
+
+
+class DatasetMissingError(UserError, FileNotFoundError):
+  """A dataset, split file or prompt file is missing; the message says what to get, and where."""
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file", error: type = InputError) -> Any:
@@ -64,6 +71,63 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", error: type = In
       f"The {what} {path} nests its lists or objects too deeply to be read (thousands of "
       "levels); none of the project's files nests more than a few."
     ) from None
+
+
+def read_text_lines(path: str | os.PathLike, what: str = "text file") -> list[str]:
+  """The lines of a UTF-8 text file (a leading byte-order mark dropped), without line ends.
+
+  Raises:
+    InputError: the file is not UTF-8; the message names the path and the line.
+  """
+  path = os.fspath(path)
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    return raw.decode("utf-8-sig").splitlines()
+  except UnicodeDecodeError as e:
+    line = raw[: e.start].count(b"\n") + 1
+    raise InputError(
+      f"The {what} {path} is not UTF-8 (line {line}); re-save it as UTF-8."
+    ) from None
+
+
+def check_name_lists(
+  value: Any, where: str, *, what: str, entry: str, allow_empty: bool = False
+) -> dict[str, list[str]]:
+  """`value` if it is a JSON name list {class name: [text, ...]}, else an InputError.
+
+  Args:
+    value: parsed JSON (`read_json`).
+    where: the file or URL, for messages.
+    what: what the file is ("descriptor file", "CuPL prompt file").
+    entry: what one text is ("descriptor", "sentence").
+    allow_empty: accept an empty object and classes with no texts (checked later, per class);
+      otherwise every class needs at least one.
+
+  Raises:
+    InputError: the classes with no texts are named, or the layout is not {str: [str, ...]}.
+  """
+  if not allow_empty and isinstance(value, dict):
+    empty = [k for k, v in value.items() if isinstance(v, list) and not v]
+    if empty:
+      raise InputError(
+        f"{where}: the classes {quoted(empty)} have no {entry}s; give each class at least "
+        "one, or remove it from the file."
+      )
+  well_formed = isinstance(value, dict) and all(
+    isinstance(k, str) and isinstance(v, list) and all(isinstance(s, str) for s in v)
+    for k, v in value.items()
+  )
+  if allow_empty and not well_formed:
+    raise InputError(
+      f"{where} is not a {what}: expected a JSON object {{class name: [{entry}, ...]}}."
+    )
+  if not allow_empty and not (well_formed and value and all(value.values())):
+    raise InputError(
+      f"{where} is not a {what}: expected a non-empty JSON object {{class name: [{entry}, "
+      f"...]}} with at least one {entry} per class."
+    )
+  return value
 
 
 class _DuplicateKey(Exception):

@@ -8,13 +8,15 @@ are the categories of the paper's Figures 4-6 and App. B.
 
 Sources:
 * `synthetic_data`: the synthetic world (offline, the default): per attribute triple of
-  `world_metrics.emphasis_triples`, its 8 categories rendered as there.
+  `synthetic_tasks.emphasis_triples`, its 8 categories rendered as there.
 * `celeba_data`: CelebA from a folder holding `list_attr_celeba.txt` (the official
   format) and the aligned JPEGs (in `img_align_celeba/` or next to the file), or from TFDS
   `celeb_a` when tensorflow-datasets (and TensorFlow) are installed and prepared.
 * `cub_data`: CUB-200-2011 from its folder (`images.txt`, `images/`,
   `attributes/image_attribute_labels.txt` and `attributes.txt` at the root, in
   `attributes/` or in the parent folder, as the archive unpacks).
+The files, folders and TFDS splits are read by the data layer (`stori_jax.data.attributes`,
+`folders`, `images`, `tfds`); this module builds the tasks and their image pools.
 """
 
 from __future__ import annotations
@@ -29,11 +31,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from stori_jax.config_files import ConfigError
 from stori_jax.data import synthetic
-from stori_jax.data.files import ClassMismatchError, match_names, nearest, quoted
-from stori_jax.errors import InputError
 from stori_jax.data import synthetic_tasks as sw
-from stori_jax.preprocess import resize_center_crop, to_pil
+from stori_jax.data.attributes import celeba_split_rows, read_celeba_attributes, read_cub_attributes
+from stori_jax.data.files import ClassMismatchError, match_names, nearest, quoted
+from stori_jax.data.folders import IMAGE_EXTENSIONS, images_under
+from stori_jax.data.images import model_input, resize_images
+from stori_jax.data.tfds import TfdsMissingError, encoded_examples, import_tfds, prepared_builder
+from stori_jax.errors import InputError
 from stori_jax.retrieval.metrics import category_codes
 
 #: uint8 images [n, size, size, 3] of the given image indices.
@@ -152,22 +158,13 @@ class RetrievalData:
     return hashlib.sha256("\n".join(self.keys).encode()).hexdigest()
 
 
-def _pil_loader(paths: Sequence[str]) -> ImageLoader:
+def _source_loader(sources: Sequence[Any]) -> ImageLoader:
+  """The loader of images kept as paths or encoded bytes (`images.model_input`)."""
+
   def load(indices, size):
-    out = [
-      np.asarray(resize_center_crop(to_pil(paths[int(i)]).convert("RGB"), size))
-      for i in np.asarray(indices).reshape(-1)
-    ]
-    return np.stack(out).astype(np.uint8)
+    return np.stack([model_input(sources[int(i)], size) for i in np.asarray(indices).reshape(-1)])
 
   return load
-
-
-def resize_images(images: np.ndarray, size: int) -> np.ndarray:
-  """uint8 [n, S, S, 3] -> uint8 [n, size, size, 3] (bicubic, square images)."""
-  if images.shape[1] == size:
-    return images
-  return np.stack([np.asarray(resize_center_crop(to_pil(im), size)) for im in images])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,59 +315,6 @@ def tasks_from_table(
 # CelebA.
 
 
-def _text_lines(path: str) -> list[str]:
-  """The lines of a UTF-8 text file (the line named when it is not UTF-8)."""
-  with open(path, "rb") as f:
-    raw = f.read()
-  try:
-    return raw.decode("utf-8").splitlines()
-  except UnicodeDecodeError as e:
-    line = raw[: e.start].count(b"\n") + 1
-    raise InputError(f"{path} is not UTF-8 text (line {line}); re-save it as UTF-8.") from None
-
-
-def read_celeba_attributes(path: str) -> tuple[list[str], dict[str, np.ndarray]]:
-  """list_attr_celeba.txt -> (file names [M], {attribute: bool [M]}).
-
-  Format: the image count, a line of the 40 attribute names, then per image its file name
-  and 40 values in {1, -1}.
-  """
-  lines = [line.split() for line in _text_lines(path)]
-  if len(lines) < 2 or not lines[0][0].isdigit():
-    raise InputError(f"{path} is not in list_attr_celeba.txt format (count, names, rows)")
-  count, names, rows = int(lines[0][0]), lines[1], lines[2:]
-  if len(rows) != count:
-    raise InputError(
-      f"{path} announces {count} images but lists {len(rows)}; the file is truncated or edited."
-    )
-  bad = [r[0] for r in rows if len(r) != len(names) + 1]
-  if bad:
-    raise InputError(f"{path}: rows {bad[:5]} do not have {len(names)} values")
-  try:
-    values = np.asarray([r[1:] for r in rows], np.int64)
-  except ValueError:
-    raise InputError(f"{path}: attribute values must be 1 or -1 (integers)") from None
-  if not np.isin(values, (-1, 1)).all():
-    raise InputError(f"{path}: attribute values must be 1 or -1")
-  return [r[0] for r in rows], {n: values[:, j] == 1 for j, n in enumerate(names)}
-
-
-def _celeba_partition(root: str, files: Sequence[str], split: str) -> np.ndarray:
-  """bool [M]: rows in the split ("all", or "train"/"valid"/"test" via
-  list_eval_partition.txt)."""
-  if split == "all":
-    return np.ones(len(files), bool)
-  codes = {"train": "0", "valid": "1", "test": "2"}
-  if split not in codes:
-    raise ValueError(f"split must be 'all', 'train', 'valid' or 'test', got {split!r}")
-  path = os.path.join(root, "list_eval_partition.txt")
-  if not os.path.isfile(path):
-    raise ValueError(f"split {split!r} needs {path}; use split='all' without it")
-  with open(path, encoding="utf-8") as f:
-    partition = dict(line.split()[:2] for line in f if line.strip())
-  return np.asarray([partition.get(name) == codes[split] for name in files])
-
-
 def celeba_data(
   root: str,
   prompts: Sequence[PromptSpec],
@@ -386,7 +330,7 @@ def celeba_data(
       "list_attr_celeba.txt and img_align_celeba/"
     )
   files, table = read_celeba_attributes(attr_path)
-  keep = _celeba_partition(root, files, split)
+  keep = celeba_split_rows(root, files, split)
   files = [f for f, k in zip(files, keep) if k]
   table = {n: v[keep] for n, v in table.items()}
   image_dir = os.path.join(root, "img_align_celeba")
@@ -409,7 +353,7 @@ def celeba_data(
     "seed": seed,
     "tasks": notes,
   }
-  return RetrievalData("celeba", spec, keys, _pil_loader(paths), tuple(tasks))
+  return RetrievalData("celeba", spec, keys, _source_loader(paths), tuple(tasks))
 
 
 def celeba_tfds_data(
@@ -420,36 +364,22 @@ def celeba_tfds_data(
   data_dir: str | None = None,
 ) -> RetrievalData:
   """CelebA from a prepared TFDS `celeb_a` (never downloads: TFDS needs the manual files)."""
+  alternative = "data.source='celeba' with a folder holding list_attr_celeba.txt"
   try:
-    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise ValueError(
-      "data.source='celeba_tfds' needs tensorflow-datasets and tensorflow "
-      "(pip install tensorflow tensorflow-datasets) and a prepared celeb_a; or use "
-      "data.source='celeba' with a folder holding list_attr_celeba.txt"
-    ) from e
+    tfds = import_tfds(alternative)
+  except TfdsMissingError as e:  # the config chose this source: a config error
+    raise ConfigError(f"data.source='celeba_tfds': {e}") from e
   split = {"all": "train+validation+test", "valid": "validation"}.get(split, split)
-  reader = tfds.load(
-    "celeb_a",
-    split=split,
-    data_dir=data_dir,
-    download=False,
-    decoders={"image": tfds.decode.SkipDecoding()},
-  )
-  attributes = [ex["attributes"] for ex in tfds.as_numpy(reader)]
+  builder = prepared_builder(tfds, "celeb_a", data_dir, alternative=alternative)
+  # Pass 1: the attributes only (images left encoded); pass 2: the chosen images' bytes.
+  attributes = [ex["attributes"] for _, ex in encoded_examples(tfds, builder, split)]
   table = {n: np.asarray([a[n] for a in attributes], bool) for n in attributes[0]}
   used, tasks, notes = tasks_from_table(table, prompts, images_per_category, seed)
   wanted = set(used.tolist())
-  images = {}
-  for i, ex in enumerate(tfds.as_numpy(tfds.load("celeb_a", split=split, data_dir=data_dir))):
-    if i in wanted:
-      images[i] = ex["image"]
-  rows = [images[i] for i in used]
-
-  def load(indices, size):
-    return np.stack(
-      [np.asarray(resize_center_crop(to_pil(rows[int(i)]), size)) for i in np.ravel(indices)]
-    )
+  images = {
+    i: bytes(ex["image"]) for i, ex in encoded_examples(tfds, builder, split) if i in wanted
+  }
+  load = _source_loader([images[i] for i in used])
 
   spec = {
     "source": "celeba_tfds",
@@ -464,43 +394,6 @@ def celeba_tfds_data(
 
 # ---------------------------------------------------------------------------------------------
 # CUB-200-2011.
-
-
-def _first_file(paths: Sequence[str]) -> str:
-  for path in paths:
-    if os.path.isfile(path):
-      return path
-  raise InputError(f"none of {list(paths)} exists; is data.root the CUB_200_2011 folder?")
-
-
-def read_cub_attributes(root: str) -> tuple[list[str], dict[str, np.ndarray]]:
-  """CUB_200_2011 -> (image paths relative to images/ [M], {attribute name: bool [M]}).
-
-  Files: images.txt ("<image_id> <path>"), attributes.txt ("<attribute_id> <name>") and
-  attributes/image_attribute_labels.txt ("<image_id> <attribute_id> <is_present>
-  <certainty_id> <time>"; a few official lines hold extra fields, ignored).
-  """
-  with open(_first_file([os.path.join(root, "images.txt")]), encoding="utf-8") as f:
-    images = [line.split() for line in f if line.strip()]
-  ids = {int(r[0]): k for k, r in enumerate(images)}
-  names_path = _first_file(
-    [
-      os.path.join(root, "attributes.txt"),
-      os.path.join(root, "attributes", "attributes.txt"),
-      os.path.join(os.path.dirname(os.path.abspath(root)), "attributes.txt"),
-    ]
-  )
-  with open(names_path, encoding="utf-8") as f:
-    names = dict(line.split()[:2] for line in f if line.strip())
-  labels_path = _first_file([os.path.join(root, "attributes", "image_attribute_labels.txt")])
-  rows = np.loadtxt(labels_path, dtype=np.int64, usecols=(0, 1, 2), ndmin=2)
-  present = np.zeros((len(images), max(int(k) for k in names) + 1), bool)
-  unknown = set(rows[:, 0].tolist()) - set(ids)
-  if unknown:
-    raise InputError(f"{labels_path} names images {sorted(unknown)[:5]} absent from images.txt")
-  present[[ids[i] for i in rows[:, 0]], rows[:, 1]] = rows[:, 2] == 1
-  table = {name: present[:, int(k)] for k, name in names.items()}
-  return [r[1] for r in images], table
 
 
 def cub_prompts(
@@ -540,23 +433,18 @@ def cub_data(
     "tasks": notes,
   }
   keys = tuple(files[i] for i in used)
-  return RetrievalData("cub", spec, keys, _pil_loader(paths), tuple(tasks))
+  return RetrievalData("cub", spec, keys, _source_loader(paths), tuple(tasks))
 
 
-def folder_data(root: str, extensions=(".jpg", ".jpeg", ".png", ".bmp", ".webp")) -> RetrievalData:
+def folder_data(root: str, extensions=IMAGE_EXTENSIONS) -> RetrievalData:
   """Every image under a folder (sorted relative paths), without tasks (the explorer)."""
   if not os.path.isdir(root):
     raise InputError(f"{root} is not a folder of images")
-  files = sorted(
-    os.path.relpath(os.path.join(d, n), root)
-    for d, _, names in os.walk(root)
-    for n in names
-    if n.lower().endswith(tuple(extensions))
-  )
+  files = images_under(root, extensions)
   if not files:
     raise InputError(f"no images ({', '.join(extensions)}) under {root}")
   spec = {"source": "folder", "root": os.path.abspath(root)}
-  loader = _pil_loader([os.path.join(root, f) for f in files])
+  loader = _source_loader([os.path.join(root, f) for f in files])
   return RetrievalData("folder", spec, tuple(files), loader, ())
 
 
