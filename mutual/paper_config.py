@@ -18,7 +18,7 @@ from typing import Mapping
 import ml_collections
 from ml_collections import config_dict
 
-from mutual import data, xai
+from mutual import data, visual_prompts, xai
 from stori_jax.config_files import ConfigError
 from stori_jax.models import registry
 
@@ -61,51 +61,63 @@ STAGE_CHOICES = {
 }
 
 
+#: config.analysis's defaults, the paper / reference values (App. K): `analysis_config` builds
+#: from them, and every reader of a key that a config lacks (one written before the key
+#: existed) takes its value from here through `analysis_value`, so no module writes a default of
+#: its own. The stage keys (MODE_STAGES) are None there: config.analysis.mode decides them.
+ANALYSIS_DEFAULTS = dict(
+  mode="reference",  # see ANALYSIS_MODES
+  methods=("pca", "kmeans"),
+  feature_kind="tokens",  # or "keys" (App. A.1)
+  joint_foreground=True,  # one spectral split over the B images (reference); False: per image
+  center_features=False,  # centre the patch features before the split (not in the reference)
+  n_concepts=5,  # L
+  kmeans_seed=0,
+  # Reference mode's padding of contours under 5 points: Python's `random` seeded with it
+  # before each image's concepts of each method (mutual.ellipse.padded_ellipses).
+  ellipse_seed=0,
+  compute_dtype="float32",  # the vision towers' ("bfloat16" on GPU / TPU); language stages fp32
+  # Concept regions (3 prompts each) per vision-tower call: the library's own call shape.
+  prompt_chunk=visual_prompts.PROMPT_CHUNK,
+  tower_batch=0,  # images per tower pass in a call; 0: a few on a CPU, all on GPU / TPU
+  crf=True,
+  top_k=500,  # k: per-concept top descriptors intersected
+  relevance="mean",  # reference: > mean - offset; "median": paper, > median + offset
+  relevance_offset=0.02,
+  solver="ott",  # or "reference": 1,000 plain row / column normalisations
+  ot_scale=2.5,  # P = exp(2.5 * scores / epsilon)
+  ot_epsilon=1.0,  # 1 / tau, tau = 1
+  ot_iterations=1000,
+  ot_threshold=1e-6,
+  ot_max_iterations=2000,
+  top_descriptors=3,  # per concept
+  u=50,  # language-side descriptors of the predicted class
+  mi_formula="reference",  # "eq1" or "table": see mutual.information
+  class_prompts="descriptors",  # or "templates" (paper Table 8)
+  templates=("a photo of a {c}.",),
+  descriptor_template="{c}, which has {d}.",
+)
+
+
 def analysis_config(**overrides) -> ml_collections.ConfigDict:
-  """The analysis settings (config.analysis) at the paper / reference values (App. K).
+  """The analysis settings (config.analysis): ANALYSIS_DEFAULTS, the paper / reference values.
 
   mode ("reference" or "improved") sets the ellipse, CRF unary and filter, PCA sign and K-means
-  stages
-  (MODE_STAGES); a stage key given a value overrides its mode. `analysis_stages` resolves them.
+  stages (MODE_STAGES); a stage key given a value overrides its mode. `analysis_stages`
+  resolves them.
   """
-  values = dict(
-    mode="reference",  # see ANALYSIS_MODES; the stage keys below (None) follow it
-    ellipse=config_dict.placeholder(str),
-    crf_confidence=config_dict.placeholder(float),
-    crf_filter=config_dict.placeholder(str),
-    pca_sign_rule=config_dict.placeholder(str),
-    kmeans_init=config_dict.placeholder(str),
-    methods=("pca", "kmeans"),
-    feature_kind="tokens",  # or "keys" (App. A.1)
-    joint_foreground=True,  # one spectral split over the B images (reference); False: per image
-    center_features=False,  # centre the patch features before the split (not in the reference)
-    n_concepts=5,  # L
-    kmeans_seed=0,
-    # Reference mode's padding of contours under 5 points: Python's `random` seeded with it
-    # before each image's concepts of each method (mutual.ellipse.padded_ellipses).
-    ellipse_seed=0,
-    compute_dtype="float32",  # the vision towers' ("bfloat16" on GPU / TPU); language stages fp32
-    prompt_chunk=32,  # concept regions (3 prompts each) per vision-tower call
-    tower_batch=0,  # images per tower pass in a call; 0: a few on a CPU, all on GPU / TPU
-    crf=True,
-    top_k=500,  # k: per-concept top descriptors intersected
-    relevance="mean",  # reference: > mean - offset; "median": paper, > median + offset
-    relevance_offset=0.02,
-    solver="ott",  # or "reference": 1,000 plain row / column normalisations
-    ot_scale=2.5,  # P = exp(2.5 * scores / epsilon)
-    ot_epsilon=1.0,  # 1 / tau, tau = 1
-    ot_iterations=1000,
-    ot_threshold=1e-6,
-    ot_max_iterations=2000,
-    top_descriptors=3,  # per concept
-    u=50,  # language-side descriptors of the predicted class
-    mi_formula="reference",  # "eq1" or "table": see mutual.information
-    class_prompts="descriptors",  # or "templates" (paper Table 8)
-    templates=("a photo of a {c}.",),
-    descriptor_template="{c}, which has {d}.",
-  )
+  values = dict(mode=ANALYSIS_DEFAULTS["mode"])
+  # Typed placeholders (None: the mode's value), so --config.analysis.<stage>=... parses.
+  for key in MODE_STAGES["reference"]:
+    values[key] = config_dict.placeholder(float if key == "crf_confidence" else str)
+  values.update(ANALYSIS_DEFAULTS)
   values.update(overrides)
   return ml_collections.ConfigDict(values)
+
+
+def analysis_value(analysis, key: str):
+  """config.analysis's `key`, or its default (ANALYSIS_DEFAULTS) where the config lacks it."""
+  return analysis.get(key, ANALYSIS_DEFAULTS[key])
 
 
 def analysis_stages(analysis) -> dict:
@@ -119,7 +131,7 @@ def analysis_stages(analysis) -> dict:
   Raises:
     ConfigError naming the allowed values, for an unknown mode or stage value.
   """
-  mode = analysis.get("mode", "improved")  # configs older than the switch: today's choices
+  mode = analysis_value(analysis, "mode")
   if mode not in ANALYSIS_MODES:
     raise ConfigError(f"config.analysis.mode must be one of {ANALYSIS_MODES}, got {mode!r}.")
   stages = dict(MODE_STAGES[mode])
@@ -153,21 +165,21 @@ def check_analysis(analysis) -> dict:
   """Raises ConfigError for a bad config.analysis before any work: the mode and stage keys,
   compute_dtype, prompt_chunk and tower_batch. Returns `analysis_stages(analysis)`."""
   stages = analysis_stages(analysis)
-  dtype = analysis.get("compute_dtype", "float32")
+  dtype = analysis_value(analysis, "compute_dtype")
   if dtype not in COMPUTE_DTYPES:
     raise ConfigError(
       f"config.analysis.compute_dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}."
     )
-  chunk = analysis.get("prompt_chunk", 32)
+  chunk = analysis_value(analysis, "prompt_chunk")
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
     raise ConfigError(f"config.analysis.prompt_chunk must be an integer >= 1, got {chunk!r}.")
-  per_pass = analysis.get("tower_batch", 0)
+  per_pass = analysis_value(analysis, "tower_batch")
   if isinstance(per_pass, bool) or not isinstance(per_pass, int) or per_pass < 0:
     raise ConfigError(
       "config.analysis.tower_batch must be an integer >= 0 (images per vision-tower pass; 0: "
       f"the device's rule, a few on a CPU and the whole call on GPU / TPU), got {per_pass!r}."
     )
-  methods = analysis.get("methods", ("pca",))
+  methods = analysis_value(analysis, "methods")
   known = ("pca", "kmeans")
   if (
     isinstance(methods, str)
@@ -187,7 +199,7 @@ def check_analysis(analysis) -> dict:
     ("top_descriptors", 1, "descriptors chosen per concept"),
     ("ellipse_seed", 0, "the seed of the reference's ellipse padding"),
   ):
-    value = analysis.get(key, lowest)
+    value = analysis_value(analysis, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
       raise ConfigError(
         f"config.analysis.{key} ({meaning}) must be an integer >= {lowest}, got {value!r}."

@@ -272,7 +272,7 @@ def tower_bundle(bundle, analysis):
   """The bundle computing in config.analysis.compute_dtype (weights stay float32; outputs are
   float32; one bundle per dtype, so its compiled towers are reused)."""
   # A name of paper_config.COMPUTE_DTYPES, checked there.
-  return bundle.with_dtype(jnp.dtype(analysis.get("compute_dtype", "float32")))
+  return bundle.with_dtype(jnp.dtype(paper_config.analysis_value(analysis, "compute_dtype")))
 
 
 def vision_side(
@@ -292,12 +292,14 @@ def vision_side(
   images = np.asarray(images)
   if images.dtype != np.uint8 or images.ndim != 4:
     raise ValueError(f"images must be uint8 [B, S, S, 3], got {images.dtype} {images.shape}")
-  # config.analysis.mode and the stage keys, resolved (and checked) before any work.
-  stages = paper_config.check_analysis(analysis)
-  chunk = int(analysis.get("prompt_chunk", visual_prompts.PROMPT_CHUNK))
+  # config.analysis.mode and the stage keys, resolved before any work (the run checked the
+  # whole of config.analysis once, paper_config.check_analysis, before its claim).
+  stages = paper_config.analysis_stages(analysis)
+  chunk = int(paper_config.analysis_value(analysis, "prompt_chunk"))
   bundle = tower_bundle(bundle, analysis)
   # Images per tower pass: a few on a CPU (its tower slows once activations leave the cache).
-  per_pass = features.images_per_pass(bundle, int(analysis.get("tower_batch", 0)))
+  tower_batch = int(paper_config.analysis_value(analysis, "tower_batch"))
+  per_pass = features.images_per_pass(bundle, tower_batch)
   x = normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)
   # One tower pass gives both (the embeddings and the patch grid).
   image_embeddings, patch = features.embeddings_and_patches(
@@ -357,7 +359,7 @@ def vision_side(
     ellipse=stages["ellipse"],
     chunk=chunk,
     per_pass=per_pass,
-    ellipse_seed=int(analysis.get("ellipse_seed", 0)),
+    ellipse_seed=int(paper_config.analysis_value(analysis, "ellipse_seed")),
   )
   for method, (embeddings, valid) in zip(methods, embedded):
     out[method] = dict(

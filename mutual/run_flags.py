@@ -20,7 +20,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from mutual import paper_config
-from stori_jax import multihost, run_identity
+from stori_jax import run_identity
 from stori_jax.cli import require_flags
 from stori_jax.errors import UserError
 
@@ -47,47 +47,33 @@ def _file_digest(path: str) -> str | None:
     return None
 
 
-def claim_workdir(
-  config: ml_collections.ConfigDict,
-  workdir: str,
-  restart: bool,
-  what: str,
-  check_only: bool = False,
-):
-  """Records the run's identity in `workdir` (see stori_jax.run_identity.claim_workdir).
+def identity(config: ml_collections.ConfigDict, what: str) -> dict[str, Any]:
+  """What decides a mutual run's results: the command (`what`: an analysis workdir is no place
+  for an evaluation's files), the resolved config, the weights under a model path and the
+  content of the descriptor file it names (editing it changes the results as much as the
+  config does)."""
+  found: dict[str, Any] = {"command": what, "config": config}
+  if config.get("model") is not None and config.model.get("source"):
+    found["model"] = run_identity.content_identity(str(config.model.source))
+  data = config.get("data")
+  if data is not None and data.get("source") != "synthetic" and data.get("descriptors"):
+    found["data"] = {"descriptors_sha256": _file_digest(data.descriptors)}
+  return found
 
-  The identity is the command (`what`), the resolved config and the content of the descriptor
-  file it names, since editing that file changes the results as much as the config does.
-  Prints where an old run went. `check_only`: raise as a claim would, change nothing, and
-  return the identity a claim would record.
-  """
+
+def claim_workdir(
+  config: ml_collections.ConfigDict, workdir: str, restart: bool, what: str
+) -> str | None:
+  """Checks config.analysis, once per run, then claims `workdir` for the run's `identity`
+  (`stori_jax.run_identity.claim_run`: on several processes every process checks, then process
+  0 claims). Prints where an old run went; returns that path (--restart), else None."""
   if config.get("analysis") is not None:
     # A bad analysis mode, stage, dtype or chunk would otherwise surface after the model loads.
     paper_config.check_analysis(config.analysis)
-  # The command too: an analysis workdir is no place for an evaluation's files.
-  identity: dict[str, Any] = {"command": what, "config": config}
-  if config.get("model") is not None and config.model.get("source"):
-    # The weights under a model path decide the results as much as the path does.
-    identity["model"] = run_identity.content_identity(str(config.model.source))
-  data = config.get("data")
-  if data is not None and data.get("source") != "synthetic" and data.get("descriptors"):
-    identity["data"] = {"descriptors_sha256": _file_digest(data.descriptors)}
-  moved = run_identity.claim_workdir(
-    workdir, identity, restart=restart, what=what, check_only=check_only
-  )
-  if check_only:
-    return moved  # the identity a claim would record
+  moved = run_identity.claim_run(workdir, identity(config, what), what=what, restart=restart)
   if moved:
     print(f"Moved the old run in {workdir} to {moved} (--restart).")
   return moved
-
-
-def claim_workdir_once(config, workdir: str, restart: bool, what: str) -> None:
-  """`claim_workdir` for a run of one or several processes: every process checks, then process
-  0 claims (stori_jax.multihost.claim_on_process_zero)."""
-  multihost.claim_on_process_zero(
-    lambda check_only: claim_workdir(config, workdir, restart, what, check_only), what
-  )
 
 
 def run_from_flags(

@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stori_jax.config_files import ConfigError
 from stori_jax.errors import InputError
-from stori_jax.models import CLIP, CLIPConfig, reweighted_block_indices
+from stori_jax.models import CLIP, CLIPConfig, default_start_block, reweighted_block_indices
 from stori_jax.models.attention import matmul_precision
 from stori_jax.preprocess import ImageLike, PreprocessConfig, preprocess
 from stori_jax.tokenizer import Tokenizer, default_tokenizer, tokenize_weighted
@@ -167,8 +168,8 @@ class CLIPBundle:
     """tokens int [B, L<=context] (+ weights float [B, L] >= 0) -> float32 [B, embed_dim].
 
     method="stori": weights rescale the attention paid to each token in blocks
-    start_block..stop_block (1-indexed, inclusive; default: the second half of
-    the tower, blocks 7-12 of a 12-block tower as in the paper).
+    start_block..stop_block (1-indexed, inclusive; start_block None: the model's default,
+    `default_start_block`; stop_block None: the last block).
     method="prompt_weighting": the paper's App. C.1 baseline, applied once at
     the input of start_block (see TextTransformer.prompt_weighting).
     weights=None is plain CLIP either way.
@@ -299,3 +300,35 @@ class CLIPBundle:
     if key not in variants:
       variants[key] = dataclasses.replace(self, dtype=dtype)
     return variants[key]
+
+
+#: What a start block of None means, for every flag's help and config comment that takes one.
+START_BLOCK_NONE = (
+  "None: the model's default start block (its stored text.default_start_block, else "
+  "layers // 2 + 1, the paper's relative depth)"
+)
+
+
+def resolve_start_block(bundle: CLIPBundle, start_block: int | None, name: str) -> int:
+  """The first reweighted text block (1-indexed) a run asks for, checked against the loaded
+  model; None gives the model's default (`default_start_block`: its stored
+  text.default_start_block, else layers // 2 + 1).
+
+  The one check of a start block against the text tower: every command reports a block
+  outside it in this one sentence, which differs only in `name`, how the user wrote the value
+  ("config.start_block", "--start_block").
+
+  Raises:
+    ConfigError: start_block outside 1..layers.
+  """
+  text = bundle.config.text
+  default = default_start_block(text)
+  if start_block is None:
+    return default
+  if not 1 <= start_block <= text.layers:
+    raise ConfigError(
+      f"{name} = {start_block} is outside the text tower of {bundle.source or 'the model'} "
+      f"(blocks 1..{text.layers}, 1-indexed): pick a block in 1..{text.layers}; this model's "
+      f"default start block, which None gives, is {default}."
+    )
+  return int(start_block)

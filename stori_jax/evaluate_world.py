@@ -15,9 +15,11 @@ from absl import flags
 
 import stori_jax
 from stori_jax import cli, jsonio, world_metrics
+from stori_jax.bundle import START_BLOCK_NONE, resolve_start_block
 from stori_jax.config_files import ConfigError
 from stori_jax.encoding import BATCH_SIZE
 from stori_jax.errors import UserError
+
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
@@ -44,14 +46,15 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer(
     "start_block",
     None,
-    "First reweighted text block (1-indexed); default: the second half of the tower.",
+    f"First reweighted text block (1-indexed); {START_BLOCK_NONE}.",
     **fv,
   )
   flags.DEFINE_integer("batch_size", BATCH_SIZE, "Images / texts per encode call.", **fv)
 
 
 def _check_flags(config) -> None:
-  """Every count >= 1 and every weight finite and >= 0, before any work."""
+  """Every count >= 1 and every weight finite and >= 0, before any work (--start_block is
+  checked against the model once it is loaded)."""
   problems = [
     f"--{name} must be >= 1, got {getattr(config, name)}"
     for name in ("n_images", "n_pairs", "n_triples", "images_per_category", "batch_size")
@@ -65,8 +68,6 @@ def _check_flags(config) -> None:
       problems.append(f"--weights must be numbers, got {text!r}")
   if any(not np.isfinite(w) or w < 0 for w in weights):
     problems.append(f"--weights must be finite and >= 0, got {config.weights}")
-  if config.start_block is not None and config.start_block < 1:
-    problems.append(f"--start_block is 1-indexed, got {config.start_block}")
   if os.path.exists(config.output_dir) and not os.path.isdir(config.output_dir):
     problems.append(f"--output_dir {config.output_dir} is a file, not a folder")
   if problems:
@@ -88,11 +89,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if not os.access(config.output_dir, os.W_OK):
     raise UserError(f"--output_dir {config.output_dir} is not writable; pass another")
   bundle = stori_jax.load(config.source)
-  layers = int(bundle.config.text.layers)
-  if config.start_block is not None and config.start_block > layers:
-    raise ConfigError(
-      f"--start_block {config.start_block} is outside the text tower's blocks 1..{layers}"
-    )
+  resolve_start_block(bundle, config.start_block, "--start_block")
   results = world_metrics.evaluate(
     bundle,
     n_images=config.n_images,
@@ -110,9 +107,8 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   # both are rewritten whole on every run, so no result of an earlier run is ever mixed in.
   jsonio.write_json(os.path.join(config.output_dir, "synthetic_world_eval.json"), results, indent=1)
   jsonio.write_text_atomic(os.path.join(config.output_dir, "synthetic_world_eval.md"), text)
-  print(
-    f"Wrote {config.output_dir}/synthetic_world_eval.json and .md (seconds: {results['seconds']})"
-  )
+  print(f"evaluated in {results['seconds']} s")
+  cli.print_outputs(config.output_dir, ["synthetic_world_eval.json", "synthetic_world_eval.md"])
 
 
 if __name__ == "__main__":

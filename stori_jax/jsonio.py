@@ -7,7 +7,7 @@ import errno
 import json
 import os
 import uuid
-from typing import Any
+from typing import Any, Mapping
 
 from stori_jax.errors import NonFiniteError, UserError
 
@@ -55,3 +55,26 @@ def write_text_atomic(path: str, text: str) -> None:
 def write_json(path: str, obj: Any, **kwargs) -> None:
   """Strict JSON (see dumps_strict), written atomically."""
   write_text_atomic(path, dumps_strict(obj, **kwargs) + "\n")
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """{"a.b.c": leaf} of a nested dict (lists are leaves)."""
+  if isinstance(tree, Mapping) and tree:
+    out = {}
+    for key, value in tree.items():
+      out.update(flatten(value, f"{prefix}{key}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def differences(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
+  """[(dotted key, old value, new value)] where two nested dicts (e.g. run identities) differ,
+  sorted by key."""
+  missing = object()
+  a, b = flatten(old), flatten(new)
+  keys = sorted(set(a) | set(b))
+  return [
+    (k, a.get(k, "(absent)"), b.get(k, "(absent)"))
+    for k in keys
+    if a.get(k, missing) != b.get(k, missing)
+  ]

@@ -25,7 +25,7 @@ from typing import Any, Callable, TypeVar
 import jax
 from absl import flags
 
-from stori_jax import run_identity
+from stori_jax import jsonio
 from stori_jax.errors import UserError
 
 T = TypeVar("T")
@@ -55,7 +55,7 @@ def _timeout(default_s: int) -> int:
 
 def _client():
   """The distributed runtime's client (its key-value store and barriers)."""
-  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  from jax._src import distributed  # lazy: jax's private module, read only in a distributed run
 
   client = distributed.global_state.client
   if client is None:
@@ -153,7 +153,7 @@ def disagreement(identities: list[Any]) -> str | None:
   index = differing[0]
   first, other = identities[0], identities[index]
   if isinstance(first, dict) and isinstance(other, dict):
-    diffs = run_identity.differences(first, other)
+    diffs = jsonio.differences(first, other)
     shown = "; ".join(
       f"{key}: {a!r} on process 0, {b!r} on process {index}" for key, a, b in diffs[:5]
     )

@@ -3,9 +3,9 @@
 
 def pyplot():
   """matplotlib.pyplot on the Agg backend (no display needed; figures go to PNG files)."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib  # lazy: a slow import that only the figure writers need
 
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt  # lazy: after the backend is chosen
 
   return plt

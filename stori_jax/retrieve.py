@@ -37,7 +37,12 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   workdir = values.workdir or os.path.join("workdirs", "retrieval", config.data.source)
   results = runner.run(config, workdir, restart=values.restart)
   print(tables.report(results, config.get("table_digits", 3)))
-  print(f"Wrote retrieval_metrics.json, retrieval_tables.md and figures to {workdir}")
+  index = results.get("index", {})
+  # The index cache lies outside the workdir; named when this run built it.
+  cache = [os.path.abspath(index["path"])] if index.get("path") and not index["from_cache"] else []
+  cli.print_outputs(
+    workdir, ["run.json", "retrieval_metrics.json", "retrieval_tables.md", "fig*.png", *cache]
+  )
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:

@@ -16,10 +16,15 @@ import os
 import socket
 from typing import Any, Iterable, Mapping
 
-from stori_jax import jsonio
+from stori_jax import jsonio, multihost
+from stori_jax.jsonio import differences  # the identities' diff, re-exported
 from stori_jax.errors import UserError
 
 RUN_FILE = "run.json"
+#: Config keys that only choose when a run logs, evaluates or saves, or how many checkpoints it
+#: keeps: another value never changes a result, so every claim (`claim_run`) accepts a change
+#: there and records the new value.
+SCHEDULE_KEYS = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints")
 #: The workdir's lock: held (flock) by the process that claimed it, for the rest of its life.
 LOCK_FILE = ".lock"
 # Workdirs whose lock this process holds (real path -> open descriptor). A claim holds its
@@ -196,28 +201,6 @@ def to_jsonable(value: Any) -> Any:
   return str(value)
 
 
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-  """{"a.b.c": leaf} of a nested dict (lists are leaves)."""
-  if isinstance(tree, Mapping) and tree:
-    out = {}
-    for key, value in tree.items():
-      out.update(flatten(value, f"{prefix}{key}."))
-    return out
-  return {prefix[:-1]: tree}
-
-
-def differences(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
-  """[(dotted key, old value, new value)] where the two identities differ, sorted by key."""
-  missing = object()
-  a, b = flatten(old), flatten(new)
-  keys = sorted(set(a) | set(b))
-  return [
-    (k, a.get(k, "(absent)"), b.get(k, "(absent)"))
-    for k in keys
-    if a.get(k, missing) != b.get(k, missing)
-  ]
-
-
 def _describe(diffs: list[tuple[str, Any, Any]], limit: int = 8) -> str:
   shown = "; ".join(f"{k}: {old!r} then, {new!r} now" for k, old, new in diffs[:limit])
   more = f"; and {len(diffs) - limit} more" if len(diffs) > limit else ""
@@ -338,3 +321,43 @@ def claim_workdir(
       f"cannot write {path}: {e.strerror}; pass a writable --workdir"
     ) from None
   return moved
+
+
+def claim_run(
+  workdir: str,
+  identity: Mapping[str, Any],
+  *,
+  what: str,
+  restart: bool = False,
+  ignore: Iterable[str] = (),
+) -> str | None:
+  """The claim of every command that writes a workdir, made after its config is checked and
+  before anything else is read or written.
+
+  A change of the config's SCHEDULE_KEYS, or of the config keys in `ignore`, keeps the run. On
+  several processes (jax.distributed) every process checks the workdir, then process 0 claims
+  while the others wait (`multihost.claim_on_process_zero`); one process just claims.
+
+  Args:
+    workdir: the run's folder (created if absent).
+    identity: what decides the results, the resolved config at "config" ({"config": config,
+      "model": content_identity(path), ...}); see `claim_workdir`.
+    what: the kind of run, for messages ("training run", "retrieval run").
+    restart: move a workdir that holds another run aside instead of refusing it.
+    ignore: config keys besides SCHEDULE_KEYS (dotted below the config, e.g. "batch_size")
+      that change how the work is batched, cached or printed, not a result.
+
+  Returns:
+    Where `restart` moved the old run (on process 0), else None.
+
+  Raises:
+    WorkdirMismatchError, WorkdirBusyError: as `claim_workdir`, before anything is written.
+    multihost.ProcessesDisagreeError: the processes were started with other identities.
+  """
+  ignored = tuple(f"config.{key}" for key in (*SCHEDULE_KEYS, *ignore))
+  return multihost.claim_on_process_zero(
+    lambda check_only: claim_workdir(
+      workdir, identity, restart=restart, what=what, ignore=ignored, check_only=check_only
+    ),
+    what,
+  )

@@ -54,11 +54,11 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if not os.path.isfile(path):
     raise UserError(f"--data_config: no config file {path}; pass a retrieval config (.py).")
   data_config = load_config(path, argument or None)
-  run_identity.claim_workdir(
+  run_identity.claim_run(
     values.workdir,
     {"model": values.model, "data": data_config.data},
-    restart=values.restart,
     what="start-block measurement",
+    restart=values.restart,
   )
   bundle = stori_jax.load(values.model)
   sweep = block_sweep.measure(bundle, data_config.data, cache_dir=data_config.get("cache_dir"))
@@ -76,10 +76,8 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     f"{values.model} on {sweep['data']} ({sweep['n_tasks']} prompts, {sweep['n_images']} images)"
   )
   print(block_sweep.format_table(sweep))
-  print(
-    f"recommended start block: {sweep['recommended']} (the model's default: {default}); "
-    f"wrote start_block.json and start_block.png to {values.workdir}"
-  )
+  print(f"recommended start block: {sweep['recommended']} (the model's default: {default})")
+  cli.print_outputs(values.workdir, ["run.json", "start_block.json", "start_block.png"])
 
 
 if __name__ == "__main__":

@@ -61,9 +61,12 @@ def test_a_stage_set_alone_overrides_its_mode():
   assert paper_config.analysis_stages(improved)["ellipse"] == "reference"
 
 
-def test_a_config_without_the_switch_keeps_the_improved_choices():
+def test_a_config_without_the_switch_takes_the_one_default_mode():
+  # The mode analysis_config writes and the one a config without the key gets are one value.
   old = ml_collections.ConfigDict(dict(n_concepts=5))
-  assert paper_config.analysis_stages(old) == paper_config.MODE_STAGES["improved"]
+  default = paper_config.ANALYSIS_DEFAULTS["mode"]
+  assert default == paper_config.analysis_config().mode == "reference"
+  assert paper_config.analysis_stages(old) == paper_config.MODE_STAGES[default]
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 
 from mutual import analysis, analyze, data, descriptors, information, pipeline, report, transport
 from stori_jax.config_files import load_config
+from test_cli import assert_ends_with_outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,6 +86,66 @@ def test_aggregate_zero_pads_curves_and_formats_table_3():
   assert "| tiny | 66.67 | 3.000 | 3.000 | 1.083 | 1.083 |" in table
 
 
+def _figures(monkeypatch):
+  """The figures the plot functions close (their texts stay readable)."""
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  closed, close = [], plt.close
+  monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
+  return closed
+
+
+def test_concept_outlines_and_labels_stand_out_on_red_orange_and_yellow_objects(
+  tmp_path, monkeypatch
+):
+  """Fig. 4: every concept's outline (its colour on a black halo) contrasts by >= 3:1 (WCAG's
+  minimum for graphics) with every object and background colour of the world, red, orange and
+  yellow included; its label is black on its colour (>= 7:1); captions are black on the white
+  page, and no text falls outside the figure; the title names the model and the method."""
+  from matplotlib.colors import to_rgb  # pylint: disable=C0415
+
+  from stori_jax.data.synthetic import BACKGROUND_RGB, COLOUR_RGB  # pylint: disable=C0415
+
+  assert report.contrast_ratio((1, 1, 1), (0, 0, 0)) == pytest.approx(21.0)
+  # The measure catches the old drawing: a red concept on a red object.
+  assert report.contrast_ratio((1, 0, 0), np.array(COLOUR_RGB["red"]) / 255) < 1.5
+  for concept in range(len(report.COLOURS)):
+    for name, rgb in {**COLOUR_RGB, **BACKGROUND_RGB}.items():
+      assert report.outline_contrast(concept, np.array(rgb) / 255) >= 3.0, (concept, name)
+    assert report.contrast_ratio((0, 0, 0), report.COLOURS[concept]) >= 7.0
+
+  size, grid = 64, 4
+  images, records = [], []
+  long = "a bright and glossy surface with many small speckles all over it"
+  for colour in ("red", "orange", "yellow"):
+    image = np.full((size, size, 3), 238, np.uint8)
+    image[8:56, 8:56] = COLOUR_RGB[colour]
+    images.append(image)
+    concept_map = np.arange(grid * grid).reshape(grid, grid) % 5
+    concepts = [dict(concept=c, descriptors=[long, f"{colour} colour"]) for c in range(5)]
+    method = dict(concept_map=concept_map.tolist(), concepts=concepts)
+    records.append(dict(class_name=colour, predicted_name=colour, methods=dict(pca=method)))
+  figures = _figures(monkeypatch)
+  report.plot_concepts(str(tmp_path / "c.png"), np.stack(images), records, "pca", model="M-1")
+  (fig,) = figures
+  assert "M-1" in fig._suptitle.get_text() and "PCA" in fig._suptitle.get_text()
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=C0415
+
+  canvas = FigureCanvasAgg(fig)  # a closed figure has lost its canvas
+  canvas.draw()
+  renderer = canvas.get_renderer()
+  page = fig.bbox
+  texts = [t for ax in fig.axes for t in ax.texts]
+  lines = [t for t in texts if len(t.get_text()) > 3]
+  assert len(lines) >= 3 * 5 * 2  # every concept's descriptors, wrapped
+  for text in texts + [fig._suptitle]:
+    box = text.get_window_extent(renderer)
+    assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1, text.get_text()
+    assert page.y0 - 1 <= box.y0 and box.y1 <= page.y1 + 1, text.get_text()
+  for text in lines:
+    assert report.contrast_ratio(to_rgb(text.get_color()), (1, 1, 1)) >= 7.0
+
+
 @pytest.mark.slow
 def test_embedded_world_concepts_land_on_objects_and_name_their_attributes(tiny_synthetic):
   """Ground truth of the generator: concept regions lie on the objects far more than the
@@ -131,6 +192,11 @@ def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
     done = run_command(analyze, "--config", config, f"--workdir={workdir}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| Model | Top-1 (%)" in done.stdout
+    # Issue 29: the compile is named before the first class, and kept out of the ETA.
+    compiling = done.stderr.index("compiling (first class)...")
+    assert compiling < done.stderr.index("first class done in") < done.stderr.rindex("classes:")
+    paths = assert_ends_with_outputs(done.stdout, "run.json", "results.json", "table.md")
+    assert {str(workdir / "figures") + os.sep, str(workdir / "per_image") + os.sep} <= set(paths)
     outputs.append(workdir)
   a, b = outputs
   for name in (
@@ -159,6 +225,23 @@ def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
   assert results["dataset"]["images"] == 4 and set(results["classes"]) == {record["class_name"]}
   curve = results["dataset"]["pca"]["curve"]
   assert results["dataset"]["pca"]["auc"] == pytest.approx(information.curve_auc(curve), abs=1e-5)
+
+
+def test_progress_names_the_compile_before_the_first_class(capsys):
+  """The first class compiles the pipeline: said before it starts, and its time kept out of
+  the bar's rate and ETA (the bar starts after it, at 1 of 3)."""
+  import sys  # pylint: disable=import-outside-toplevel
+
+  for cls in analysis._progress([0, 1, 2], show=True):  # pylint: disable=protected-access
+    print(f"body {cls}", file=sys.stderr)
+  err = capsys.readouterr().err
+  order = [err.index(s) for s in ("compiling (first class)...", "body 0", "first class done")]
+  assert order == sorted(order) and order[-1] < err.index("body 1"), err
+  assert "left out of the ETA" in err and "1/3" in err and "3/3" in err
+  assert " 0/3" not in err  # no bar while the first class runs
+  for _ in analysis._progress([0, 1], show=False):  # pylint: disable=protected-access
+    pass
+  assert capsys.readouterr().err == ""
 
 
 def test_cli_missing_descriptors_names_the_url(tmp_path, run_command):
@@ -315,3 +398,37 @@ def test_real_data_path_runs_on_an_image_folder(tmp_path):
   results = analysis.run(config, str(tmp_path / "out"), progress=False)
   assert results["dataset"]["images"] == 5
   assert sorted(os.listdir(tmp_path / "out/per_image/0001")) == ["00000.json", "00001.json"]
+
+
+def test_vision_side_takes_defaults_from_the_one_home_and_checks_nothing_again(
+  tiny_synthetic, monkeypatch
+):
+  """Per class, vision_side resolves the stages but leaves the check to the run (once, before
+  its claim); keys a config lacks come from paper_config.ANALYSIS_DEFAULTS."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+
+  from mutual import paper_config  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setattr(
+    paper_config, "check_analysis", lambda a: pytest.fail("checked again for a class")
+  )
+  seen = {}
+
+  def embeddings(bundle, images, maps_per_method, n_concepts, **kwargs):
+    seen.update(dtype=bundle.dtype, chunk=kwargs["chunk"], seed=kwargs["ellipse_seed"])
+    b = maps_per_method[0].shape[0]
+    return [(jnp.zeros((b, n_concepts, 4)), jnp.ones((b, n_concepts), bool))] * len(maps_per_method)
+
+  monkeypatch.setattr(pipeline.visual_prompts, "concept_embeddings_of_maps", embeddings)
+  for key, value in (("compute_dtype", "bfloat16"), ("prompt_chunk", 8), ("ellipse_seed", 3)):
+    monkeypatch.setitem(paper_config.ANALYSIS_DEFAULTS, key, value)
+  values = paper_config.analysis_config(joint_foreground=False, crf=False).to_dict()
+  for key in ("compute_dtype", "prompt_chunk", "ellipse_seed", "tower_batch", "mode"):
+    del values[key]
+  bundle = tiny_synthetic
+  size = bundle.preprocess_config.image_size
+  images = np.random.default_rng(0).integers(0, 256, (2, size, size, 3), dtype=np.uint8)
+  e = bundle.config.embed_dim
+  bank = pipeline.TextBank(("a",), np.ones((1, e), np.float32), ("x", "y"), np.eye(2, e))
+  pipeline.vision_side(bundle, images, bank, ml_collections.ConfigDict(values))
+  assert seen == dict(dtype=jnp.bfloat16, chunk=8, seed=3)

@@ -174,3 +174,122 @@ def test_restart_refuses_to_move_the_current_folder(tmp_path, monkeypatch):
     run_identity.claim_workdir(".", {"config": {"seed": 2}}, restart=True)
   assert sorted(os.listdir(workdir)) == [".lock", "results.json", "run.json"]
   assert not list(tmp_path.glob("run.old-*"))
+
+
+# One claim for every command ----------------------------------------------------------------
+
+
+def test_claim_run_keeps_the_run_when_only_its_schedule_or_ignored_keys_change(tmp_path):
+  workdir = str(tmp_path / "run")
+  config = {"seed": 1, "log_every": 10, "batch_size": 8}
+  run_identity.claim_run(workdir, {"config": config}, what="run")
+  (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")  # results to protect
+  every = {key: 3 for key in run_identity.SCHEDULE_KEYS}
+  changed = {**config, **every, "batch_size": 4}
+  run_identity.claim_run(workdir, {"config": changed}, what="run", ignore=("batch_size",))
+  # The stored identity now holds batch_size 4; a claim that does not ignore it is refused.
+  with pytest.raises(run_identity.WorkdirMismatchError, match="config.batch_size"):
+    run_identity.claim_run(workdir, {"config": {**changed, "batch_size": 2}}, what="run")
+  with pytest.raises(run_identity.WorkdirMismatchError, match="config.seed"):
+    run_identity.claim_run(workdir, {"config": {**changed, "seed": 2}}, what="run")
+
+
+def _sources():
+  for package in ("stori_jax", "mutual"):
+    for folder, _, names in os.walk(os.path.join(REPO, package)):
+      for name in sorted(n for n in names if n.endswith(".py")):
+        path = os.path.join(folder, name)
+        with open(path, encoding="utf-8") as f:
+          yield os.path.relpath(path, REPO), f.read()
+
+
+def test_every_command_claims_through_claim_run():
+  """No module but run_identity calls claim_workdir or builds its ignore list: one scaffold.
+  Each command's own ignored keys are config keys besides SCHEDULE_KEYS."""
+  import importlib  # pylint: disable=import-outside-toplevel
+
+  direct = [
+    path
+    for path, text in _sources()
+    if path != os.path.join("stori_jax", "run_identity.py")
+    and ("run_identity.claim_workdir(" in text or "def _path_identity" in text)
+  ]
+  assert not direct
+  for name in (
+    "stori_jax.fewshot.trainer",
+    "stori_jax.retrieval.runner",
+    "stori_jax.pretraining.weight_response",
+  ):
+    ignored = importlib.import_module(name).IDENTITY_IGNORED
+    assert not set(ignored) & set(run_identity.SCHEDULE_KEYS), name
+    assert not any(key.startswith("config.") for key in ignored), name
+
+
+class _Claimed(Exception):
+  """Raised by a stand-in claim_run: the command reached it."""
+
+
+def _train(tmp_path):
+  from stori_jax.fewshot import trainer  # pylint: disable=import-outside-toplevel
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+
+  trainer.run(load_config(os.path.join(REPO, "configs", "demo.py")), str(tmp_path))
+
+
+def _retrieve(tmp_path):
+  from stori_jax.retrieval import runner  # pylint: disable=import-outside-toplevel
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+
+  runner.run(load_config(os.path.join(REPO, "configs", "retrieval_synthetic.py")), str(tmp_path))
+
+
+def _pretrain(tmp_path):
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.pretraining import contrastive  # pylint: disable=import-outside-toplevel
+
+  contrastive.train(
+    load_config(os.path.join(REPO, "configs", "tiny_clip_pretrain.py")), str(tmp_path)
+  )
+
+
+def _weight_response(tmp_path):
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.pretraining import weight_response  # pylint: disable=import-outside-toplevel
+
+  config = load_config(os.path.join(REPO, "configs", "tiny_clip_weight_response.py"))
+  weight_response.train(config, str(tmp_path))
+
+
+def _mutual(tmp_path):
+  from mutual import run_flags  # pylint: disable=import-outside-toplevel
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+
+  config = load_config(os.path.join(REPO, "configs", "mutual_synthetic.py"))
+  run_flags.claim_workdir(config, str(tmp_path), False, "mutual-knowledge analysis")
+
+
+@pytest.mark.parametrize(
+  "command", [_train, _retrieve, _pretrain, _weight_response, _mutual], ids=lambda f: f.__name__
+)
+def test_each_command_reaches_claim_run(command, tmp_path, monkeypatch):
+  def claimed(workdir, identity, **kwargs):
+    raise _Claimed(kwargs["what"])
+
+  monkeypatch.setattr(run_identity, "claim_run", claimed)
+  with pytest.raises(_Claimed):
+    command(tmp_path / "w")
+  assert not (tmp_path / "w").exists()
+
+
+def test_the_start_block_command_reaches_claim_run(tmp_path, monkeypatch, run_command):
+  from stori_jax.errors import UserError  # pylint: disable=import-outside-toplevel
+
+  class Claimed(UserError):
+    pass
+
+  def claimed(workdir, identity, **kwargs):
+    raise Claimed(f"claim_run for the {kwargs['what']}")
+
+  monkeypatch.setattr(run_identity, "claim_run", claimed)
+  done = run_command("stori_jax.start_block", f"--workdir={tmp_path / 'w'}")
+  assert done.returncode == 2 and "claim_run for the start-block measurement" in done.stderr

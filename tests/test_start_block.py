@@ -1,13 +1,22 @@
 """The start-block measurement (App. C.6 generalised): its recommendation rule, its table, and
 a run on the shipped tiny CLIP whose stored default it must reproduce."""
 
+import os
+import types
+
 import numpy as np
 import pytest
 
+import stori_jax
+from stori_jax.bundle import START_BLOCK_NONE, resolve_start_block
+from stori_jax.config_files import ConfigError, load_config
 from stori_jax.models import default_start_block, reweighted_block_indices
 from stori_jax.models.config import TextConfig
 from stori_jax.retrieval import datasets, block_sweep
 from stori_jax.retrieval.index import encode_data
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _response(block, slope):
@@ -89,3 +98,96 @@ def test_cli_refuses_a_missing_probe_config_in_one_paragraph(tmp_path):
   assert result.returncode == 2, result.stderr[-2000:]
   assert "error: --data_config: no config file nowhere.py" in result.stderr
   assert "Traceback" not in result.stderr and not (tmp_path / "w").exists()
+
+
+# One check of a start block against the text tower, for every command ------------------------
+
+
+def _model(layers, stored=None):
+  """A stand-in bundle: what resolve_start_block reads (the text config and the source)."""
+  text = TextConfig(layers=layers, default_start_block=stored)
+  return types.SimpleNamespace(config=types.SimpleNamespace(text=text), source="m")
+
+
+def test_none_resolves_to_the_models_default_not_the_second_half():
+  assert resolve_start_block(_model(6, stored=2), None, "x") == 2  # stored: not 6 // 2 + 1
+  assert resolve_start_block(_model(12), None, "x") == 7  # none stored: the paper's depth
+  assert resolve_start_block(_model(6, stored=2), 6, "x") == 6
+  for bad in (0, -1, 7):
+    with pytest.raises(ConfigError) as error:
+      resolve_start_block(_model(6, stored=2), bad, "config.start_block")
+    assert str(error.value) == (
+      f"config.start_block = {bad} is outside the text tower of m (blocks 1..6, 1-indexed): "
+      "pick a block in 1..6; this model's default start block, which None gives, is 2."
+    )
+
+
+def _fewshot(tmp_path, monkeypatch, run_command):
+  from stori_jax.fewshot import trainer  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setattr(trainer, "encode_images", lambda *a, **k: pytest.fail("the run started"))
+  config = load_config(os.path.join(REPO, "configs", "demo.py"))
+  config.model.source, config.start_block = "tiny-synthetic", 9
+  config.shots, config.data.n_test_per_class = 1, 1
+  with pytest.raises(ConfigError) as error:
+    trainer.run(config, str(tmp_path / "w"))
+  return "tiny-synthetic", "config.start_block", str(error.value)
+
+
+def _retrieval(tmp_path, monkeypatch, run_command):
+  from stori_jax.retrieval import runner  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setattr(runner.index, "build_index", lambda *a, **k: pytest.fail("run started"))
+  config = load_config(os.path.join(REPO, "configs", "retrieval_synthetic.py"))
+  config.start_block, config.data.n_triples, config.data.images_per_category = 9, 1, 1
+  with pytest.raises(ConfigError) as error:
+    runner.run(config, str(tmp_path / "w"))
+  return "tiny-synthetic", "config.start_block", str(error.value)
+
+
+def _evaluate_world(tmp_path, monkeypatch, run_command):
+  from stori_jax import world_metrics  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setattr(world_metrics, "evaluate", lambda *a, **k: pytest.fail("run started"))
+  done = run_command(
+    "stori_jax.evaluate_world", "--start_block=9", f"--output_dir={tmp_path / 'w'}"
+  )
+  assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+  (line,) = [x for x in done.stderr.splitlines() if x.startswith("error: ")]
+  return "tiny-synthetic", "--start_block", line[len("error: ") :]
+
+
+def _weight_response(tmp_path, monkeypatch, run_command):
+  from stori_jax.pretraining import weight_response  # pylint: disable=import-outside-toplevel
+
+  config = load_config(os.path.join(REPO, "configs", "tiny_clip_weight_response.py"))
+  config.start_block = 9
+  with pytest.raises(ConfigError) as error:
+    weight_response.train(config, str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()
+  return config.init_from, "config.start_block", str(error.value)
+
+
+@pytest.mark.parametrize(
+  "command", [_fewshot, _retrieval, _evaluate_world, _weight_response], ids=lambda f: f.__name__
+)
+def test_every_command_reports_a_start_block_outside_the_tower_in_one_sentence(
+  command, tmp_path, monkeypatch, run_command
+):
+  """Each command's message is resolve_start_block's, word for word: a second check with a
+  message of its own (or a stale "second half" for None) fails here."""
+  model, name, message = command(tmp_path, monkeypatch, run_command)
+  with pytest.raises(ConfigError) as expected:
+    resolve_start_block(stori_jax.load(model), 9, name)
+  assert message == str(expected.value)
+  assert "second half" not in message
+
+
+def test_start_block_flags_say_what_none_means():
+  from absl import flags  # pylint: disable=import-outside-toplevel
+
+  from stori_jax import evaluate_world  # pylint: disable=import-outside-toplevel
+
+  values = flags.FlagValues()
+  evaluate_world.define_flags(values)
+  assert START_BLOCK_NONE in values["start_block"].help

@@ -8,6 +8,10 @@ import socket
 import urllib.parse
 from typing import Sequence
 
+import huggingface_hub
+import huggingface_hub.constants
+from huggingface_hub import errors
+
 from stori_jax.checkpoints.errors import CheckpointError
 
 # The files that make a loadable directory, in order of preference per role.
@@ -45,11 +49,7 @@ def hub_offline() -> bool:
   flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("TRANSFORMERS_OFFLINE", ""))
   if any(f.strip().upper() in ("1", "ON", "YES", "TRUE") for f in flags):
     return True
-  try:
-    from huggingface_hub import constants  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return False
-  return bool(constants.HF_HUB_OFFLINE)
+  return bool(huggingface_hub.constants.HF_HUB_OFFLINE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,12 +72,7 @@ def unreachable_reason() -> str | None:
     return "HF_HUB_OFFLINE is set"
   if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
     return None
-  try:
-    from huggingface_hub import constants  # pylint: disable=import-outside-toplevel
-
-    endpoint = constants.ENDPOINT
-  except (ImportError, AttributeError):
-    endpoint = "https://huggingface.co"
+  endpoint = getattr(huggingface_hub.constants, "ENDPOINT", "https://huggingface.co")
   parsed = urllib.parse.urlparse(endpoint)
   port = parsed.port or (443 if parsed.scheme == "https" else 80)
   return _probe(parsed.hostname or "huggingface.co", port)
@@ -98,11 +93,6 @@ def download(repo_id: str, roles: Sequence[Sequence[str]], revision: str | None 
   Cached files are used without the network; an unreachable hub fails at once (see
   `unreachable_reason`) with a message naming the id, the URL and how to pass a local path.
   """
-  try:
-    import huggingface_hub  # pylint: disable=import-outside-toplevel
-    from huggingface_hub import errors  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise CheckpointError("Hub downloads need huggingface_hub: pip install huggingface_hub") from e
   directory = None
   for candidates in roles:
     last_error = None
@@ -162,10 +152,6 @@ def find_local(
     path = os.path.join(directory, filename)
     if os.path.isfile(path):
       return path, "local dir"
-  try:
-    import huggingface_hub  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return None
   for filename in filenames:
     cached = huggingface_hub.try_to_load_from_cache(repo_id, filename, revision=revision)
     if isinstance(cached, str) and os.path.isfile(cached):
@@ -203,13 +189,6 @@ def fetch_weights(
   found = find_local(name, repo_id, filenames, local_dir, revision)
   if found:
     return found[0]
-  try:
-    import huggingface_hub  # pylint: disable=import-outside-toplevel
-    from huggingface_hub import errors  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    raise CheckpointError(
-      _placement_message(name, repo_id, filenames, local_dir, "huggingface_hub is not installed")
-    ) from None
   reason = unreachable_reason()
   if reason is not None:  # fail at once rather than after huggingface_hub's retries
     raise CheckpointError(_placement_message(name, repo_id, filenames, local_dir, reason))

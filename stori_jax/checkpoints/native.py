@@ -1,5 +1,4 @@
 """This project's checkpoint format: a directory with stori_config.json and the params.
-
 The params are a flat safetensors file (keys like `text/resblocks_0/attn/query/kernel`)
 or an orbax PyTree checkpoint in `params/`; the JSON holds the architecture,
 the preprocessing and free-form metadata (where the weights came from).
@@ -13,7 +12,9 @@ import os
 from typing import Any, Mapping
 
 import jax
+import ml_dtypes
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from stori_jax import jsonio
 from stori_jax.checkpoints.errors import CheckpointError
@@ -60,9 +61,6 @@ def save(
   os.makedirs(directory, exist_ok=True)
   check_params(params, config, "params to save")
   if params_format == "safetensors":
-    from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
-    import ml_dtypes  # pylint: disable=import-outside-toplevel
-
     dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[
       params_dtype
     ]
@@ -77,7 +75,7 @@ def save(
         "orbax checkpoints are written in float32; use safetensors for "
         f"params_dtype={params_dtype!r}."
       )
-    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+    import orbax.checkpoint as ocp  # lazy: a slow import that only the orbax format needs
 
     target = os.path.join(directory, ORBAX_DIR)
     ocp.PyTreeCheckpointer().save(target, params, force=True)
@@ -97,8 +95,6 @@ def save(
 
 
 def _read_params_safetensors(path: str) -> dict[str, np.ndarray]:
-  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
-
   if not os.path.isfile(path):
     raise CheckpointError(
       f"{path} does not exist, but {CONFIG_FILE} next to it says the params are there "
@@ -165,7 +161,7 @@ def load(directory: str | os.PathLike):
     check_config_fits_weights(config, {k: v.shape for k, v in flat.items()}, target, path)
     params = unflatten({k: v.astype(np.float32) for k, v in flat.items()})
   elif params_format == "orbax":
-    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+    import orbax.checkpoint as ocp  # lazy: a slow import that only the orbax format needs
 
     # Restoring as host numpy arrays needs no sharding information.
     restore_args = jax.tree_util.tree_map(

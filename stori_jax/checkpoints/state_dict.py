@@ -11,6 +11,7 @@ import zipfile
 from typing import Mapping
 
 import numpy as np
+from safetensors.numpy import load_file
 
 from stori_jax.checkpoints.errors import CheckpointError
 
@@ -97,8 +98,6 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
   path = os.fspath(path)
   check_checkpoint_file(path)
   if path.endswith(".safetensors"):
-    from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
-
     try:
       return dict(load_file(path))
     except Exception as e:  # safetensors raises its own error types.

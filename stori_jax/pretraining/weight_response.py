@@ -35,7 +35,7 @@ import optax
 
 from stori_jax import run_identity
 from stori_jax.training import loop, metrics_log
-from stori_jax.bundle import CLIPBundle
+from stori_jax.bundle import CLIPBundle, resolve_start_block
 from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.checkpoints import native
 from stori_jax.config_files import ConfigChecks
@@ -50,15 +50,10 @@ from stori_jax.tokenizer.weighted import tokenize_weighted
 #: Words whose weight is trained: every attribute word of the world.
 ATTRIBUTE_WORDS = tuple(sorted({w for ws in synthetic.ATTRIBUTE_WORDS.values() for w in ws}))
 _WORD_RE = re.compile(r"\b(" + "|".join(ATTRIBUTE_WORDS) + r")\b")
-#: Keys that do not change the trained weights: when to log and save, and the default start
-#: block written into the exported config (the export is rewritten at the end of every run, so
-#: a finished run re-run with another value only re-exports).
-IDENTITY_IGNORED = (
-  "config.log_every",
-  "config.checkpoint_every",
-  "config.keep_checkpoints",
-  "config.default_start_block",
-)
+#: Config keys besides run_identity.SCHEDULE_KEYS that do not change the trained weights: the
+#: default start block written into the exported config (the export is rewritten at the end of
+#: every run, so a finished run re-run with another value only re-exports).
+IDENTITY_IGNORED = ("default_start_block",)
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -179,15 +174,12 @@ def train(config, workdir: str, restart: bool = False):
   base = load(config.init_from)
   layers = base.config.text.layers
   for key in ("start_block", "default_start_block"):
-    if not 1 <= config[key] <= layers:
-      checks = ConfigChecks(config)
-      checks.problem(f"config.{key} must lie in the text tower's blocks 1..{layers}")
-      checks.raise_if_any()
-  run_identity.claim_workdir(
+    resolve_start_block(base, config[key], f"config.{key}")
+  run_identity.claim_run(
     workdir,
     {"config": config, "init_from": base.source, "init_config": base.config.to_dict()},
-    restart=restart,
     what="weight-response run",
+    restart=restart,
     ignore=IDENTITY_IGNORED,
   )
   teacher = jax.tree_util.tree_map(lambda p: jnp.asarray(p, jnp.float32), base.params)

@@ -48,11 +48,15 @@ import random
 from typing import Any, Callable, Sequence
 
 import cv2
+import jax
 import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.decomposition import PCA
 from sklearn.preprocessing import MinMaxScaler
+
+from stori_jax.checkpoints import openai
+from stori_jax.reference import clip_towers
 
 #: The reference's SimpleCRF parameters: (bilateral weight, spatial sigma, RGB sigma, Gaussian
 #: weight, Gaussian sigma, iterations).
@@ -93,12 +97,7 @@ def open_clip_from_bundle(bundle):
   state dict whose entries are their own element ids: each param element then names the state
   dict element it came from.
   """
-  import jax  # pylint: disable=import-outside-toplevel
-
-  from stori_jax.reference import clip_towers as torch_reference  # pylint: disable=import-outside-toplevel
-  from stori_jax.checkpoints import openai  # pylint: disable=import-outside-toplevel
-
-  model = torch_reference.build(bundle.config, "open_clip")
+  model = clip_towers.build(bundle.config, "open_clip")
   state = model.state_dict()
   ids, start = {}, 1
   for key, value in state.items():

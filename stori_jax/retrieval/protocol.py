@@ -12,8 +12,8 @@ baseline from some block:
   (Figures 5, 6a, 9) or only one attribute gets w (Figure 6b).
 
 A `Setting` selects the encoder: method "stori" (reweighted attention in blocks
-start_block..stop_block, 1-indexed, default the second half) or "prompt_weighting" (App. C.1
-at the input of start_block).
+start_block..stop_block, 1-indexed; start_block None: the model's default start block) or
+"prompt_weighting" (App. C.1 at the input of start_block).
 """
 
 from __future__ import annotations

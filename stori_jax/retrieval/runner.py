@@ -12,6 +12,7 @@ import numpy as np
 from absl import logging
 
 from stori_jax import jsonio, run_identity
+from stori_jax.bundle import resolve_start_block
 from stori_jax.config_files import ConfigChecks, ConfigError
 from stori_jax.errors import InputError, UserError
 from stori_jax.retrieval import datasets, index, plots, protocol, tables
@@ -21,12 +22,7 @@ DATA_SOURCES = ("synthetic", "celeba", "celeba_tfds", "cub")
 NORMALIZE = ("share", "recall")
 #: Config keys that change how the work is batched, cached or printed, not a number it
 #: reports: another value may reuse the workdir (every output file is rewritten anyway).
-IDENTITY_IGNORED = (
-  "config.cache_dir",
-  "config.batch_size",
-  "config.table_digits",
-  "config.figure_weights",
-)
+IDENTITY_IGNORED = ("cache_dir", "batch_size", "table_digits", "figure_weights")
 
 
 def _blocks(value, layers: int, key: str = "sweep blocks") -> list[int]:
@@ -106,14 +102,10 @@ def _precision_k(config) -> int | None:
   return k if k > 0 else None
 
 
-def _check_against_data(config, tasks, layers: int) -> None:
+def _check_against_data(config, tasks, bundle) -> None:
   """The config's block numbers, task and attribute indices against the model and data."""
-  start = config.get("start_block")
-  if start is not None and not 1 <= start <= layers:
-    raise ConfigError(
-      f"config.start_block = {start} is outside the text tower's blocks 1..{layers}; pick one "
-      f"in 1..{layers}, or None for the second half of the tower."
-    )
+  resolve_start_block(bundle, config.get("start_block"), "config.start_block")
+  layers = int(bundle.config.text.layers)
   _blocks(config.sweep.start_blocks, layers, "config.sweep.start_blocks")
   _blocks(config.sweep.single_blocks, layers, "config.sweep.single_blocks")
   bad = [i for i in config.sweep.tasks if not 0 <= int(i) < len(tasks)]
@@ -150,11 +142,11 @@ def run(config, workdir: str, bundle=None, restart: bool = False) -> dict[str, A
   import stori_jax  # pylint: disable=import-outside-toplevel
 
   validate_config(config)
-  run_identity.claim_workdir(
+  run_identity.claim_run(
     workdir,
     identity(config, bundle),
-    restart=restart,
     what="retrieval run",
+    restart=restart,
     ignore=IDENTITY_IGNORED,
   )
   if bundle is None:
@@ -169,7 +161,7 @@ def run(config, workdir: str, bundle=None, restart: bool = False) -> dict[str, A
     raise InputError(f"config.data ({config.data.source}): {e}") from None
   if not data.tasks:
     raise ConfigError(f"data {data.name!r} defines no prompts (tasks)")
-  _check_against_data(config, list(data.tasks), int(bundle.config.text.layers))
+  _check_against_data(config, list(data.tasks), bundle)
   idx = index.build_index(bundle, data, config.get("cache_dir") or None, config.batch_size)
   logging.info("index: %s (%s)", idx.path, "cached" if idx.from_cache else "built")
   emb, tasks = idx.embeddings, list(data.tasks)
