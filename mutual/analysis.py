@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import sys
 import time
 
 import jax
@@ -14,8 +15,8 @@ from absl import logging
 from tqdm import tqdm
 
 import stori_jax
-from mutual import run_flags, data, pipeline, report
-from stori_jax import multihost
+from mutual import run_flags, data, pipeline, report, report_html
+from stori_jax import jsonio, multihost
 from stori_jax.errors import UserError
 
 
@@ -33,7 +34,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   """
   dataset = data.prepare(config)
   processes, rank = jax.process_count(), jax.process_index()
-  run_flags.claim_workdir_once(config, workdir, restart, "mutual-knowledge analysis")
+  run_flags.claim_workdir(config, workdir, restart, "mutual-knowledge analysis")
   bundle = stori_jax.load(config.model.source)
   size = int(bundle.config.vision.image_size)
   class_names = list(dataset.names)
@@ -50,9 +51,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   # the next class: the host's per-image work stays off the device's critical path.
   written = []
   with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mutual-writer") as writer:
-    for index, cls in enumerate(
-      tqdm(classes, desc="classes", disable=not progress or rank != 0, dynamic_ncols=True)
-    ):
+    for index, cls in enumerate(_progress(classes, progress and rank == 0)):
       counts.append((cls.label, len(cls)))
       if index % processes != rank:
         continue
@@ -93,9 +92,43 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     os.path.join(figures, "curves.png"),
     {m: results["dataset"][m]["curve"] for m in methods},
     title=f"{config.name}: dataset",
+    model=config.model.get("name", config.model.source),
   )
+  _write_report_html(workdir, results, records, methods)
   logging.info("%d images in %.1f s (%.2f images/s)", n_images, seconds, n_images / seconds)
   return results
+
+
+def _progress(classes, show: bool):
+  """Yields `classes` under a progress bar whose clock starts after the first class: that one
+  compiles the pipeline (about a minute for the paper's models), which would make the rate and
+  ETA of the bar many times too long (as training.loop keeps its step's compile out)."""
+  bar = None
+  start = time.perf_counter()
+  try:
+    for index, cls in enumerate(classes):
+      if index == 0 and show:
+        tqdm.write("compiling (first class)...", file=sys.stderr)
+      yield cls
+      if bar is None:
+        if show:
+          tqdm.write(
+            f"first class done in {time.perf_counter() - start:.1f} s, compilation included "
+            "(left out of the ETA)",
+            file=sys.stderr,
+          )
+        bar = tqdm(
+          total=len(classes),
+          initial=index + 1,
+          desc="classes",
+          disable=not show,
+          dynamic_ncols=True,
+        )
+      else:
+        bar.update(1)
+  finally:
+    if bar is not None:
+      bar.close()
 
 
 def _write_class(workdir, config, cls, result, bank, class_names, methods, plots: bool):
@@ -114,18 +147,21 @@ def _write_class(workdir, config, cls, result, bank, class_names, methods, plots
         class_records[:k],
         method,
         result["refined"][:k],
+        model=config.model.get("name", config.model.source),
       )
       report.plot_mutual(
         os.path.join(figures, f"mutual_{method}_{cls.label:04d}.png"),
         cls.images[0],
         class_records[0],
         method,
+        model=config.model.get("name", config.model.source),
       )
     summary = report.aggregate(class_records, methods)["dataset"]
     report.plot_curves(
       os.path.join(figures, f"curves_{cls.label:04d}.png"),
       {m: summary[m]["curve"] for m in methods},
       title=cls.name,
+      model=config.model.get("name", config.model.source),
     )
   return class_records
 
@@ -168,3 +204,18 @@ def _read_records(workdir: str, counts) -> list[dict]:
           "cloud path), so that process 0 can aggregate the others' records."
         ) from None
   return records
+
+
+def _write_report_html(workdir: str, results, records, methods) -> None:
+  """Writes workdir/report.html (mutual.report_html): the figures that exist and the per-image
+  JSON files are linked by their paths relative to the workdir."""
+  figures = os.path.join(workdir, "figures")
+  names = [f"figures/{name}" for name in sorted(os.listdir(figures)) if name.endswith(".png")]
+  seen: dict[int, int] = {}
+  paths = []
+  for record in records:  # records are in class order, images in order within a class
+    i = seen.get(record["label"], 0)
+    seen[record["label"]] = i + 1
+    paths.append(os.path.relpath(_record_path(workdir, record["label"], i), workdir))
+  page = report_html.render(results, records, methods, record_paths=paths, figures=names)
+  jsonio.write_text_atomic(os.path.join(workdir, "report.html"), page)

@@ -12,14 +12,14 @@ Writes to the workdir:
   figures/concepts_<method>_<class>.png        Fig. 4: concept overlays with their descriptors
   figures/curves_<class>.png, curves.png       Fig. 3 / 5: MI curves
   figures/mutual_<method>_<class>.png          Fig. 6: vision / language / mutual descriptors
+  report.html                                  all of it as one page to open from disk
+                                               (mutual.report_html)
 Same config and seed, same JSON. Several processes share the classes (a TPU pod or SLURM job
 with --distributed, or local processes: `MODULE=mutual.analyze launch/local_multiprocess.sh 2
 --config ... --workdir DIR`); the workdir must then be on a filesystem they all share.
 """
 
 from __future__ import annotations
-
-import os
 
 import jax
 from absl import flags
@@ -47,7 +47,9 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if jax.process_index() != 0:  # process 0 aggregates and reports
     return
   print(report.markdown_table(results["dataset"], results["model"], tuple(config.analysis.methods)))
-  print(f"Wrote {os.path.join(workdir, 'results.json')}")
+  stori_cli.print_outputs(
+    workdir, ["run.json", "results.json", "table.md", "report.html", "figures", "per_image"]
+  )
 
 
 if __name__ == "__main__":

@@ -18,12 +18,16 @@ and exits 2; any other exception is the project's own bug and keeps its tracebac
 the command line itself are user errors too: a bad flag value, a missing config file, and an
 override of a config key that does not exist (`--config.lr=...`: the nearest valid key is
 named). Library INFO logs (orbax, JAX's backend probe) are off unless `--verbosity` is given.
+
+A command that writes files ends its output with one "Wrote:" block, every path on its own
+line (`print_outputs`), so that a user (or a script, `written_paths`) finds all of them.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import glob
 import os
 import re
 import sys
@@ -237,3 +241,45 @@ def require_flags(*names: str, example: str, values: flags.FlagValues = flags.FL
   missing = [n for n in names if values[n].value in (None, "")]
   if missing:
     raise UserError(f"missing {', '.join('--' + n for n in missing)}; for example: {example}")
+
+
+WROTE_HEADING = "Wrote:"
+
+
+def print_outputs(directory: str, names: Sequence[str]) -> list[str]:
+  """Prints the "Wrote:" block that ends a command's output: each of `names` (relative to
+  `directory`; a glob pattern stands for its matches; "" for `directory` itself) that exists,
+  one path a line, a folder with the number of files in it. Names that do not exist are left
+  out: outputs that a config turns off are named here all the same. Returns the paths shown."""
+  paths = []
+  for name in names:
+    pattern = os.path.join(directory, name) if name else directory
+    # A path that exists as written is no pattern (a user's file name may hold "[").
+    matches = sorted(glob.glob(pattern)) if not os.path.exists(pattern) else [pattern]
+    paths.extend(p for p in matches if os.path.exists(p) and p not in paths)
+  if not paths:
+    return []
+  lines = [WROTE_HEADING]
+  for path in paths:
+    if os.path.isdir(path):
+      count = sum(len(files) for _, _, files in os.walk(path))
+      lines.append(f"  {os.path.join(path, '')}  ({count} file{'s' if count != 1 else ''})")
+    else:
+      lines.append(f"  {path}")
+  print("\n".join(lines), flush=True)
+  return paths
+
+
+def written_paths(output: str) -> list[str]:
+  """The paths of the last "Wrote:" block in a command's `output` (what `print_outputs`
+  printed), a folder's file count left off."""
+  lines = output.splitlines()
+  if WROTE_HEADING not in lines:
+    return []
+  start = len(lines) - lines[::-1].index(WROTE_HEADING)
+  paths = []
+  for line in lines[start:]:
+    if not line.startswith("  "):
+      break
+    paths.append(re.sub(r"  \(\d+ files?\)$", "", line[2:]))
+  return paths

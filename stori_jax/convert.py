@@ -15,6 +15,7 @@ import os
 from absl import flags
 
 from stori_jax import cli
+from stori_jax.checkpoints import native
 from stori_jax.errors import UserError
 
 from stori_jax.loading import load, save
@@ -52,9 +53,11 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   else:
     vision = type(c.vision).__name__.removesuffix("Config")
   print(
-    f"wrote {out}: text {c.text.layers}x{c.text.width}, vision {vision} @ "
+    f"converted {values.input}: text {c.text.layers}x{c.text.width}, vision {vision} @ "
     f"{c.vision.image_size}px, embed {c.embed_dim}, {c.text.activation}"
   )
+  params = native.SAFETENSORS_FILE if values.format == "safetensors" else native.ORBAX_DIR
+  cli.print_outputs(out, [native.CONFIG_FILE, params])
 
 
 if __name__ == "__main__":

@@ -183,6 +183,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if path:
     save_npy(path, features)
     print(f"\nsaved {features.shape} float32 to {path}")
+    cli.print_outputs("", [path])
 
 
 def _check_blocks(text_config, values: flags.FlagValues) -> None:

@@ -15,6 +15,7 @@ Needs the `[torch]` extra.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from typing import Any, Mapping
 
@@ -29,6 +30,10 @@ from stori_jax.checkpoints.state_dict import read_state_dict
 from stori_jax.loading import load
 from stori_jax.models import CLIPConfig
 from stori_jax.reference import clip_towers
+
+#: The numerics contract (docs/design.md section 3): max |jax - torch| <= TOLERANCE * scale for
+#: every block's hidden state, the features and the logits.
+TOLERANCE = 1e-5
 
 
 def random_inputs(config: CLIPConfig, batch: int = 4, seed: int = 0):
@@ -157,22 +162,86 @@ def run_parity(model, bundle: CLIPBundle, batch: int = 4, seed: int = 0) -> dict
   return report
 
 
-def format_report(report: Mapping[str, Any]) -> str:
-  lines = [f"{'tensor':<22}{'max |jax-torch|':>18}{'max |torch|':>14}{'relative':>12}"]
+def _rows(report: Mapping[str, Any]) -> list[tuple[str, Mapping[str, float]]]:
+  """(label, errors) of every tensor the report compares: each block, then the outputs."""
+  rows = []
   cnn = "patch_size" not in report.get("config", {}).get("vision", {"patch_size": None})
   for tower in ("text", "vision"):
     # CNN image towers report the stem and the four stages instead of blocks.
     first, unit = ("stem", "stage") if cnn and tower == "vision" else ("embed", "block")
     for row in report[f"{tower}_blocks"]:
-      label = f"{tower} " + (first if row["block"] == 0 else f"{unit} {row['block']}")
-      lines.append(
-        f"{label:<22}{row['max_abs']:>18.3e}{row['scale']:>14.3e}{row['max_rel']:>12.3e}"
-      )
-  for name in ("text_features", "image_features", "logits"):
-    row = report[name]
-    lines.append(f"{name:<22}{row['max_abs']:>18.3e}{row['scale']:>14.3e}{row['max_rel']:>12.3e}")
+      rows.append((f"{tower} " + (first if row["block"] == 0 else f"{unit} {row['block']}"), row))
+  rows.extend((name, report[name]) for name in ("text_features", "image_features", "logits"))
+  return rows
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+  lines = [f"{'tensor':<22}{'max |jax-torch|':>18}{'max |torch|':>14}{'relative':>12}"]
+  for label, row in _rows(report):
+    lines.append(f"{label:<22}{row['max_abs']:>18.3e}{row['scale']:>14.3e}{row['max_rel']:>12.3e}")
   lines.append(f"worst relative error of features/logits: {report['worst_final_rel']:.3e}")
   return "\n".join(lines)
+
+
+def reference_name(model) -> str:
+  """Which PyTorch reference `model` is (as clip_towers.run tells them apart)."""
+  return "transformers" if hasattr(model, "text_model") else "open_clip"
+
+
+def format_header(bundle: CLIPBundle, model, batch: int, seed: int) -> str:
+  """What was compared, in what precision, on which device: the lines above the table."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+
+  c = bundle.config
+  if c.vision_kind == "vit":
+    vision = f"ViT {c.vision.layers}x{c.vision.width} patch {c.vision.patch_size}"
+  else:
+    vision = type(c.vision).__name__.removesuffix("Config")
+  reference = reference_name(model)
+  version = _package_version("open_clip_torch" if reference == "open_clip" else reference)
+  backend, kind = jax.default_backend(), jax.devices()[0].device_kind
+  kind = "" if kind.lower() == backend else f" ({kind})"  # a GPU's or TPU's model
+  return "\n".join(
+    [
+      f"architecture: {c.name or 'unnamed'} (text {c.text.layers}x{c.text.width}, vision "
+      f"{vision} @ {c.vision.image_size}px, embed {c.embed_dim}, {c.text.activation})",
+      f"weights:      {bundle.source}",
+      f"reference:    {reference} {version} (torch {torch.__version__}, CPU, float32)",
+      f"dtype:        {np.dtype(bundle.dtype).name} compute, float32 params, matmul precision "
+      "highest",
+      f"device:       {backend}{kind}, jax {jax.__version__}",
+      f"inputs:       {batch} images and {batch} texts, seed {seed}",
+    ]
+  )
+
+
+def _package_version(name: str) -> str:
+  try:
+    return importlib.metadata.version(name)
+  except importlib.metadata.PackageNotFoundError:
+    return "(version unknown)"
+
+
+def worst_error(report: Mapping[str, Any]) -> tuple[str, float]:
+  """The tensor with the largest relative error, blocks and outputs alike, and that error:
+  the contract bounds every one of them."""
+  # A NaN error counts as the worst (max would otherwise pass over it).
+  label, row = max(_rows(report), key=lambda item: np.nan_to_num(item[1]["max_rel"], nan=np.inf))
+  return label, float(row["max_rel"])
+
+
+def format_verdict(report: Mapping[str, Any], tolerance: float = TOLERANCE) -> tuple[bool, str]:
+  """(passed, the verdict line): every relative error within `tolerance`."""
+  label, worst = worst_error(report)
+  # Written so that a NaN error fails: NaN <= tolerance is False.
+  passed = bool(worst <= tolerance)
+  verdict = "PASS" if passed else "FAIL"
+  relation = "<=" if passed else ">"
+  return passed, (
+    f"{verdict}: worst relative error {worst:.3e} ({label}) {relation} tolerance {tolerance:.0e} "
+    "(the numerics contract, docs/design.md section 3)"
+  )
 
 
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
@@ -202,10 +271,20 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     else:
       model, bundle = reference_for_source(f.source, f.arch)
     report = run_parity(model, bundle, f.batch, f.seed)
+  passed, verdict = format_verdict(report, TOLERANCE)
+  label, worst = worst_error(report)
+  report["worst"] = {"tensor": label, "max_rel": worst}
+  report["tolerance"], report["passed"] = TOLERANCE, passed
+  print(format_header(bundle, model, f.batch, f.seed))
+  print()
   print(format_report(report))
   if f.json:
     jsonio.write_json(f.json, report, indent=2)  # strict: a NaN difference is an error
-    print(f"wrote {f.json}")
+    cli.print_outputs("", [f.json])
+  # Last, so that a log's final line is the answer; a failure is the exit status too.
+  print(verdict)
+  if not passed:
+    raise SystemExit(1)
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:

@@ -77,8 +77,12 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     last = records[-1]
     shown = ", ".join(f"{k} {v:.4g}" for k, v in last.items() if k != "step")
     print(f"  step {last['step']}: {shown}")
-  if config.export_dir:
-    print(f"  model exported to {stage.export_path(config, workdir)}")
+  # export_dir is relative to the workdir unless absolute, as os.path.join reads it.
+  export = [config.export_dir] if config.export_dir else []
+  cli.print_outputs(
+    workdir,
+    ["run.json", "config.json", "metrics.jsonl", "training_curve.png", "checkpoints", *export],
+  )
 
 
 if __name__ == "__main__":

@@ -52,6 +52,37 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   multihost.define_flags(values)
 
 
+#: What a run writes to its workdir (fewshot.trainer and fewshot.report), in the order shown.
+OUTPUTS = (
+  "run.json",
+  "metrics.json",
+  "weights.json",
+  "history.jsonl",
+  "training_curve.png",
+  "interpretability.html",
+  "interpretability.png",
+  "checkpoints",
+)
+
+
+def top_words_table(top_words: dict[str, list[tuple[str, float]]]) -> list[str]:
+  """One line per class: its name, then its top words with their weights, each column as wide
+  as its widest entry, so the columns line up whatever the lengths of class names and words."""
+  if not top_words:
+    return []
+  names = list(top_words)
+  cells = [[f"{w} {v:.2f}" for w, v in top_words[n]] for n in names]
+  columns = max(len(row) for row in cells)
+  widths = [max((len(row[i]) for row in cells if i < len(row)), default=0) for i in range(columns)]
+  name_width = max(len("class"), *(len(n) for n in names))
+  header = f"  {'class':<{name_width}}  top words (mean weight over the class's prompts)"
+  lines = [header]
+  for name, row in zip(names, cells):
+    shown = "  ".join(f"{cell:<{width}}" for cell, width in zip(row, widths))
+    lines.append(f"  {name:<{name_width}}  {shown}".rstrip())
+  return lines
+
+
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Trains the config's weights in its workdir and prints the accuracies and top words."""
   if len(argv) > 1:
@@ -88,10 +119,9 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
       f"  classes with a discriminating word among their 3 top-weighted words: "
       f"{len(explained)} of {len(metrics['top_words'])}"
     )
-  for name, words in metrics.get("top_words", {}).items():
-    shown = ", ".join(f"{w} {v:.2f}" for w, v in words)
-    print(f"  {name:<22} top words: {shown}")
-  print(f"  reports in {workdir}")
+  for line in top_words_table(metrics.get("top_words", {})):
+    print(line)
+  cli.print_outputs(workdir, OUTPUTS)
 
 
 if __name__ == "__main__":

@@ -75,3 +75,102 @@ def test_config_mistakes_are_named(capsys, monkeypatch):
   assert "the config file refused its argument" in message and "'zz'" in message
   assert cli.run_in_process(train, []) == 2  # --config is required
   assert "--config" in _error_line(capsys.readouterr().err)
+
+
+def test_print_outputs_lists_what_exists_and_written_paths_reads_it_back(tmp_path, capsys):
+  (tmp_path / "results.json").write_text("{}")
+  for name in ("fig_b.png", "fig_a.png"):
+    (tmp_path / name).write_bytes(b"png")
+  (tmp_path / "per_image" / "0001").mkdir(parents=True)
+  for name in ("00000.json", "00001.json"):
+    (tmp_path / "per_image" / "0001" / name).write_text("{}")
+  shown = cli.print_outputs(
+    str(tmp_path), ["results.json", "report.html", "fig_*.png", "per_image", "results.json"]
+  )
+  out = capsys.readouterr().out
+  # Missing names are left out, a pattern is its sorted matches, a path is shown once.
+  assert shown == [
+    str(tmp_path / n) for n in ("results.json", "fig_a.png", "fig_b.png", "per_image")
+  ]
+  assert out.splitlines() == [
+    "Wrote:",
+    f"  {tmp_path / 'results.json'}",
+    f"  {tmp_path / 'fig_a.png'}",
+    f"  {tmp_path / 'fig_b.png'}",
+    f"  {tmp_path / 'per_image'}{os.sep}  (2 files)",
+  ]
+  assert [os.path.normpath(p) for p in cli.written_paths("table\n" + out)] == shown
+  assert cli.print_outputs(str(tmp_path), ["nothing.md"]) == [] and capsys.readouterr().out == ""
+
+
+def assert_ends_with_outputs(stdout: str, *names: str) -> list[str]:
+  """The output ends with a "Wrote:" block; every path in it exists, and `names` (base names)
+  are among them. Returns its paths."""
+  paths = cli.written_paths(stdout)
+  lines = stdout.rstrip("\n").splitlines()
+  assert paths and lines[-len(paths) - 1] == cli.WROTE_HEADING, stdout[-2000:]
+  assert all(os.path.exists(p) for p in paths), paths
+  shown = {os.path.basename(os.path.normpath(p)) for p in paths}
+  assert set(names) <= shown, (names, paths)
+  return paths
+
+
+def test_commands_end_with_the_files_they_wrote(tmp_path, tiny_random_model, run_command):
+  """convert, embed --output, evaluate_world and start_block on a tiny random model."""
+  out = tmp_path / "converted"
+  done = run_command("stori_jax.convert", f"--input={tiny_random_model}", f"--output={out}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert_ends_with_outputs(done.stdout, "stori_config.json", "params.safetensors")
+
+  done = run_command(
+    "stori_jax.embed", f"--source={out}", f"--output={tmp_path / 'emb'}", "a (red:1.5) star"
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert assert_ends_with_outputs(done.stdout, "emb.npy") == [str(tmp_path / "emb.npy")]
+
+  done = run_command(
+    "stori_jax.evaluate_world",
+    f"--source={out}",
+    f"--output_dir={tmp_path / 'eval'}",
+    "--n_images=8",
+    "--n_pairs=8",
+    "--n_triples=1",
+    "--images_per_category=1",
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert_ends_with_outputs(done.stdout, "synthetic_world_eval.json", "synthetic_world_eval.md")
+
+  probe = tmp_path / "probe.py"
+  probe.write_text(
+    "from configs import retrieval_synthetic\n\n\n"
+    "def get_config():\n"
+    "  config = retrieval_synthetic.get_config()\n"
+    "  config.data.n_triples, config.data.images_per_category = 2, 2\n"
+    "  return config\n"
+  )
+  done = run_command(
+    "stori_jax.start_block",
+    f"--model={out}",
+    f"--data_config={probe}",
+    f"--workdir={tmp_path / 'blocks'}",
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert_ends_with_outputs(done.stdout, "run.json", "start_block.json", "start_block.png")
+
+
+def test_pretrain_ends_with_the_files_it_wrote(tmp_path, run_command):
+  from test_pretrain import SMALL  # pylint: disable=import-outside-toplevel
+
+  done = run_command(
+    "stori_jax.pretrain",
+    "--config=configs/tiny_clip_pretrain.py",
+    *SMALL,
+    "--config.total_steps=3",
+    "--config.eval_every=3",
+    f"--workdir={tmp_path}",
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  paths = assert_ends_with_outputs(
+    done.stdout, "run.json", "metrics.jsonl", "training_curve.png", "checkpoints", "export"
+  )
+  assert str(tmp_path / "export") + os.sep in paths  # relative to the workdir, once

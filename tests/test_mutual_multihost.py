@@ -61,7 +61,7 @@ def _one_and_two_processes(run_command, module, flags, tmp_path):
 def test_two_processes_write_what_one_writes(tmp_path, run_command):
   multi = _one_and_two_processes(run_command, "mutual.analyze", FLAGS, tmp_path)
   assert "MI" in multi.stdout  # process 0 printed the table, once
-  assert multi.stdout.count("Wrote ") == 1
+  assert multi.stdout.count("\nWrote:\n") == 1
   per_image = _per_image(tmp_path / "single")
   assert len(per_image) == 8 and _per_image(tmp_path / "multi") == per_image
   single_results, multi_results = _results(tmp_path / "single"), _results(tmp_path / "multi")
@@ -80,7 +80,7 @@ SWEEP_FLAGS = [
 @pytest.mark.slow
 def test_two_process_sweep_writes_what_one_writes(tmp_path, run_command):
   multi = _one_and_two_processes(run_command, "mutual.sweep", SWEEP_FLAGS, tmp_path)
-  assert multi.stdout.count("Wrote ") == 1  # process 0 reports, once
+  assert multi.stdout.count("\nWrote:\n") == 1  # process 0 reports, once
   # Each process analysed one chunk; process 0 aggregated both.
   assert sorted(os.listdir(tmp_path / "multi" / "shards")) == [
     "chunk_00000.json",

@@ -1,5 +1,6 @@
 """Flax CLIP vs the PyTorch references (open_clip, transformers) with the same weights."""
 
+import json
 import os
 
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ torch = pytest.importorskip(
 open_clip = pytest.importorskip("open_clip", reason="pip install -e '.[torch]' (open_clip_torch)")
 
 import stori_jax  # pylint: disable=wrong-import-position
-from stori_jax import parity  # pylint: disable=wrong-import-position
+from stori_jax import cli, parity  # pylint: disable=wrong-import-position
 from stori_jax.reference import clip_towers
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig  # pylint: disable=wrong-import-position
 
@@ -214,3 +215,49 @@ def test_named_open_clip_model_state_dict(tmp_path):
   torch.save(model.state_dict(), path)
   bundle = stori_jax.load(path, arch="ViT-B-32-quickgelu")
   assert_parity(parity.run_parity(model, bundle, batch=2))
+
+
+def test_command_prints_its_header_and_passes(tmp_path, run_command):
+  """Issue 29: what was compared (architecture, reference, dtype, device) above the table, the
+  verdict against the contract as the last line, the JSON among the files written."""
+  report = tmp_path / "report.json"
+  done = run_command(parity, "--random=test-tiny", f"--json={report}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  lines = done.stdout.splitlines()
+  header = dict(line.split(":", 1) for line in lines[: lines.index("")])
+  assert list(header) == ["architecture", "weights", "reference", "dtype", "device", "inputs"]
+  assert header["architecture"].strip().startswith("test-tiny (text 4x32")
+  assert "open_clip" in header["reference"] and "torch" in header["reference"]
+  assert header["dtype"].strip().startswith("float32 compute")
+  assert header["device"].strip().startswith("cpu")
+  verdict = lines[-1]
+  assert verdict.startswith("PASS: worst relative error ") and "tolerance 1e-05" in verdict
+  worst = float(verdict.split()[4])
+  saved = json.loads(report.read_text())
+  assert 0 < worst < FP32_REL_TOL and saved["passed"] is True
+  # The worst of every block and output, which the verdict names.
+  assert worst == pytest.approx(saved["worst"]["max_rel"], rel=1e-3)
+  assert f"({saved['worst']['tensor']})" in verdict
+  assert cli.written_paths(done.stdout) == [str(report)]
+
+
+def test_command_fails_with_exit_status_1(run_command, monkeypatch):
+  """A broken layer (QuickGELU weights read as GELU) or a tolerance nothing meets: FAIL, 1."""
+  right = parity.random_pair
+
+  def broken(arch, reference="open_clip", seed=0):
+    model, bundle = right(arch, reference, seed)
+    wrong = bundle.config.with_activation("quick_gelu")
+    return model, stori_jax.CLIPBundle(config=wrong, params=bundle.params, source=bundle.source)
+
+  monkeypatch.setattr(parity, "random_pair", broken)
+  done = run_command(parity, "--random=test-tiny", "--batch=2")
+  assert done.returncode == 1
+  verdict = done.stdout.splitlines()[-1]
+  assert verdict.startswith("FAIL: worst relative error ") and "> tolerance 1e-05" in verdict
+  assert float(verdict.split()[4]) > 100 * FP32_REL_TOL
+  monkeypatch.setattr(parity, "random_pair", right)
+  monkeypatch.setattr(parity, "TOLERANCE", 1e-12)
+  done = run_command(parity, "--random=test-tiny", "--batch=2")
+  assert done.returncode == 1 and done.stdout.splitlines()[-1].startswith("FAIL: ")
+  assert "> tolerance 1e-12" in done.stdout.splitlines()[-1]

@@ -155,3 +155,16 @@ def test_shipped_checkpoint_was_made_by_the_pretraining_config():
   assert shipped["metadata"]["pretrain_config"] == config
   assert shipped["metadata"]["steps"] == config["total_steps"]
   assert shipped["config"]["name"] == config["model"]["name"] == "tiny-synthetic"
+
+
+def test_training_curve_has_a_title_naming_the_run(tmp_path, monkeypatch):
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  closed, close = [], plt.close
+  monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
+  records = [dict(step=1, loss=2.0, zero_shot_colour=0.2), dict(step=2, loss=1.0)]
+  (tmp_path / "tiny_run").mkdir()
+  contrastive.plot_curve(records, str(tmp_path / "tiny_run" / "training_curve.png"))
+  (fig,) = closed
+  assert "pretraining" in fig._suptitle.get_text() and "tiny_run" in fig._suptitle.get_text()
+  assert all(ax.get_ylabel() for ax in fig.axes)

@@ -13,6 +13,7 @@ from stori_jax.retrieval import runner as retrieval_runner
 from stori_jax.config_files import ConfigError
 from stori_jax.retrieval import paper_config
 
+from test_cli import assert_ends_with_outputs
 from test_retrieval_protocol import write_celeba
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,11 +61,15 @@ def test_cli_on_the_synthetic_world_and_its_cache(tmp_path, run_command):
     assert heading in tables
   for name in FIGURES:
     assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+  names = ("run.json", "retrieval_metrics.json", "retrieval_tables.md", *FIGURES)
+  # Every file written, the index cache this run built (outside the workdir) among them.
+  cache = os.path.abspath(results["index"]["path"])
+  assert cache in assert_ends_with_outputs(done.stdout, *names)
   # the second run reads the index from the cache
-  again = json.loads(
-    run_command(retrieve, *args).returncode == 0 and (out / "retrieval_metrics.json").read_text()
-  )
+  second = run_command(retrieve, *args)
+  again = json.loads(second.returncode == 0 and (out / "retrieval_metrics.json").read_text())
   assert again["index"]["from_cache"]
+  assert cache not in assert_ends_with_outputs(second.stdout, *names)
   assert again["emphasis"]["ap"] == results["emphasis"]["ap"]
 
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import jax
 from absl import flags
 
 from mutual import run_flags
 from mutual.sweep.runner import run
-from mutual.sweep.table import markdown_table
+from mutual.sweep.table import fit_equation, markdown_table
 from stori_jax import cli as stori_cli
 from stori_jax import multihost
 
@@ -32,15 +30,17 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if jax.process_index() != 0:  # process 0 aggregates and reports
     return
   rows = [results["models"][n] for n in results["order"]]
-  print(markdown_table(rows, tuple(config.analysis.methods)))
+  print(markdown_table(rows, tuple(config.analysis.methods), results["weights"] == "random"))
   for method, groups in results["fits"].items():
     for group, fit in groups.items():
       if fit["slope"] is not None:
         print(
-          f"{method} {group}: Top-1 = {fit['slope']:.2f} AUC + {fit['intercept']:.2f}, "
+          f"{method} {group}: Top-1 = {fit_equation(fit)}, "
           f"r = {fit['pearson_r']:.3f} (n = {fit['n']})"
         )
-  print(f"Wrote {os.path.join(workdir, 'results.json')}")
+  stori_cli.print_outputs(
+    workdir, ["run.json", "results.json", "table.md", "fig3_*.png", "per_image", "shards"]
+  )
 
 
 if __name__ == "__main__":
