@@ -1,0 +1,338 @@
+"""A grid config expanded into cells: one full few-shot train config per (dataset, shots,
+method, seed).
+
+A grid config (configs/grid_synthetic.py, configs/table2.py) holds:
+
+* `base.config_file`: the few-shot config file of a cell, `path[:argument]`, where `{dataset}`
+  and `{shots}` are replaced per cell (`configs/{dataset}.py:shots={shots}`); a path relative to
+  the current folder, as `--config` takes it;
+* `base.overrides`: config values set in every cell (nested like the few-shot config:
+  `overrides.model.source`, `overrides.epochs`);
+* `datasets`, `shots`, `seeds`: the axes (the grid sets `shots` and `seed` of each cell; a
+  cell's `data.name` must be its dataset);
+* `methods`: the table's rows, in order, each named in `method_settings`: a label, the prompts
+  it uses (the paper's "Text" column), its own `overrides` (`method=taskres`,
+  `prompts.use_cupl=False`), and which accuracy of a cell's metrics.json it reports: "trained",
+  or "zero_shot" read from the cells of the trained method `reads` names (the zero-shot
+  classifier of the same prompts, all weights 1, which every run measures before training);
+* `std_ddof`: the ddof of the standard deviation over seeds (0: numpy's default, as Dassl's
+  tools/parse_test_res.py, which CoOp and TaskRes use; the paper does not say).
+
+Each cell's learning rate is the paper's rule (`paper_config.resolve_learning_rate`, App. A.1),
+filled in here as the trainer would; a rate the config sets is kept, and the cell records
+whether it is the paper's (`Cell.lr_source`), which the tables show.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+from typing import Any, Iterator
+
+import ml_collections
+from absl import logging
+
+from stori_jax.config_files import ConfigChecks, ConfigError, load_config
+from stori_jax.fewshot import paper_config, trainer
+
+#: What a row reports from a cell's metrics.json.
+ACCURACIES = ("trained", "zero_shot")
+#: Few-shot config keys the grid sets per cell: an override of them is refused.
+AXES = ("shots", "seed", "data.name")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """A row of the tables."""
+
+  name: str
+  label: str
+  text: str  # the prompts (the paper's "Text" column: "Base", "Base+CuPL")
+  accuracy: str  # "trained" or "zero_shot"
+  reads: str  # the trained method whose cells hold its accuracy (its own name when trained)
+  overrides: ml_collections.ConfigDict
+
+  @property
+  def trained(self) -> bool:
+    return self.reads == self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One few-shot run of the grid."""
+
+  dataset: str
+  shots: int
+  method: str
+  seed: int
+  config: ml_collections.ConfigDict  # the full few-shot config, its learning rate filled in
+  base_file: str  # config.base.config_file for this cell (path[:argument])
+  lr: float  # the learning rate the run trains with
+  lr_key: str  # "optim.lr" (SToRI) or "taskres.lr"
+  paper_lr: float | None  # App. A.1's rate for the cell, None where the paper gives none
+
+  @property
+  def path(self) -> str:
+    """The cell's workdir below the grid's: <dataset>/<shots>shot/<method>/seed<k>."""
+    return os.path.join(self.dataset, f"{self.shots}shot", self.method, f"seed{self.seed}")
+
+  @property
+  def lr_source(self) -> str:
+    """ "paper" when the rate is App. A.1's for the cell, else "config"."""
+    return "paper" if self.paper_lr is not None and self.lr == self.paper_lr else "config"
+
+
+def _strings(checks: ConfigChecks, key: str) -> tuple[str, ...] | None:
+  value = checks.get(key)
+  ok = (
+    isinstance(value, (tuple, list))
+    and len(value) > 0
+    and all(isinstance(v, str) and v.strip() for v in value)
+    and len(set(value)) == len(value)
+  )
+  if not ok:
+    checks.problem(f"config.{key} must be a tuple of one or more distinct names, got {value!r}")
+    return None
+  return tuple(value)
+
+
+def _leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+  """(dotted key, value) of every leaf of a nested ConfigDict or dict."""
+  for key, value in tree.items():
+    if hasattr(value, "items"):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
+def validate_config(grid: ml_collections.ConfigDict) -> None:
+  """Checks the grid's own values before any cell is built; one ConfigError names them all."""
+  checks = ConfigChecks(grid)
+  checks.text("name")
+  template = checks.text("base.config_file", nonempty=True)
+  if template is not None:
+    try:
+      template.format(dataset="d", shots=1)
+    except (KeyError, IndexError, ValueError) as e:
+      checks.problem(
+        f"config.base.config_file {template!r} may hold only {{dataset}} and {{shots}} "
+        f"(replaced per cell), got an error formatting it: {e!r}"
+      )
+  overrides = checks.get("base.overrides")
+  if not hasattr(overrides, "items"):
+    checks.problem(f"config.base.overrides must be a ConfigDict, got {overrides!r}")
+  _strings(checks, "datasets")
+  checks.integers("shots", minimum=1, distinct=True)
+  checks.integers("seeds", minimum=0, distinct=True)
+  checks.integer("std_ddof", minimum=0, maximum=1)
+  methods = _strings(checks, "methods") or ()
+  settings = checks.get("method_settings", {})
+  for name in methods:
+    if name not in settings:
+      near = difflib.get_close_matches(name, list(settings), n=1)
+      checks.problem(
+        f"config.methods names {name!r}, which config.method_settings does not define"
+        + (f" (did you mean {near[0]!r}?)" if near else f" (it defines {sorted(settings)})")
+      )
+      continue
+    key = f"method_settings.{name}"
+    checks.text(f"{key}.label", nonempty=True)
+    checks.text(f"{key}.text")
+    checks.choice(f"{key}.accuracy", ACCURACIES)
+    reads = checks.text(f"{key}.reads")
+    if reads and reads != name:
+      source = settings.get(reads)
+      if reads not in methods or source is None or source.get("reads", "") not in ("", reads):
+        checks.problem(
+          f"config.{key}.reads is {reads!r}: it must name a trained method of config.methods "
+          f"(one whose own reads is ''), whose cells hold this row's accuracy"
+        )
+    method_overrides = checks.get(f"{key}.overrides")
+    if not hasattr(method_overrides, "items"):
+      checks.problem(f"config.{key}.overrides must be a ConfigDict, got {method_overrides!r}")
+    elif reads and reads != name and len(method_overrides):
+      checks.problem(
+        f"config.{key} reads the cells of {reads!r} and runs none of its own, so its overrides "
+        f"would change nothing; leave them empty"
+      )
+  for where, tree in [("base.overrides", overrides)] + [
+    (f"method_settings.{n}.overrides", settings[n].get("overrides"))
+    for n in methods
+    if n in settings
+  ]:
+    if hasattr(tree, "items"):
+      for key, _ in _leaves(tree):
+        if key in AXES or key == "name":
+          checks.problem(
+            f"config.{where}.{key}: the grid sets {key} per cell (config.datasets, config.shots, "
+            f"config.seeds); change the grid's axis instead"
+          )
+  checks.raise_if_any()
+
+
+def grid_methods(grid: ml_collections.ConfigDict) -> list[Method]:
+  """The rows of the tables, in config.methods' order."""
+  methods = []
+  for name in grid.methods:
+    setting = grid.method_settings[name]
+    methods.append(
+      Method(
+        name=name,
+        label=setting.label,
+        text=setting.get("text", ""),
+        accuracy=setting.accuracy,
+        reads=setting.get("reads") or name,
+        overrides=setting.get("overrides", ml_collections.ConfigDict()),
+      )
+    )
+  return methods
+
+
+def base_file(grid: ml_collections.ConfigDict, dataset: str, shots: int) -> str:
+  """config.base.config_file for one cell: `{dataset}` and `{shots}` replaced."""
+  return grid.base.config_file.format(dataset=dataset, shots=shots)
+
+
+def load_base(spec: str) -> ml_collections.ConfigDict:
+  """The few-shot config of `path[:argument]`, as `--config path[:argument]` builds it.
+
+  Raises:
+    ConfigError: no such file, or its get_config refuses the argument.
+  """
+  path, _, argument = spec.partition(":")
+  if not os.path.isfile(path):
+    raise ConfigError(
+      f"config.base.config_file: no config file {path} (from {spec!r}, in {os.getcwd()}); a "
+      f"relative path is read from the current folder: run from the repository root or give "
+      f"an absolute path"
+    )
+  try:
+    return load_config(path, argument or None)
+  except ConfigError as e:
+    raise ConfigError(f"config.base.config_file {spec!r}: {e}") from None
+
+
+def _all_keys(config: Any) -> list[str]:
+  return [key for key, _ in _leaves(config)]
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Any, where: str) -> None:
+  """Sets every leaf of the nested `overrides` in `config`; `where` names them in messages.
+
+  Raises:
+    ConfigError: a key the few-shot config does not have (the nearest named), or a value of
+      another type than the config's.
+  """
+  for key, value in _leaves(overrides):
+    node = config
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+      last = depth == len(parts) - 1
+      if part not in node or (not last and not hasattr(node[part], "items")):
+        near = difflib.get_close_matches(key, _all_keys(config), n=1, cutoff=0.6)
+        raise ConfigError(
+          f"config.{where}.{key}: the few-shot config has no key {key!r}"
+          + (f" (did you mean {near[0]!r}?)" if near else "")
+          + "; overrides must name an existing key of config.base.config_file's config"
+        )
+      if not last:
+        node = node[part]
+    try:
+      node[parts[-1]] = value
+    except (TypeError, ValueError) as e:
+      raise ConfigError(f"config.{where}.{key} = {value!r}: {e}") from None
+
+
+def paper_learning_rate(config: ml_collections.ConfigDict) -> float | None:
+  """App. A.1's learning rate for a cell's config (SToRI's by dataset, shots and backbone;
+  TaskRes's by dataset), or None where the paper gives none (another dataset, shot count or
+  model)."""
+  dataset, shots = str(config.data.name), int(config.shots)
+  if dataset not in paper_config.DATASETS or shots not in paper_config.SHOTS:
+    return None
+  if config.method == "taskres":
+    return float(paper_config.fewshot_config(dataset, shots).taskres.lr)
+  try:
+    return paper_config.learning_rate(dataset, shots, paper_config.run_backbone(config))
+  except ConfigError:
+    return None
+
+
+def make_cell(
+  grid: ml_collections.ConfigDict,
+  base: ml_collections.ConfigDict,
+  spec: str,
+  dataset: str,
+  shots: int,
+  method: Method,
+  seed: int,
+) -> Cell:
+  """One cell: the base config with the grid's and the method's overrides, the cell's shots and
+  seed, checked (`trainer.validate_config`) and its learning rate filled in.
+
+  Raises:
+    ConfigError: the cell's config is not a valid few-shot config, or is of another dataset.
+  """
+  config = copy.deepcopy(base)
+  apply_overrides(config, grid.base.overrides, "base.overrides")
+  apply_overrides(config, method.overrides, f"method_settings.{method.name}.overrides")
+  path = os.path.join(dataset, f"{shots}shot", method.name, f"seed{seed}")
+  if config.data.name != dataset:
+    raise ConfigError(
+      f"cell {path}: {spec!r} builds a config of the dataset {config.data.name!r}, not "
+      f"{dataset!r} (config.datasets); config.base.config_file must give each dataset its own "
+      f"config, e.g. 'configs/{{dataset}}.py:shots={{shots}}'"
+    )
+  config.shots = shots
+  config.seed = seed
+  config.name = f"{grid.get('name') or 'grid'}/{path}"
+  try:
+    trainer.validate_config(config)
+  except ConfigError as e:
+    raise ConfigError(f"cell {path} ({spec} with the grid's overrides): {e}") from None
+  config = paper_config.resolve_learning_rate(config)
+  lr_key = "taskres.lr" if config.method == "taskres" else "optim.lr"
+  lr = float(config.taskres.lr if lr_key == "taskres.lr" else config.optim.lr)
+  paper_lr = paper_learning_rate(config)
+  if paper_lr is not None and lr != paper_lr:
+    logging.warning(
+      "cell %s trains with config.%s = %g, not App. A.1's %g (set by the config)",
+      path,
+      lr_key,
+      lr,
+      paper_lr,
+    )
+  if dataset in paper_config.DATASETS and config.epochs != (200 if shots >= 8 else 100):
+    logging.warning(
+      "cell %s trains %d epochs; the paper trains 100 at 1/2/4 shots and 200 at 8/16 (does "
+      "config.base.config_file pass {shots} to the config file?)",
+      path,
+      config.epochs,
+    )
+  return Cell(dataset, shots, method.name, seed, config, spec, lr, lr_key, paper_lr)
+
+
+def expand(grid: ml_collections.ConfigDict) -> list[Cell]:
+  """Every cell that trains, dataset by dataset, then shots, method (rows' order) and seed.
+
+  Rows that read another method's cells (the zero-shot row) add none.
+
+  Raises:
+    ConfigError: a bad grid value or a cell whose config is not valid, before any work.
+  """
+  validate_config(grid)
+  bases: dict[str, ml_collections.ConfigDict] = {}
+  cells = []
+  for dataset in grid.datasets:
+    for shots in grid.shots:
+      spec = base_file(grid, dataset, shots)
+      if spec not in bases:
+        bases[spec] = load_base(spec)
+      for method in grid_methods(grid):
+        if not method.trained:
+          continue
+        for seed in grid.seeds:
+          cells.append(make_cell(grid, bases[spec], spec, dataset, shots, method, seed))
+  return cells
