@@ -9,7 +9,9 @@ from stori_jax.fewshot.paper_config import DATASETS, fewshot_config
 
 
 def get_config(argument=None):
-  dataset = config_arguments(argument, __file__, dataset=("dtd", "demo", *(d for d in DATASETS if d != "dtd")))["dataset"]
+  dataset = config_arguments(
+    argument, __file__, dataset=("dtd", "demo", *(d for d in DATASETS if d != "dtd"))
+  )["dataset"]
   if dataset == "demo":
     config = sibling_config(__file__, "demo")
   else:

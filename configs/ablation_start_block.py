@@ -11,7 +11,9 @@ from stori_jax.fewshot.paper_config import DATASETS, fewshot_config
 
 
 def get_config(argument=None):
-  values = config_arguments(argument, __file__, dataset=("dtd", *(d for d in DATASETS if d != "dtd")), block=7)
+  values = config_arguments(
+    argument, __file__, dataset=("dtd", *(d for d in DATASETS if d != "dtd")), block=7
+  )
   config = fewshot_config(values["dataset"], 16, "clip")
   config.start_block = values["block"]
   config.name += f"_start{values['block']}"

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import functools
 import math
+import random
 
 import jax
 import jax.numpy as jnp
@@ -585,8 +586,6 @@ def reference_order(n_concepts: int) -> np.ndarray:
 def python_random_words(seed: int, count: int = PAD_WORDS) -> np.ndarray:
   """uint32 [count]: the first words random.seed(seed) makes Python's generator give (what
   getrandbits(32) returns); random.randint reads them in this order."""
-  import random  # pylint: disable=import-outside-toplevel
-
   generator = random.Random(seed)
   return np.asarray([generator.getrandbits(32) for _ in range(count)], np.uint32)
 

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from absl import app, flags
 from absl import logging as absl_logging
+from ml_collections.config_flags import config_flags, config_path
 
 from stori_jax import run_identity
 from stori_jax.errors import UserError
@@ -57,7 +58,6 @@ def _verbosity_given(argv: Sequence[str]) -> bool:
 def _config_flags(values: flags.FlagValues) -> list[Any]:
   """The ml_collections config-file flags (--config and the like) defined in `values`."""
   # is_config_flag is meant for users but not re-exported by the package.
-  from ml_collections.config_flags import config_flags  # pylint: disable=import-outside-toplevel
 
   found = [values[name] for name in values]
   return [
@@ -101,8 +101,6 @@ def _nearest_keys(key: str, known: list[str]) -> list[str]:
 
 def _unknown_config_key(argv: Sequence[str], values: flags.FlagValues) -> str | None:
   """The message for an override of a config key that does not exist, if there is one."""
-  from ml_collections.config_flags import config_path  # pylint: disable=import-outside-toplevel
-
   for flag in _config_flags(values):
     source = _flag_argument(argv, flag.name)
     if source is None:

@@ -22,8 +22,11 @@ from absl import flags
 
 from stori_jax import cli
 from stori_jax.bundle import CLIPBundle
+from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.errors import InputError, NonFiniteError, UserError
 from stori_jax.loading import load
+from stori_jax.models import init_params
+from stori_jax.models.text import reweighted_block_indices
 from stori_jax.tokenizer import parse_weighted
 
 
@@ -155,9 +158,6 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   for prompt in prompts:  # syntax errors before the model loads
     parse_weighted(prompt)
   if values.random:
-    from stori_jax.checkpoints.open_clip_config import architecture_config  # pylint: disable=import-outside-toplevel
-    from stori_jax.models import init_params  # pylint: disable=import-outside-toplevel
-
     try:
       config = architecture_config(values.random)
     except ValueError as e:
@@ -188,7 +188,6 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
 
 def _check_blocks(text_config, values: flags.FlagValues) -> None:
   # pylint: disable-next=import-outside-toplevel
-  from stori_jax.models.text import reweighted_block_indices
 
   try:
     reweighted_block_indices(text_config, values.start_block, values.stop_block)

@@ -19,14 +19,16 @@ import importlib.metadata
 import os
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 from absl import flags
 
-from stori_jax import cli
+from stori_jax import cli, jsonio
 from stori_jax.bundle import CLIPBundle
 from stori_jax.checkpoints import hf, native, openai
 from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.checkpoints.state_dict import read_state_dict
+from stori_jax.errors import UserError
 from stori_jax.loading import load
 from stori_jax.models import CLIPConfig
 from stori_jax.reference import clip_towers
@@ -190,8 +192,7 @@ def reference_name(model) -> str:
 
 def format_header(bundle: CLIPBundle, model, batch: int, seed: int) -> str:
   """What was compared, in what precision, on which device: the lines above the table."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch  # optional: the torch extra
 
   c = bundle.config
   if c.vision_kind == "vit":
@@ -246,11 +247,6 @@ def format_verdict(report: Mapping[str, Any], tolerance: float = TOLERANCE) -> t
 
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Checks --source (or random --random weights) against PyTorch and prints the errors."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  from stori_jax import jsonio  # pylint: disable=import-outside-toplevel
-  from stori_jax.errors import UserError  # pylint: disable=import-outside-toplevel
-
   f = values
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")

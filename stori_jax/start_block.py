@@ -17,9 +17,11 @@ import os
 
 from absl import flags
 
+import stori_jax
 from stori_jax import cli, jsonio, run_identity
 from stori_jax.config_files import load_config
 from stori_jax.errors import UserError
+from stori_jax.retrieval import block_sweep
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
@@ -47,8 +49,6 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Measures the start blocks of --model, writes the table and plot, prints the advice."""
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
-  import stori_jax  # pylint: disable=import-outside-toplevel
-  from stori_jax.retrieval import block_sweep  # pylint: disable=import-outside-toplevel
 
   path, _, argument = values.data_config.partition(":")
   if not os.path.isfile(path):

@@ -88,7 +88,8 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
   multihost.initialize_from_flags(values)
-  from stori_jax.fewshot import trainer  # pylint: disable=import-outside-toplevel
+  # lazy: after jax.distributed.initialize, before which nothing may touch a JAX backend
+  from stori_jax.fewshot import trainer  # lazy: see above
 
   config = values.config
   workdir = values.workdir or os.path.join("workdirs", str(config.get("name") or "train"))

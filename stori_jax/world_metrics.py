@@ -37,14 +37,17 @@ import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from sklearn.metrics import average_precision_score
 
 from stori_jax.data import synthetic
 from stori_jax.data.synthetic_tasks import (  # the emphasis scenes, re-exported here
   EMPHASIS_FAMILIES,
-  EMPHASIS_PATTERNS as EMPHASIS_PATTERNS,
   EMPHASIS_SEED,
   emphasis_scenes,
   emphasis_triples,
+)
+from stori_jax.data.synthetic_tasks import (
+  EMPHASIS_PATTERNS as EMPHASIS_PATTERNS,
 )
 from stori_jax.encoding import BATCH_SIZE, encode_images, encode_texts, l2_normalize
 from stori_jax.retrieval.metrics import precision_at_k
@@ -367,8 +370,6 @@ def emphasis_effect(
   prompts = [
     emphasis_prompt(triple, f, w) for triple in triples for f in EMPHASIS_FAMILIES for w in weights
   ]
-
-  from sklearn.metrics import average_precision_score  # pylint: disable=import-outside-toplevel
 
   shape = (len(triples), len(EMPHASIS_FAMILIES), len(weights))
   ap = {m: np.zeros(shape) for m in methods}

@@ -107,9 +107,7 @@ def _tiny_state_dict_file(path):
   torch = pytest.importorskip("torch")
   from stori_jax.reference import clip_towers
 
-  model = clip_towers.randomize_(
-    clip_towers.build_open_clip(get_architecture("test-tiny")), 0
-  )
+  model = clip_towers.randomize_(clip_towers.build_open_clip(get_architecture("test-tiny")), 0)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   torch.save(model.state_dict(), path)
   return model

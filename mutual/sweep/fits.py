@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from scipy import stats
 
 from mutual.sweep.models import FAMILIES
 
@@ -21,8 +22,6 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
   Returns a JSON-ready dict (n, slope, intercept, pearson_r, p_value); the numbers are None when
   there are fewer than MIN_FIT_MODELS points or x or y does not vary.
   """
-  from scipy import stats  # pylint: disable=import-outside-toplevel
-
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
   out: dict[str, Any] = dict(n=len(x), slope=None, intercept=None, pearson_r=None, p_value=None)
   if len(x) < MIN_FIT_MODELS or np.ptp(x) == 0 or np.ptp(y) == 0:

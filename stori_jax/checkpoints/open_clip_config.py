@@ -156,7 +156,7 @@ def architecture_config(name: str) -> CLIPConfig:
     return get_architecture(name)
   except ValueError as preset_error:
     try:
-      import open_clip  # pylint: disable=import-outside-toplevel
+      import open_clip  # optional: the torch extra
     except ImportError:
       raise preset_error from None
     model_cfg = open_clip.get_model_config(name)

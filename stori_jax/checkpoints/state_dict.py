@@ -20,7 +20,7 @@ StateDict = Mapping[str, np.ndarray]
 
 def _import_torch(path: str):
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch  # optional: the torch extra
   except ImportError as e:
     raise CheckpointError(
       f"Reading {path} needs PyTorch (it is a torch pickle). Install it with "

@@ -68,8 +68,8 @@ def require_flask() -> None:
   """
   try:
     # pylint: disable=import-outside-toplevel,unused-import
-    import flask  # noqa: F401
-    import werkzeug.serving  # noqa: F401
+    import flask  # noqa: F401  (optional: the explore extra; imported to check it is there)
+    import werkzeug.serving  # noqa: F401  (optional: the explore extra; imported to check it is there)
   except ModuleNotFoundError as e:
     missing = (e.name or "a module").split(".")[0]  # the package, not werkzeug.local
     raise UserError(
@@ -148,8 +148,8 @@ def create_app(explorer: Explorer):
   """
   require_flask()
   # pylint: disable=import-outside-toplevel
-  from flask import Flask, Response, jsonify, request
-  from werkzeug.exceptions import HTTPException
+  from flask import Flask, Response, jsonify, request  # optional: the explore extra
+  from werkzeug.exceptions import HTTPException  # optional: the explore extra
 
   app = Flask("stori_jax.explore")  # the command's name: its logger's, in error logs
   app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from PIL import Image
 
 from stori_jax.errors import NonFiniteError
 from stori_jax.explorer import curves
@@ -309,8 +310,6 @@ class Explorer:
       KeyError: no image `index`.
       InputError: the image file cannot be read any more (named).
     """
-    from PIL import Image  # pylint: disable=import-outside-toplevel
-
     if self._load is None or not 0 <= index < len(self.keys):
       raise KeyError(index)
     with self._thumbs_lock:

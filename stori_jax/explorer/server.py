@@ -154,7 +154,7 @@ class _DeadlineReader(io.RawIOBase):
 
 def _handler_class():
   """werkzeug's request handler with deadlines (imported here: flask is optional)."""
-  from werkzeug.serving import WSGIRequestHandler  # pylint: disable=import-outside-toplevel
+  from werkzeug.serving import WSGIRequestHandler  # optional: the explore extra
 
   class DeadlineRequestHandler(WSGIRequestHandler):
     """Reads each request against a deadline: HEADER_TIMEOUT_S for the line and headers
@@ -208,7 +208,7 @@ def make_server(
     max_pending: connections waiting for a thread beyond which a new one is closed at once.
   """
   require_flask()
-  from werkzeug.serving import BaseWSGIServer  # pylint: disable=import-outside-toplevel
+  from werkzeug.serving import BaseWSGIServer  # optional: the explore extra
 
   class BoundedWSGIServer(BaseWSGIServer):
     """Hands accepted connections to at most `threads` worker threads."""

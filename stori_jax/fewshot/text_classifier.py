@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from stori_jax.bundle import CLIPBundle
@@ -227,8 +228,6 @@ def cross_entropy_loss(
 def to_host(array: jax.Array) -> np.ndarray:
   """The global value of a (possibly sharded, multi-host) array as numpy, on every host."""
   if isinstance(array, jax.Array) and not array.is_fully_addressable:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
   return np.asarray(array)
 

@@ -5,5 +5,7 @@ if __name__ == "__main__":
   import runpy
   import sys
 
-  print("note: `python -m stori_jax.models` is now `python -m stori_jax.list_models`.", file=sys.stderr)
+  print(
+    "note: `python -m stori_jax.models` is now `python -m stori_jax.list_models`.", file=sys.stderr
+  )
   runpy.run_module("stori_jax.list_models", run_name="__main__", alter_sys=True)

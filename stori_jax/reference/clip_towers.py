@@ -19,7 +19,7 @@ REFERENCES = ("open_clip", "transformers")
 
 def _torch():
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch  # optional: the torch extra
   except ImportError as e:
     raise ImportError("The PyTorch reference needs torch: pip install -e '.[torch]'") from e
   return torch
@@ -78,8 +78,8 @@ def _resize_convnext_trunk_(model, config: CLIPConfig):
   shapes, so the trunk and projection are rebuilt as open_clip's TimmModel
   would build them (timm head kept: average pool + LayerNorm, no classifier).
   """
-  import timm  # pylint: disable=import-outside-toplevel
-  from torch import nn  # pylint: disable=import-outside-toplevel
+  import timm  # optional: the torch extra (open_clip's ConvNeXt towers)
+  from torch import nn  # optional: the torch extra
 
   v = config.vision
   model.visual.trunk = timm.create_model(
@@ -91,7 +91,7 @@ def _resize_convnext_trunk_(model, config: CLIPConfig):
 def build_open_clip(config: CLIPConfig):
   """An open_clip CLIP (random init) with exactly this architecture."""
   _check_one_activation(config, "open_clip")
-  from open_clip.model import CLIP  # pylint: disable=import-outside-toplevel
+  from open_clip.model import CLIP  # optional: the torch extra
 
   t = config.text
   vision_cfg = _open_clip_vision_cfg(config)
@@ -121,7 +121,7 @@ def build_open_clip(config: CLIPConfig):
 
 def build_transformers(config: CLIPConfig):
   """A transformers CLIPModel (random init) with exactly this architecture."""
-  import transformers  # pylint: disable=import-outside-toplevel
+  import transformers  # optional: the torch extra
 
   v, t = config.vision, config.text
   hf_config = transformers.CLIPConfig(

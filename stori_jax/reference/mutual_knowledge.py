@@ -80,7 +80,7 @@ TIE_TOLERANCE = 1e-4
 def have_crf() -> bool:
   """SimpleCRF (`import denseCRF`) is importable."""
   try:
-    import denseCRF  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import denseCRF  # noqa: F401  (optional: SimpleCRF, built by make install; imported to check it is there)
   except ImportError:
     return False
   return True
@@ -232,7 +232,7 @@ def pca_labels(fg_tokens: np.ndarray, n_concepts: int, sign_rule: str = "sklearn
 def kmeans_labels(fg_tokens: torch.Tensor, start: np.ndarray, n_concepts: int, stats=None):
   """utils.kmeans_clustering: kmeans_pytorch on the L2-normalised tokens, euclidean, from the
   tokens `start` (int [n_concepts] rows of fg_tokens). int [N] labels."""
-  import kmeans_pytorch  # pylint: disable=import-outside-toplevel
+  import kmeans_pytorch  # optional: the mutual extra
 
   unit = F.normalize(fg_tokens, p=2, dim=-1)
   original_initialize = kmeans_pytorch.initialize
@@ -268,7 +268,7 @@ def kmeans_labels(fg_tokens: torch.Tensor, start: np.ndarray, n_concepts: int, s
 
 def crf_mask(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
   """utils.get_foreground_crf_map: SimpleCRF on the one-hot mask; bool [S, S] (label != 0)."""
-  import denseCRF  # pylint: disable=import-outside-toplevel
+  import denseCRF  # optional: SimpleCRF, built by make install
 
   unary = np.eye(2, dtype=np.float32)[mask.astype(np.int64)]
   out = denseCRF.densecrf(np.ascontiguousarray(image), unary, CRF_PARAMS)

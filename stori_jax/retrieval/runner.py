@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+import stori_jax
 from stori_jax import jsonio, run_identity
 from stori_jax.bundle import resolve_start_block
 from stori_jax.config_files import ConfigChecks, ConfigError
@@ -139,8 +140,6 @@ def run(config, workdir: str, bundle=None, restart: bool = False) -> dict[str, A
       writable (before any work).
     InputError: the data cannot be read as the config describes it.
   """
-  import stori_jax  # pylint: disable=import-outside-toplevel
-
   validate_config(config)
   run_identity.claim_run(
     workdir,

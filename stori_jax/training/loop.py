@@ -20,7 +20,11 @@ from typing import Any, Callable, Iterator, Sequence
 import jax
 from tqdm import tqdm
 
-from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, require_finite_checkpoint
+from stori_jax.training.checkpointer import (
+  NonFiniteWatch,
+  TrainCheckpointer,
+  require_finite_checkpoint,
+)
 
 State = Any
 Batch = Any
