@@ -2,9 +2,10 @@
 
 All three see the same patch features (config.analysis.feature_kind of the analysed model) and
 the same descriptor bank as the analysis, and are trained with optax (Adam, learning rate decayed
-by a cosine schedule, App. D: batch 64, 1e-4 to 1e-5, q = 512 on ImageNet). Training is
-deterministic given the seed: batches are drawn from a numpy Generator and Gumbel noise / DropBlock
-masks from jax PRNG keys folded with the step.
+by a cosine schedule, App. D: batch 64, 1e-4 to 1e-5, q = 512 on ImageNet) in the project's
+training loop (`stori_jax.training.loop`: a diverged fit stops, a stopped one resumes from its
+checkpoints). Training is deterministic given the seed: batches are drawn from a numpy Generator
+and Gumbel noise / DropBlock masks from jax PRNG keys folded with the step.
 
 - MM-CBM (App. D.1): descriptors -> linear -> queries Q [D, q]; patch tokens -> linear ->
   keys = values K [N, q]; cross-attention softmax over the N tokens, softmax(Q K^T / sqrt(q)) K;
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -47,8 +49,12 @@ from tqdm import tqdm
 
 from mutual import features
 from stori_jax.preprocess import normalize
+from stori_jax.training import loop
+from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 
 NAMES = ("MM-CBM", "MM-ProtoSim", "Feature Maps")
+#: Each baseline's folder under `train_all`'s workdir (its checkpoints).
+FOLDERS = {"MM-CBM": "mm_cbm", "MM-ProtoSim": "mm_protosim", "Feature Maps": "feature_maps"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,11 +132,43 @@ def descriptor_targets(
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
-  """params: the trained parameters; losses: float32 [steps]; seconds: wall time."""
+  """params: the trained parameters; losses: float32 [steps], every step's loss (a resumed
+  fit's too: they are part of its checkpoints); seconds: the wall time of this call."""
 
   params: Any
   losses: np.ndarray
   seconds: float
+
+
+class _NoCheckpoints:
+  """`train_loop`'s checkpointer for a fit without a workdir: keeps nothing."""
+
+  def save(self, step: int, state: Any) -> None:
+    del step, state
+
+  def wait(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
+def epoch_orders(n: int, seed: int) -> Callable[[int], np.ndarray]:
+  """epoch -> int64 [n], the order in which that epoch visits the examples: the (epoch + 1)-th
+  `permutation(n)` of one `np.random.default_rng(seed)`. A function of the epoch, so that a
+  resumed fit sees the same batches; the draws are kept going for the next epoch and redone
+  from the seed for an earlier one."""
+  rng, drawn, order = None, 0, None
+
+  def order_of(epoch: int) -> np.ndarray:
+    nonlocal rng, drawn, order
+    if rng is None or epoch < drawn - 1:
+      rng, drawn = np.random.default_rng(seed), 0
+    while drawn <= epoch:
+      order, drawn = rng.permutation(n), drawn + 1
+    return order
+
+  return order_of
 
 
 def fit(
@@ -145,50 +183,120 @@ def fit(
   seed: int = 0,
   desc: str = "train",
   progress: bool = True,
+  workdir: str | None = None,
+  checkpoint_every: int | None = None,
 ) -> TrainResult:
-  """Adam with a cosine decay from learning_rate to final_learning_rate (App. D).
+  """Adam with a cosine decay from learning_rate to final_learning_rate (App. D), run by
+  `training.loop.train_loop`: one jitted step that donates its state, no read-back per step,
+  a NaN or infinity stops the fit (`NonFiniteError`), and with a workdir checkpoints that a
+  rerun resumes from (to the same parameters as a fit never stopped).
 
   Args:
-    loss_fn: (params, batch dict of arrays, key, progress) -> scalar loss; progress is the
-      float32 fraction of training done before the step, in [0, 1).
-    params: initial parameters.
+    loss_fn: (params, batch dict of arrays, key, progress) -> float32 [] loss; key is the
+      step's PRNG key (the seed's key folded with the 0-based step), progress the float32
+      fraction of training done before the step, in [0, 1).
+    params: initial parameters (copied: the caller's arrays are not donated).
     arrays: training arrays with a common leading size N (batches index them).
-    epochs: passes over the data; each draws a fresh permutation (incomplete batches dropped).
+    epochs: passes over the data; each visits a fresh permutation (incomplete batches dropped).
     seed: seeds the permutations and the per-step PRNG keys.
+    desc: the progress bar's label; also names the fit in a divergence message.
+    progress: unused by the loop, whose progress bar is always shown (kept for the callers).
+    workdir: the fit's folder: checkpoints in <workdir>/checkpoints, resumed from by a fit
+      with the same arguments; None: no checkpoint.
+    checkpoint_every: steps between checkpoints (default: a tenth of the fit, at least 1).
+
+  Raises:
+    ValueError: no training examples.
+    NonFiniteError: the loss, the gradients or the weights became NaN or infinite.
   """
+  del progress
   n = len(next(iter(arrays.values())))
   if n == 0:
     raise ValueError("no training examples")
   batch = min(int(batch_size), n)
   per_epoch = n // batch
-  total = max(per_epoch * int(epochs), 1)
+  steps = per_epoch * int(epochs)
+  total = max(steps, 1)  # the schedule's length
   schedule = optax.cosine_decay_schedule(
     learning_rate, decay_steps=total, alpha=final_learning_rate / learning_rate
   )
   optimizer = optax.adam(schedule)
-  state = optimizer.init(params)
 
-  @jax.jit
-  def step(params, state, batch_arrays, key, progress):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch_arrays, key, progress)
-    updates, state = optimizer.update(grads, state, params)
-    return optax.apply_updates(params, updates), state, loss
+  def train_step(state, batch):
+    """state {"params", "opt_state", "step" int32 [], "losses" float32 [steps]}, batch
+    (arrays of B examples, progress float32 []) -> (state, {"nonfinite": int32 []})."""
+    chunk, done = batch
+    # The seed's key made in the step: a key array closed over would be read back to the host
+    # as a constant when the step compiles.
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), state["step"])
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"], chunk, key, done)
+    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    return (
+      {
+        "params": params,
+        "opt_state": opt_state,
+        "step": state["step"] + 1,
+        # Kept on the device (and in the checkpoints): read once, after the last step.
+        "losses": state["losses"].at[state["step"]].set(loss),
+      },
+      {"nonfinite": nonfinite_code(loss, grads, params)},
+    )
 
-  rng = np.random.default_rng(seed)
-  base = jax.random.PRNGKey(seed)
-  losses = []
+  order_of = epoch_orders(n, seed)
+
+  def batch_for_step(step):
+    epoch, b = divmod(step, per_epoch)
+    idx = order_of(epoch)[b * batch : (b + 1) * batch]
+    # progress in float64 then float32, as the fit has always computed it.
+    return {k: jnp.asarray(v[idx]) for k, v in arrays.items()}, jnp.float32(step / total)
+
+  params = jax.tree_util.tree_map(jnp.array, params)
+  state = {
+    "params": params,
+    "opt_state": optimizer.init(params),
+    "step": jnp.zeros((), jnp.int32),
+    "losses": jnp.zeros((steps,), jnp.float32),
+  }
   start = time.perf_counter()
-  with tqdm(total=total, desc=desc, disable=not progress, dynamic_ncols=True) as bar:
-    for _ in range(int(epochs)):
-      perm = rng.permutation(n)
-      for b in range(per_epoch):
-        idx = perm[b * batch : (b + 1) * batch]
-        chunk = {k: jnp.asarray(v[idx]) for k, v in arrays.items()}
-        key = jax.random.fold_in(base, len(losses))
-        params, state, loss = step(params, state, chunk, key, jnp.float32(len(losses) / total))
-        losses.append(float(loss))
-        bar.update(1)
-  return TrainResult(params, np.asarray(losses, np.float32), time.perf_counter() - start)
+  if steps == 0:
+    return TrainResult(state["params"], np.zeros(0, np.float32), time.perf_counter() - start)
+  watch = NonFiniteWatch(
+    f"{desc} training",
+    f"The likely cause is the learning rate ({learning_rate:g}, "
+    "config.baselines.train.learning_rate; App. D's is 1e-4): lower it.",
+  )
+  first_step = 0
+  if workdir is None:
+    checkpointer, checkpoint_every = _NoCheckpoints(), steps
+  else:
+    checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=2)
+    checkpoint_every = checkpoint_every or max(1, -(-steps // 10))
+    state, first_step = loop.resume(
+      checkpointer,
+      state,
+      watch,
+      trained=lambda state: state["params"],
+      total_steps=steps,
+      workdir=workdir,
+    )
+  state = loop.train_loop(
+    jax.jit(train_step, donate_argnums=0),
+    state,
+    batch_for_step,
+    first_step=first_step,
+    total_steps=steps,
+    checkpointer=checkpointer,
+    watch=watch,
+    workdir=workdir or "",
+    log_every=steps,  # nothing to log before the end: the losses stay on the device
+    checkpoint_every=checkpoint_every,
+    prefetch=2,  # the next batches are gathered (and sent) while the step runs
+    desc=desc,
+    postfix=(),
+  )
+  losses = np.asarray(jax.device_get(state["losses"]), np.float32)
+  return TrainResult(state["params"], losses, time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,8 +365,10 @@ def train_bottleneck(
   final_learning_rate: float = 1e-5,
   seed: int = 0,
   progress: bool = True,
+  workdir: str | None = None,
 ) -> tuple[MultimodalBottleneck, TrainResult]:
-  """Trains MM-CBM (attention="softmax") or MM-ProtoSim ("gumbel") with cross-entropy."""
+  """Trains MM-CBM (attention="softmax") or MM-ProtoSim ("gumbel") with cross-entropy;
+  checkpoints in <workdir>/checkpoints when a workdir is given (see `fit`)."""
   model = MultimodalBottleneck(num_classes, width, attention, temperature)
   descriptors = jnp.asarray(descriptor_embeddings, jnp.float32)
   init_key, gumbel_key = jax.random.split(jax.random.PRNGKey(seed))
@@ -291,6 +401,7 @@ def train_bottleneck(
     seed=seed,
     desc="MM-ProtoSim" if attention == "gumbel" else "MM-CBM",
     progress=progress,
+    workdir=workdir,
   )
   return model, result
 
@@ -405,9 +516,11 @@ def train_labeler(
   final_learning_rate: float = 1e-5,
   seed: int = 0,
   progress: bool = True,
+  workdir: str | None = None,
 ) -> tuple[ConceptLabeler, TrainResult]:
   """Trains the concept labeler with binary cross-entropy against the class's descriptors
-  (targets float32 [C, D]) on DropBlock-masked feature maps."""
+  (targets float32 [C, D]) on DropBlock-masked feature maps; checkpoints in
+  <workdir>/checkpoints when a workdir is given (see `fit`)."""
   model = ConceptLabeler(int(targets.shape[1]))
   grid = cached.tokens.shape[1:3]
   targets = jnp.asarray(targets, jnp.float32)
@@ -432,6 +545,7 @@ def train_labeler(
     seed=seed,
     desc="Feature Maps labeler",
     progress=progress,
+    workdir=workdir,
   )
   return model, result
 
@@ -558,8 +672,17 @@ def train_all(
   targets: np.ndarray,
   config,
   progress: bool = True,
+  workdir: str | None = None,
 ) -> Baselines:
-  """Trains MM-CBM, MM-ProtoSim and the Feature Maps labeler (config: config.baselines)."""
+  """Trains MM-CBM, MM-ProtoSim and the Feature Maps labeler (config: config.baselines).
+
+  workdir: where each keeps its checkpoints, <workdir>/<FOLDERS[name]>/checkpoints (a rerun
+  resumes from them); None: no checkpoint.
+  """
+
+  def folder(name):
+    return None if workdir is None else os.path.join(workdir, FOLDERS[name])
+
   t = config.train
   common = dict(
     epochs=int(t.epochs),
@@ -576,6 +699,7 @@ def train_all(
     num_classes,
     attention="softmax",
     width=int(config.width),
+    workdir=folder("MM-CBM"),
     **common,
   )
   protosim = train_bottleneck(
@@ -585,6 +709,7 @@ def train_all(
     attention="gumbel",
     width=int(config.width),
     temperature=float(config.gumbel_temperature),
+    workdir=folder("MM-ProtoSim"),
     **common,
   )
   fm = config.feature_maps
@@ -593,6 +718,7 @@ def train_all(
     targets,
     drop_rate=float(fm.drop_rate),
     block_size=int(fm.block_size),
+    workdir=folder("Feature Maps"),
     **{**common, "epochs": int(fm.get("epochs", t.epochs))},
   )
   return Baselines(cbm, protosim, labeler)

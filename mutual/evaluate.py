@@ -29,6 +29,19 @@ from mutual import run_flags, evaluation
 from stori_jax import cli as stori_cli
 
 
+#: Every file the command writes, listed at the end of its output (those a config turns off are
+#: left out).
+OUTPUTS = (
+  "run.json",
+  "table1.md",
+  "table1.json",
+  "curves.png",
+  "protocols.md",
+  "protocols.json",
+  "baselines",  # the baselines' training checkpoints (a rerun resumes from them)
+)
+
+
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command's flags (when run as a program, or on a test's own FlagValues)."""
   run_flags.define_run_flags("Evaluation", values)
@@ -47,7 +60,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if "protocols" in results:
     with open(os.path.join(workdir, "protocols.md"), encoding="utf-8") as f:
       print(f.read())
-  print(f"Wrote {os.path.join(workdir, 'table1.json')}")
+  stori_cli.print_outputs(workdir, OUTPUTS)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import jax
 import ml_collections
 import numpy as np
 from absl import logging
-from tqdm import tqdm
 
 import stori_jax
 from mutual import (
@@ -70,10 +69,10 @@ def training_dataset(config, evaluation: data.Dataset) -> data.Dataset:
 
 
 def train_baselines(
-  bundle, config, train_dataset, class_names, per_class, bank, size, progress=True
+  bundle, config, train_dataset, class_names, per_class, bank, size, progress=True, workdir=None
 ):
   """Caches the training images' features (`train_dataset`, a data.Dataset) and trains the
-  three baselines."""
+  three baselines (checkpoints under `workdir`, resumed by a rerun: `baselines.train_all`)."""
   b = config.baselines
   train_classes = train_dataset.classes(size)
   cached = baselines.cache_features(
@@ -85,7 +84,9 @@ def train_baselines(
     progress=progress,
   )
   targets = baselines.descriptor_targets(class_names, per_class, bank.descriptors)
-  trained = baselines.train_all(cached, bank.descriptor_embeddings, targets, b, progress)
+  trained = baselines.train_all(
+    cached, bank.descriptor_embeddings, targets, b, progress, workdir=workdir
+  )
   return trained, len(cached)
 
 
@@ -191,23 +192,27 @@ def class_curves(
 
 
 def plot_curves(path: str, summaries: Mapping[str, Mapping], title: str = "") -> None:
-  """The four mean curves, one line per explanation."""
+  """The four mean curves, one line per explanation (its area, the Table 1 number, in the
+  legend)."""
   plt = pyplot()
-  fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+  fig, axes = plt.subplots(1, 4, figsize=(16, 5.2))
+  score = "predicted class's score\n(scaled cosine)"
   panels = (
-    ("deletion", "Deletion: class score", "concepts blurred"),
-    ("insertion", "Insertion: class score", "concepts restored"),
-    ("acc_drop", "AccDrop: accuracy", "concepts blurred"),
-    ("acc_increase", "AccIncrease: accuracy", "concepts restored"),
+    ("deletion", "Deletion (lower is better)", "concepts blurred", score),
+    ("insertion", "Insertion (higher is better)", "concepts restored", score),
+    ("acc_drop", "AccDrop (lower is better)", "concepts blurred", "accuracy (fraction)"),
+    ("acc_increase", "AccIncrease (higher is better)", "concepts restored", "accuracy (fraction)"),
   )
-  for ax, (key, label, xlabel) in zip(axes, panels):
+  for ax, (key, label, xlabel, ylabel) in zip(axes, panels):
     for name, s in summaries.items():
       curve = np.asarray(s["curves"][key])
       style = "--" if name.startswith("Random") else "-"
       ax.plot(np.arange(len(curve)), curve, style, marker="o", ms=3, label=f"{name} ({s[key]:.2f})")
     ax.set_title(label, fontsize=9)
     ax.set_xlabel(xlabel)
-    ax.legend(fontsize=6)
+    ax.set_ylabel(ylabel, fontsize=8)
+    # Below the panel: inside, the seven entries covered the curves.
+    ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -323,6 +328,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       bank,
       size,
       progress,
+      workdir=os.path.join(workdir, "baselines"),
     )
   e = config.evaluation
   score_fn = xai.clip_scorer(bundle, bank.class_embeddings, float(e.score_scale), int(e.batch_size))
@@ -330,7 +336,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   concepts = protocols.ConceptPass.empty(bank.descriptors, len(class_names), methods)
   parts: dict[str, list] = {}
   hits: dict[str, list] = {"zero-shot": []}
-  for cls in tqdm(classes, desc="classes", disable=not progress, dynamic_ncols=True):
+  for cls in protocols.stage_bar(classes, "Table 1: analyse and perturb classes", show=progress):
     result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
     embeddings = protocols.image_embeddings(bundle, cls.images)
     concepts.add(cls.label, result, embeddings)
@@ -365,18 +371,27 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     results["baselines"] = dict(training_images=n_train, training=trained.training_summary())
   os.makedirs(workdir, exist_ok=True)
   table = xai.table_rows(summaries, results["requires_training"])
-  text = f"Table 1 ({model}, {n_images} images):\n\n{table}\nTop-1 (%) on the same images:\n\n"
+  text = (
+    f"## Table 1 (App. D, E): explanations on the XAI metrics ({model}, {n_images} images)\n\n"
+    f"{table}\n## Top-1 (%) of the zero-shot classifier and the baselines on the same images"
+    "\n\n"
+  )
   text += _table5(top1, model)
   with open(os.path.join(workdir, "table1.md"), "w", encoding="utf-8") as f:
     f.write(text)
-  plot_curves(os.path.join(workdir, "curves.png"), summaries, title=f"{config.name}: {model}")
+  plot_curves(
+    os.path.join(workdir, "curves.png"),
+    summaries,
+    title=f"{config.name}: {model}, {n_images} images: perturbation curves of each explanation "
+    "(concept method in brackets; legend: area under the curve)",
+  )
 
   if tuple(e.protocols):
     proto = run_protocols(
       bundle, config, concepts, class_names, lists, size, bank, progress, dataset
     )
     results["protocols"] = proto
-    md = "".join(f"{name}\n\n{protocols.markdown(name, {model: r})}\n" for name, r in proto.items())
+    md = "".join(f"{protocols.section(name, {model: r})}\n" for name, r in proto.items())
     with open(os.path.join(workdir, "protocols.md"), "w", encoding="utf-8") as f:
       f.write(md)
     report.write_json(os.path.join(workdir, "protocols.json"), _rounded(proto))

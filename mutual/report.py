@@ -5,8 +5,10 @@
 - `aggregate`: per class and for the dataset, in the columns of the paper's Table 3 (Top-1, MI and
   AUC for PCA and K-means). MI is the mean of the images' MI; a class's AUC is the mean of its
   zero-padded mean curve, the dataset's that of all its images' zero-padded mean curve (reference).
-- `markdown_table`, `write_json`; figures with matplotlib (Agg): `plot_concepts` (Fig. 4),
-  `plot_curves` (Fig. 3 / 5), `plot_mutual` (Fig. 6).
+- `markdown_table`, `write_json`; figures with matplotlib (Agg): `plot_concepts` (Fig. 4: each
+  concept outlined in a light colour on a black halo and numbered, so it shows on any object
+  colour; `contrast_ratio` / `outline_contrast` measure that), `plot_curves` (Fig. 3 / 5),
+  `plot_mutual` (Fig. 6); titles name the model (when given) and the concept method.
 """
 
 from __future__ import annotations
@@ -21,10 +23,31 @@ from stori_jax.plotting import pyplot
 
 from mutual import information
 
-#: Concept colours (RGB 0-1) for overlays, one per concept id.
-COLOURS = np.array(
-  [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [1, 0.65, 0], [1, 0.75, 0.8], [0.63, 0.13, 0.94]]
+#: The concept methods' names in titles and tables (as mutual.pipeline.METHOD_TITLES, one layer
+#: up, which this module may not import).
+METHOD_NAMES = {"pca": "PCA", "kmeans": "K-means"}
+
+#: Concept colours (RGB 0-1), one per concept id: Paul Tol's colour-blind-safe "light" scheme
+#: without its orange. Every outline is light (relative luminance >= 0.37) on a black halo
+#: (HALO), so against any object or background colour of the synthetic world one of the two
+#: contrasts by 3:1 or more (WCAG's minimum for graphics, `outline_contrast`); the earlier red,
+#: orange and yellow fills vanished on the world's red, orange and yellow objects.
+COLOURS = (
+  np.array(
+    [
+      [0xFF, 0xFF, 0xFF],  # white
+      [0x99, 0xDD, 0xFF],  # light cyan
+      [0xFF, 0xAA, 0xBB],  # pink
+      [0xBB, 0xCC, 0x33],  # pear
+      [0x77, 0xAA, 0xDD],  # light blue
+      [0xEE, 0xDD, 0x88],  # light yellow
+      [0x44, 0xBB, 0x99],  # mint
+    ]
+  )
+  / 255.0
 )
+#: The dark stroke around every outline and label box.
+HALO = np.zeros(3)
 _DIGITS = 6
 
 
@@ -129,7 +152,7 @@ def aggregate(records: Sequence[Mapping[str, Any]], methods: Sequence[str]) -> d
 
 def markdown_table(summary: Mapping[str, Any], model: str, methods: Sequence[str]) -> str:
   """Table 3's columns for one model: Top-1 (%), MI and AUC per concept method."""
-  names = {"pca": "PCA", "kmeans": "K-means"}
+  names = METHOD_NAMES
   head = ["Model", "Top-1 (%)"]
   head += [f"MI {names.get(m, m)}" for m in methods] + [f"AUC {names.get(m, m)}" for m in methods]
   row = [model, f"{summary['top1']:.2f}"]
@@ -150,6 +173,30 @@ def write_json(path: str, payload: Any) -> None:
 # Figures.
 
 
+def relative_luminance(rgb) -> float:
+  """WCAG 2 relative luminance of an sRGB colour (components 0-1)."""
+  c = np.asarray(rgb, np.float64)
+  linear = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+  return float(linear @ [0.2126, 0.7152, 0.0722])
+
+
+def contrast_ratio(a, b) -> float:
+  """WCAG 2 contrast ratio of two sRGB colours (components 0-1): 1 to 21."""
+  la, lb = sorted((relative_luminance(a), relative_luminance(b)), reverse=True)
+  return (la + 0.05) / (lb + 0.05)
+
+
+def outline_contrast(concept: int, background) -> float:
+  """How well a concept's outline (its colour inside the black HALO) stands out from a
+  `background` colour: the better of the two contrasts."""
+  colour = COLOURS[int(concept) % len(COLOURS)]
+  return max(contrast_ratio(colour, background), contrast_ratio(HALO, background))
+
+
+def _method_title(method: str) -> str:
+  return METHOD_NAMES.get(method, method)
+
+
 def overlay(image: np.ndarray, pixel_map: np.ndarray, alpha: float = 0.5) -> np.ndarray:
   """uint8 [H, W, 3] image with concept ids int [H, W] (-1: none) blended in: float [H, W, 3]."""
   out = image.astype(np.float32) / 255.0
@@ -166,72 +213,187 @@ def _pixel_map(concept_map: np.ndarray, size: int) -> np.ndarray:
   return np.asarray(concept_map)[rows][:, cols]
 
 
-def plot_concepts(path: str, images: np.ndarray, records, method: str, refined=None) -> None:
-  """Fig. 4: each image with its visual concepts overlaid and their descriptors listed."""
+def _halo(width: float):
+  from matplotlib import patheffects  # pylint: disable=import-outside-toplevel
+
+  return [patheffects.withStroke(linewidth=width, foreground=HALO), patheffects.Normal()]
+
+
+def _label_box(concept: int) -> dict:
+  """A concept's label: black text on its colour, black edge (contrast >= 8:1 inside, the
+  edge against the object)."""
+  colour = COLOURS[int(concept) % len(COLOURS)]
+  return dict(boxstyle="round,pad=0.2", facecolor=colour, edgecolor=HALO, linewidth=0.8)
+
+
+def draw_concepts(ax, image: np.ndarray, pixels: np.ndarray) -> None:
+  """The image with each concept's region outlined (its colour on a black halo) and its id in
+  a box of its colour at the region's centre of mass; the object keeps its own colours."""
+  ax.imshow(image)
+  for c in np.unique(pixels[pixels >= 0]):
+    mask = (pixels == c).astype(np.float32)
+    # Padded so that a region touching the border is closed by its outline.
+    padded = np.pad(mask, 1)
+    grid = np.arange(-1, mask.shape[0] + 1)
+    contour = ax.contour(
+      np.arange(-1, mask.shape[1] + 1),
+      grid,
+      padded,
+      levels=[0.5],
+      colors=[COLOURS[c % len(COLOURS)]],
+    )
+    contour.set_linewidth(1.6)
+    contour.set_path_effects(_halo(3.6))
+    rows, cols = np.nonzero(mask)
+    ax.text(
+      cols.mean(),
+      rows.mean(),
+      str(int(c)),
+      fontsize=7,
+      fontweight="bold",
+      color="black",
+      ha="center",
+      va="center",
+      bbox=_label_box(c),
+    )
+  ax.set_xlim(-0.5, image.shape[1] - 0.5)
+  ax.set_ylim(image.shape[0] - 0.5, -0.5)
+  ax.set_axis_off()
+
+
+def _wrapped(text: str, width: int) -> list[str]:
+  import textwrap  # pylint: disable=import-outside-toplevel
+
+  return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+
+
+def _suptitle(model: str, text: str) -> str:
+  return f"{model}: {text}" if model else text
+
+
+def plot_concepts(
+  path: str, images: np.ndarray, records, method: str, refined=None, model: str = ""
+) -> None:
+  """Fig. 4: each image with its visual concepts outlined and numbered, and each concept's
+  descriptors listed below it (wrapped; the figure grows to hold every line)."""
   plt = pyplot()
   n = len(records)
-  fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 4.2), squeeze=False)
-  for ax, image, record, k in zip(axes[0], images, records, range(n)):
+  width = 46  # characters per caption line in a 3.2-inch panel at 7 pt
+  captions = []
+  for record in records:
+    m = record["methods"][method]
+    captions.append(
+      [
+        (c["concept"], _wrapped(", ".join(c["descriptors"]), width))
+        for c in m["concepts"]
+        if c["descriptors"]
+      ]
+    )
+  lines = max([sum(len(w) for _, w in cap) for cap in captions] + [1])
+  line_h = 0.16  # inches per caption line
+  text_h = 0.25 + line_h * lines
+  fig = plt.figure(figsize=(3.2 * n, 3.2 + 0.55 + text_h))
+  grid = fig.add_gridspec(2, n, height_ratios=[3.2, text_h], hspace=0.05, wspace=0.08)
+  for k, (image, record, caption) in enumerate(zip(images, records, captions)):
     m = record["methods"][method]
     pixels = _pixel_map(np.array(m["concept_map"]), image.shape[0])
     if refined is not None:
       pixels = np.where(refined[k], pixels, -1)
-    ax.imshow(overlay(image, pixels))
-    ax.set_axis_off()
-    lines = [
-      f"{c['concept']}: " + ", ".join(c["descriptors"]) for c in m["concepts"] if c["descriptors"]
-    ]
-    ax.set_title(f"pred: {record['predicted_name']}", fontsize=8)
-    for j, line in enumerate(lines):
-      colour = COLOURS[int(line.split(":")[0]) % len(COLOURS)]
-      ax.text(0, -0.04 - 0.07 * j, line, transform=ax.transAxes, fontsize=6, color=colour, va="top")
-  fig.tight_layout()
+    ax = fig.add_subplot(grid[0, k])
+    draw_concepts(ax, image, pixels)
+    ax.set_title(f"true: {record['class_name']}\npred: {record['predicted_name']}", fontsize=8)
+    text_ax = fig.add_subplot(grid[1, k])
+    text_ax.set_axis_off()
+    y = 1.0
+    step = line_h / text_h
+    for concept, wrapped in caption:
+      text_ax.text(
+        0.0,
+        y,
+        str(concept),
+        fontsize=7,
+        fontweight="bold",
+        va="top",
+        bbox=_label_box(concept),
+        transform=text_ax.transAxes,
+      )
+      for line in wrapped:
+        # Black on the white page; the numbered box ties the line to its outline.
+        text_ax.text(
+          0.09, y, line, fontsize=7, color="black", va="top", transform=text_ax.transAxes
+        )
+        y -= step
+  fig.suptitle(
+    _suptitle(model, f"visual concepts ({_method_title(method)}) and their descriptors"),
+    fontsize=9,
+  )
+  fig.subplots_adjust(left=0.02, right=0.98, top=1 - 0.5 / fig.get_figheight(), bottom=0.01)
   fig.savefig(path, dpi=120)
   plt.close(fig)
 
 
-def plot_curves(path: str, curves: Mapping[str, Sequence[float]], title: str = "") -> None:
-  """Fig. 3 / 5: MI curves (MI after removing the t most important visual descriptors)."""
+def plot_curves(
+  path: str, curves: Mapping[str, Sequence[float]], title: str = "", model: str = ""
+) -> None:
+  """Fig. 3 / 5: MI curves (MI after removing the t most important visual descriptors), one
+  per concept method (keys: method names or labels)."""
   plt = pyplot()
-  fig, ax = plt.subplots(figsize=(5, 3.5))
+  fig, ax = plt.subplots(figsize=(5, 3.6))
   for label, curve in curves.items():
     curve = np.asarray(curve)
     ax.plot(
-      np.arange(len(curve)), curve, marker="o", ms=3, label=f"{label} (AUC {curve.mean():.2f})"
+      np.arange(len(curve)),
+      curve,
+      marker="o",
+      ms=3,
+      label=f"{_method_title(label)} concepts (AUC {information.curve_auc(curve):.2f})",
     )
   ax.set_xlabel("visual descriptors removed")
-  ax.set_ylabel("MI")
-  ax.set_title(title, fontsize=9)
+  ax.set_ylabel("MI (nats)")
+  ax.set_title(
+    "MI curves" + (f" ({model})" if model else "") + (f": {title}" if title else ""), fontsize=9
+  )
   ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
 
 
-def plot_mutual(path: str, image: np.ndarray, record, method: str) -> None:
+def plot_mutual(path: str, image: np.ndarray, record, method: str, model: str = "") -> None:
   """Fig. 6: the image, its vision-side, language-side and mutual descriptors."""
   plt = pyplot()
   m = record["methods"][method]
   mutual = set(m["mutual_descriptors"])
   vision = [d for d in m["visual_descriptors"] if d not in mutual]
   language = [d for d in m["language_descriptors"] if d not in mutual]
-  fig, axes = plt.subplots(1, 4, figsize=(12, 3.6), gridspec_kw=dict(width_ratios=[1, 1.2, 1, 1.2]))
+  fig, axes = plt.subplots(1, 4, figsize=(12, 3.8), gridspec_kw=dict(width_ratios=[1, 1.2, 1, 1.2]))
   axes[0].imshow(image)
-  axes[0].set_title(f"pred: {record['predicted_name']}", fontsize=8)
+  axes[0].set_title(f"true: {record['class_name']}\npred: {record['predicted_name']}", fontsize=8)
   columns = [
     ("vision only", vision, "tab:blue"),
     ("mutual", sorted(mutual), "tab:purple"),
     ("language only", language, "tab:red"),
   ]
+  room = 18  # lines that fit a column
   for ax, (title, items, colour) in zip(axes[1:], columns):
     ax.set_title(f"{title} ({len(items)})", fontsize=9, color=colour)
-    for j, text in enumerate(items[:18]):
+    lines: list[str] = []
+    for k, text in enumerate(items):
+      wrapped = _wrapped(text, 34)
+      if len(lines) + len(wrapped) > (room if k == len(items) - 1 else room - 1):
+        lines.append(f"... and {len(items) - k} more (per-image JSON)")
+        break
+      lines += wrapped
+    for j, text in enumerate(lines):
       ax.text(
         0.02, 0.95 - 0.05 * j, text, fontsize=7, color=colour, va="top", transform=ax.transAxes
       )
   for ax in axes:
     ax.set_axis_off()
-  fig.suptitle(f"MI {m['mi']:.2f}, AUC {m['auc']:.2f} ({method})", fontsize=9)
+  fig.suptitle(
+    _suptitle(model, f"{_method_title(method)} concepts: MI {m['mi']:.2f}, AUC {m['auc']:.2f}"),
+    fontsize=9,
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -1,4 +1,5 @@
-"""The few-shot interpretability report: which prompts the PNG shows, and that it is drawn."""
+"""The few-shot reports: which prompts the interpretability PNG shows, and that it is drawn; the
+synthetic world's scores of trained words (its report hook, `fewshot.world_scoring`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import types
 
 import numpy as np
 
-from stori_jax.fewshot import report
+from stori_jax.data import synthetic_tasks
+from stori_jax.fewshot import report, world_scoring
 
 
 def _bank_and_words(n_classes: int, prompts_per_class: int):
@@ -59,3 +61,57 @@ def test_png_of_many_classes_shows_those_that_moved_most(tmp_path):
   assert all(f"<h2>class {c}</h2>" in html for c in range(20))  # the HTML keeps every class
   png = (tmp_path / "interpretability.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def _planted_synthetic_run():
+  """Three synthetic classes, each prompt's words weighted 2 (the class's own words), 0.5 (the
+  nuisance words it states) or 1: (bank, words, top_words, class names)."""
+  specs = synthetic_tasks.FEWSHOT_CLASSES[:3]
+  names = [spec.name for spec in specs]
+  texts = [
+    (c, text) for c, spec in enumerate(specs) for text in synthetic_tasks.class_prompts(spec)
+  ]
+  bank = types.SimpleNamespace(class_names=names, text_class=[c for c, _ in texts])
+  words = []
+  for c, text in texts:
+    own = set().union(*synthetic_tasks.class_words(names[c]).values())
+    nuisance = synthetic_tasks.nuisance_words(names[c])
+    words.append(
+      [(w, 2.0 if w in own else 0.5 if w in nuisance else 1.0) for w in text.rstrip(".").split()]
+    )
+  return bank, words, report.class_top_words(bank, words), names
+
+
+def test_the_synthetic_world_scores_trained_words_through_its_report_hook():
+  bank, words, top_words, names = _planted_synthetic_run()
+  assert world_scoring.REPORT_HOOKS["synthetic"] is world_scoring.synthetic_word_scores
+  scores = world_scoring.REPORT_HOOKS["synthetic"](
+    bank=bank, words=words, top_words=top_words, class_names=names
+  )
+  # metrics.json's keys, in the order `trainer.run` has always written them.
+  assert list(scores) == ["word_rank_auc", "median_word_weight", "classes_with_discriminating_top3"]
+  assert scores["word_rank_auc"]["nuisance"] == 1.0  # every own word outweighs every nuisance one
+  assert scores["word_rank_auc"]["other"] > 0.5
+  assert scores["median_word_weight"]["nuisance"] == 0.5
+  assert scores["classes_with_discriminating_top3"] == names
+  prompt_classes = [names[c] for c in bank.text_class]
+  assert scores["median_word_weight"] == synthetic_tasks.word_weight_medians(words, prompt_classes)
+  assert scores["word_rank_auc"]["other"] == synthetic_tasks.word_rank_auc(
+    words, prompt_classes, names, against="other"
+  )
+
+
+def test_training_curve_has_a_title_naming_the_run(tmp_path, monkeypatch):
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  closed, close = [], plt.close
+  monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
+  history = [dict(step=s, loss=1.0 / (s + 1), train_accuracy=0.5) for s in range(3)]
+  history[-1]["test_accuracy"] = 0.6
+  workdir = tmp_path / "dtd_16shot"
+  workdir.mkdir()
+  assert report.plot_history(str(workdir), history, 0.4) == str(workdir / "training_curve.png")
+  (fig,) = closed
+  title = fig._suptitle.get_text()
+  assert "Few-shot SToRI training" in title and "dtd_16shot" in title
+  assert all(ax.get_ylabel() for ax in fig.axes)

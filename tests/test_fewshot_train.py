@@ -5,6 +5,7 @@ device count, several processes), else in this process (`run_command`)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,8 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from stori_jax import train
+from stori_jax import cli, config_files, train
 from stori_jax.data import synthetic_tasks
+from stori_jax.fewshot import trainer
+from test_cli import assert_ends_with_outputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.py")
@@ -54,6 +57,8 @@ def test_train_writes_its_reports(tmp_path, tiny_random_model):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "zero-shot accuracy" in result.stdout and "top words" in result.stdout
   assert "word-rank AUC" in result.stdout
+  _assert_columns_align(_top_words_lines(result.stdout), 12)
+  assert_ends_with_outputs(result.stdout, *train.OUTPUTS)
   for name in (
     "metrics.json",
     "weights.json",
@@ -92,6 +97,70 @@ def test_taskres_baseline_runs(tmp_path, tiny_random_model, run_command):
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = json.loads((tmp_path / "metrics.json").read_text())
   assert metrics["method"] == "taskres"
+  assert_ends_with_outputs(result.stdout, "run.json", "metrics.json", "checkpoints")
+
+
+def _top_words_lines(stdout: str) -> list[str]:
+  """The class table of the summary: its header and one line per class."""
+  lines = stdout.splitlines()
+  start = next(i for i, line in enumerate(lines) if line.split()[:3] == ["class", "top", "words"])
+  end = lines.index(cli.WROTE_HEADING)
+  return lines[start:end]
+
+
+def _assert_columns_align(lines: list[str], classes: int) -> None:
+  """Every column (the class, then each top word with its weight) starts at the same character
+  on every line."""
+  header, rows = lines[0], lines[1:]
+  assert len(rows) == classes, lines
+  # Cells are separated by two spaces or more; a cell holds single spaces ("red dotted star").
+  starts = [[m.start() for m in re.finditer(r"(?:^|(?<=  ))\S", row)] for row in rows]
+  assert all(s == starts[0] for s in starts), "\n".join(lines)
+  assert len(starts[0]) == 6  # the class and its 5 top words
+  assert header.index("top words") == starts[0][1]
+
+
+def test_the_top_words_table_aligns_any_class_name_width():
+  """Issue 29: the two-colour demo's names ("orange striped triangle") were longer than the
+  column, and its words pushed the next ones along."""
+  top = {
+    "red dotted star": [("star", 1.31), ("dotted", 1.2), ("a", 1.0), ("of", 0.99), ("red", 0.9)],
+    "orange striped triangle": [
+      ("triangle", 1.4),
+      ("stripes", 1.25),
+      ("orange", 1.1),
+      ("sticker", 0.97),
+      ("x", 0.5),
+    ],
+    "ab": [("a", 1.0), ("b", 1.0), ("c", 1.0), ("d", 1.0), ("lovely", 10.0)],
+  }
+  lines = train.top_words_table(top)
+  _assert_columns_align(lines, 3)
+  assert lines[2].startswith("  orange striped triangle  triangle 1.40  ")
+
+
+def test_run_scores_words_with_the_report_hook_of_its_dataset(tmp_path, tiny_random_model):
+  """`run` has no dataset branch: the split's dataset name picks the hook that adds its
+  scores to metrics.json (by default the synthetic world's, `world_scoring.REPORT_HOOKS`)."""
+  config = config_files.load_config(DEMO)
+  config.model.source = tiny_random_model
+  config.update_from_flattened_dict(
+    {"views": 1, "shots": 2, "data.n_test_per_class": 2, "epochs": 1, "eval_every": 1}
+  )
+  calls = []
+
+  def hook(**kwargs):
+    calls.append(kwargs)
+    return {"planted_score": 0.5}
+
+  metrics = trainer.run(config, str(tmp_path), report_hooks={"synthetic": hook})
+  assert len(calls) == 1 and set(calls[0]) == {"bank", "words", "top_words", "class_names"}
+  assert calls[0]["top_words"] == metrics["top_words"]
+  assert len(calls[0]["words"]) == metrics["num_prompts"]
+  assert list(metrics)[-2:] == ["top_words", "planted_score"]  # after the top words, as before
+  assert "word_rank_auc" not in metrics  # the default mapping was replaced
+  written = json.loads((tmp_path / "metrics.json").read_text())
+  assert written["planted_score"] == 0.5
 
 
 @pytest.mark.slow

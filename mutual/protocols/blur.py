@@ -10,9 +10,8 @@ from typing import Any, Iterable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
-
 from mutual import crf, features, foreground, paper_config, visual_prompts
+from mutual.protocols.progress import stage_bar
 from mutual.protocols.zero_shot import percent, topk_hits
 from stori_jax.preprocess import normalize
 
@@ -120,9 +119,7 @@ def blur_accuracy(
   hits: dict[str, list] = {v: [] for v in variants}
   kept: dict[str, list] = {v: [] for v in variants[1:]}
   w = np.asarray(class_embeddings, np.float32)
-  for cls in tqdm(
-    classes, desc="blur non-prominent regions", disable=not progress, dynamic_ncols=True
-  ):
+  for cls in stage_bar(classes, "App. A.3: blur non-prominent regions (classes)", show=progress):
     images = np.asarray(cls.images)
     if images.dtype != np.uint8 or images.ndim != 4:
       raise ValueError(f"images must be uint8 [B, S, S, 3], got {images.dtype} {images.shape}")

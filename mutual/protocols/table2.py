@@ -13,6 +13,7 @@ import numpy as np
 
 from mutual import paper_config
 from mutual.protocols.analysis_pass import ConceptPass
+from mutual.protocols.progress import stage_bar
 from mutual.protocols.zero_shot import hits_at_k, percent, prompt_sums, topk_hits
 from stori_jax.encoding import l2_normalize
 
@@ -190,8 +191,12 @@ def table2_descriptor_accuracy(
   if concepts.n_classes != n_classes:
     raise ValueError(f"the concept pass has {concepts.n_classes} classes, not {n_classes}")
   x, labels = concepts.image_embeddings, concepts.labels
-  desc = "encode descriptor prompts" if progress else None
-  base = prompt_sums(bundle, class_names, class_descriptors, s.prompt, s.batch_size, desc)
+  # One bar for the stage: the base prompts, then each method's added prompts (no inner bars).
+  bar = stage_bar(
+    desc="Table 2: encode the class prompts", total=1 + len(concepts.methods), show=progress
+  )
+  base = prompt_sums(bundle, class_names, class_descriptors, s.prompt, s.batch_size)
+  bar.update(1)
   base_w = base.weights(s.aggregate)
   neighbours = nearest_classes(base.weights("embedding"), int(s.neighbours))
   base_hits = topk_hits(x, labels, base_w, (1, 5))
@@ -222,9 +227,9 @@ def table2_descriptor_accuracy(
       added,
       s.prompt,
       s.batch_size,
-      f"encode added prompts ({method})" if progress else None,
       dim=base.sums.shape[1],
     )
+    bar.update(1)
     top1, top5, base_pred, new_pred = augmented_hits(
       x, labels, base_w, (base + extra).weights(s.aggregate), neighbours, s.recipient
     )
@@ -239,4 +244,5 @@ def table2_descriptor_accuracy(
       changed=percent(np.mean(base_pred != new_pred)),
     )
     result["added"][method] = {class_names[c]: a for c, a in enumerate(added) if a}
+  bar.close()
   return result

@@ -83,6 +83,19 @@ def bank_quality_markdown(results: Mapping[str, Mapping]) -> str:
   return "\n".join(lines) + "\n"
 
 
+#: Each protocol's section heading in protocols.md and the evaluation's output (the paper's
+#: table or appendix and what it measures).
+TITLES = {
+  "table2": "Table 2 (App. K): zero-shot Top-1 (%) with the mutual concepts added to the class "
+  "prompts",
+  "ot_entropy": "App. A.2: entropy (nats) of the descriptors chosen for an image's concepts, "
+  "without and with optimal transport",
+  "blur": "App. A.3: zero-shot Top-1 (%) after blurring the non-prominent regions",
+  "bank_quality": "App. A.4: quality of the descriptor bank (zero-shot Top-1 / Top-5 (%), inter- "
+  "and intra-class similarity)",
+}
+
+
 MARKDOWN = {
   "table2": table2_markdown,
   "ot_entropy": ot_entropy_markdown,
@@ -96,3 +109,8 @@ def markdown(protocol: str, results: Mapping[str, Mapping]) -> str:
   if protocol not in MARKDOWN:
     raise ValueError(f"unknown protocol {protocol!r}; known: {paper_config.PROTOCOLS}")
   return MARKDOWN[protocol](results)
+
+
+def section(protocol: str, results: Mapping[str, Mapping]) -> str:
+  """`protocol`'s markdown section: its heading (TITLES), then its table."""
+  return f"## {TITLES.get(protocol, protocol)}\n\n{markdown(protocol, results)}"

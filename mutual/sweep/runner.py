@@ -17,8 +17,8 @@ from mutual import run_flags, data, pipeline, report
 from mutual.sweep.chunk import analyze_classes
 from mutual.sweep.fits import ACCURACIES, auc_accuracy_fits
 from mutual.sweep.models import ModelPool, family, model_image_size, shrink_config, sweep_models
-from mutual.sweep.plots import plot_auc_vs_accuracy
-from mutual.sweep.table import markdown_table, table_order
+from mutual.sweep.plots import plot_auc_vs_accuracy, plot_curves
+from mutual.sweep.table import RANDOM_WEIGHTS, markdown_table, table_order
 from stori_jax import multihost
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.config_files import ConfigError
@@ -99,13 +99,14 @@ def _model_row(config, entry: registry.ModelEntry, image_size: int, records, met
 def _write_outputs(workdir: str, config, results: Mapping[str, Any], rows, methods) -> None:
   """results.json, table.md (Table 3), fig3_auc_vs_accuracy.png and fig3_curves_<method>.png."""
   report.write_json(os.path.join(workdir, "results.json"), results)
-  table = markdown_table(rows, methods)
-  if config.random_weights:
+  random_weights = bool(config.random_weights)
+  table = markdown_table(rows, methods, random_weights)
+  if random_weights:
     size = config.random_models.image_size
     where = f"at about {size} px" if size else "at each model's own input size"
     table += (
       f"\nRandom-weight instances {where} (an offline check of the path: the numbers carry no "
-      "meaning).\n"
+      "meaning; the last column is the trained models' Top-1 from the paper).\n"
     )
   with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
     f.write(table)
@@ -115,12 +116,16 @@ def _write_outputs(workdir: str, config, results: Mapping[str, Any], rows, metho
     results["fits"],
     methods,
     config.accuracy,
+    title=config.name,
+    random_weights=random_weights,
   )
   for method in methods:
-    report.plot_curves(
+    plot_curves(
       os.path.join(workdir, f"fig3_curves_{method}.png"),
-      {r["label"]: r[method]["curve"] for r in table_order(rows)},
-      title=f"{config.name}: MI curves ({method})",
+      rows,
+      method,
+      title=config.name,
+      random_weights=random_weights,
     )
 
 
@@ -162,6 +167,12 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   writes. Other processes return {}.
   """
   check_config(config)
+  if config.random_weights:  # said first: the log names the trained models throughout
+    logging.warning(
+      "config.random_weights: the models are instances of their architectures with %s, not "
+      "the trained models (an offline check: the numbers carry no meaning).",
+      RANDOM_WEIGHTS,
+    )
   processes, rank = jax.process_count(), jax.process_index()
   dataset = data.prepare(config)  # a data mistake stops before any model loads
   a = config.analysis
@@ -187,7 +198,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   if not kept:
     raise CheckpointError("No model of config.models could be loaded (see the warnings above).")
   # Run identity once the inputs are known good (a missing model is a mistake to fix first).
-  run_flags.claim_workdir_once(config, workdir, restart, "mutual-knowledge sweep")
+  run_flags.claim_workdir(config, workdir, restart, "mutual-knowledge sweep")
   sizes = sorted({sizes_by_model[i] for i in kept})
   # One class stream per input size (each resizes the source images itself), reading the next
   # chunk's classes on a background thread while this chunk runs; a process reads only the
@@ -273,6 +284,11 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   # Timing and load counts vary run to run: returned and logged, kept out of results.json.
   results.update(seconds=round(seconds, 3), model_loads=pool.loads)
   logging.info(
-    "%d models x %d images in %.1f s (%d model loads)", len(rows), n_images, seconds, pool.loads
+    "%d models (%s) x %d images in %.1f s (%d model loads)",
+    len(rows),
+    RANDOM_WEIGHTS if config.random_weights else "registered weights",
+    n_images,
+    seconds,
+    pool.loads,
   )
   return results

@@ -240,6 +240,9 @@ def plot_history(workdir: str, history: Sequence[dict[str, Any]], zero_shot_accu
   ax_acc.axhline(zero_shot_accuracy, color="gray", ls="--", label="zero-shot")
   ax_acc.set(xlabel="step", ylabel="accuracy", title="accuracy")
   ax_acc.legend()
+  # The run's folder names which run the curve is of.
+  name = os.path.basename(os.path.normpath(workdir))
+  fig.suptitle(f"Few-shot SToRI training ({name}): loss and accuracy over steps", fontsize=10)
   fig.tight_layout()
   path = os.path.join(workdir, "training_curve.png")
   fig.savefig(path, dpi=110)

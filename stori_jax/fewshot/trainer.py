@@ -19,7 +19,7 @@ import functools
 import json
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,11 +32,10 @@ from tqdm import tqdm
 
 from stori_jax import encoding, jsonio, multihost, run_identity
 from stori_jax.training import loop
-from stori_jax.bundle import CLIPBundle
+from stori_jax.bundle import CLIPBundle, resolve_start_block
 from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.config_files import ConfigChecks, ConfigError
-from stori_jax.data import synthetic_tasks
-from stori_jax.fewshot import augment, datasets, paper_config, prompts
+from stori_jax.fewshot import augment, datasets, paper_config, prompts, world_scoring
 from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
 from stori_jax.fewshot.text_classifier import (
   to_host,
@@ -46,7 +45,6 @@ from stori_jax.fewshot.text_classifier import (
   prompt_mesh,
 )
 from stori_jax.loading import load
-from stori_jax.models import reweighted_block_indices
 from stori_jax.preprocess import PreprocessConfig
 
 # The rare tokens of the nonsensical-token ablation (paper Table 1, after Ruiz et al.).
@@ -55,14 +53,9 @@ METHODS = ("stori", "taskres")
 DATA_SOURCES = ("synthetic", "coop", "tfds")
 #: Above this the paper's Adam learning rates (1e-2 to 0.1) are far exceeded: warned about.
 LARGE_LEARNING_RATE = 1.0
-#: Config keys that choose when to log, evaluate or save, or name the run, not what is
-#: computed: a resumed run may change them (the checkpointed state does not depend on them).
-IDENTITY_IGNORED = (
-  "config.name",
-  "config.log_every",
-  "config.eval_every",
-  "config.checkpoint_every",
-)
+#: Config keys besides run_identity.SCHEDULE_KEYS that a resumed run may change: the run's
+#: name, not what is computed.
+IDENTITY_IGNORED = ("name",)
 
 
 # Config ------------------------------------------------------------------------------------
@@ -79,7 +72,8 @@ MAX_TEST_PER_CLASS = 100_000
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Checks every value for type and range before any work; one ConfigError names them all.
 
-  The text tower's depth is only known once the model is loaded: `check_start_block` then.
+  The text tower's depth is only known once the model is loaded: `bundle.resolve_start_block`
+  checks config.start_block then.
   """
   checks = ConfigChecks(config)
   checks.text("name")
@@ -188,18 +182,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     )
 
 
-def check_start_block(config: ml_collections.ConfigDict, layers: int) -> None:
-  """config.start_block against the loaded text tower (1-indexed, 1..layers)."""
-  try:
-    reweighted_block_indices(layers, config.start_block)
-  except ValueError:
-    raise ConfigError(
-      f"config.start_block = {config.start_block} is outside the text tower of "
-      f"{config.model.source} (blocks 1..{layers}); pick a block in 1..{layers} or leave it "
-      f"None for the model's default start block."
-    ) from None
-
-
 def identity(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """What decides a run's results: the resolved config, the contents of the model and prompt
   files it names (`run_identity.content_identity`: editing a file in place is a change), and
@@ -216,18 +198,9 @@ def identity(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def claim_run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) -> None:
   """Makes `workdir` this run's home, or refuses one made by another config (see
-  `run_identity.claim_workdir`). On several hosts every process checks, then process 0 claims
-  (`multihost.claim_on_process_zero`)."""
-  multihost.claim_on_process_zero(
-    lambda check_only: run_identity.claim_workdir(
-      workdir,
-      identity(config),
-      restart=restart,
-      what="training run",
-      ignore=IDENTITY_IGNORED,
-      check_only=check_only,
-    ),
-    "stori_jax.train",
+  `run_identity.claim_run`; on several hosts process 0 claims)."""
+  run_identity.claim_run(
+    workdir, identity(config), what="training run", restart=restart, ignore=IDENTITY_IGNORED
   )
 
 
@@ -558,7 +531,12 @@ def accuracy_report(
   return {"accuracy": float(np.mean(predicted == labels)), "per_class": per_class}
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) -> dict[str, Any]:
+def run(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  restart: bool = False,
+  report_hooks: Mapping[str, world_scoring.ReportHook] | None = None,
+) -> dict[str, Any]:
   """Trains (or resumes) and writes metrics, weights and reports to workdir.
 
   Args:
@@ -566,6 +544,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
     workdir: the run's folder; one made by the same config resumes from its checkpoint.
     restart: move a workdir made by another config aside (`<workdir>.old-<time>`) instead of
       refusing it.
+    report_hooks: {dataset name: hook}; the split's dataset's hook scores the trained SToRI
+      word weights into metrics.json (`world_scoring.ReportHook`). None:
+      `world_scoring.REPORT_HOOKS` (the synthetic world's scores).
 
   Raises:
     ConfigError: a bad config value (before any work), or optim.lr None (the paper's rule)
@@ -586,7 +567,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
   is_main = jax.process_index() == 0
   split = load_split(config)  # first: a missing dataset is named before a missing model
   bundle = load(config.model.source, arch=config.model.get("arch") or None)
-  check_start_block(config, bundle.config.text.layers)
+  resolve_start_block(bundle, config.start_block, "config.start_block")
   preprocess = PreprocessConfig(
     bundle.config.vision.image_size, bundle.preprocess_config.mean, bundle.preprocess_config.std
   )
@@ -729,19 +710,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, restart: bool = False) 
     weights = gather_token_weights(bank, [to_host(w) for w in state["params"]])
     words = report.prompt_word_weights(bundle.tokenizer, bank, weights)
     metrics["top_words"] = report.class_top_words(bank, words)
-    if split.dataset == "synthetic":
-      # The world knows which words tell its classes apart: score the trained weights.
-      prompt_classes = [bank.class_names[c] for c in bank.text_class]
-      metrics["word_rank_auc"] = {
-        against: synthetic_tasks.word_rank_auc(
-          words, prompt_classes, split.class_names, against=against
-        )
-        for against in ("nuisance", "other")
-      }
-      metrics["median_word_weight"] = synthetic_tasks.word_weight_medians(words, prompt_classes)
-      metrics["classes_with_discriminating_top3"] = (
-        synthetic_tasks.classes_with_discriminating_top_words(
-          metrics["top_words"], split.class_names, top=3
+    hooks = world_scoring.REPORT_HOOKS if report_hooks is None else report_hooks
+    if split.dataset in hooks:
+      # A dataset that knows which words tell its classes apart scores the trained weights.
+      metrics.update(
+        hooks[split.dataset](
+          bank=bank, words=words, top_words=metrics["top_words"], class_names=split.class_names
         )
       )
     if is_main:

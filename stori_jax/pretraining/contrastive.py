@@ -37,14 +37,6 @@ from stori_jax.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, norm
 from stori_jax.tokenizer import default_tokenizer
 
 EXPORT_DTYPES = ("float32", "float16", "bfloat16")
-#: Config keys that choose when to log, evaluate or save, not what is computed: a resumed run
-#: may change them (the checkpointed state and the batches do not depend on them).
-IDENTITY_IGNORED = (
-  "config.log_every",
-  "config.eval_every",
-  "config.checkpoint_every",
-  "config.keep_checkpoints",
-)
 
 
 def model_config(config: ml_collections.ConfigDict) -> CLIPConfig:
@@ -277,6 +269,9 @@ def plot_curve(records: list[dict[str, float]], path: str) -> None:
   ax_acc.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="zero-shot, held-out images")
   if families:
     ax_acc.legend()
+  # The run's folder names which run the curve is of.
+  name = os.path.basename(os.path.dirname(os.path.abspath(path)))
+  fig.suptitle(f"Contrastive pretraining of the tiny CLIP ({name})", fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -299,10 +294,8 @@ def train(config, workdir: str, restart: bool = False) -> CLIPBundle:
   """
   validate_config(config)
   # The config pins everything: the model is initialised from config.seed and the data is
-  # generated from (config.seed, step).
-  run_identity.claim_workdir(
-    workdir, {"config": config}, restart=restart, what="pretraining run", ignore=IDENTITY_IGNORED
-  )
+  # generated from (config.seed, step). When it logs, evaluates or saves may change on resume.
+  run_identity.claim_run(workdir, {"config": config}, what="pretraining run", restart=restart)
   clip_config = model_config(config)
   model = CLIP(clip_config)
   optimizer = make_optimizer(config)

@@ -1,4 +1,12 @@
-"""PNG figures like the paper's Figures 4, 5, 6 and 9 (matplotlib, Agg backend)."""
+"""PNG figures like the paper's Figures 4, 5, 6 and 9 (matplotlib, Agg backend).
+
+Each figure explains its own notation in a caption: `(words:w)` in a prompt (SToRI's weight w
+on those words), a primed attribute name in a category (`colour'`: the attribute is absent;
+categories averaged over several prompts are named by attributes, not values), the swept weights
+(w on one attribute, 1 - w on another, named when the category names allow), and the thick
+line with dots (the category that the panel's weights favour, named in the panel). Legends sit
+beside the panels, never over a curve.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +25,54 @@ def _colours(n: int):
   return plt.get_cmap("tab10" if n <= 10 else "tab20")(np.arange(n) % 20)
 
 
+#: The notation a reader meets in the figures, one line each, for the captions.
+PROMPT_NOTE = "(words:w) in a prompt: SToRI's weight w on those words (no weight: w = 1)."
+PRIME_NOTE = (
+  "Categories: which attributes an image has; a prime marks one it lacks "
+  "(colour' pattern shape: another colour, the prompt's pattern and shape)."
+)
+
+
+def _caption(fig, lines: Sequence[str], height: float) -> None:
+  """Notes under the panels (figure coordinates; `height` is their share of the figure)."""
+  fig.text(0.01, height - 0.01, "\n".join(lines), fontsize=7.5, va="top", ha="left", wrap=True)
+
+
+def _attribute_names(sweep: Mapping[str, Any]) -> list[str] | None:
+  """The attributes' names, read back from the category names (the all-present category,
+  code 2^A - 1) and checked against every category; None when they cannot be read."""
+  names = list(sweep["category_names"])
+  n_attr = int(round(math.log2(len(names)))) if names else 0
+  if n_attr < 1 or 2**n_attr != len(names):
+    return None
+  for sep in (", ", " "):  # one task's values ("red, checkered, heart"); generic ("colour pattern")
+    parts = names[-1].split(sep)
+    if len(parts) != n_attr:
+      continue
+    ok = True
+    for code, name in enumerate(names):
+      got = name.split(sep)
+      present = [(code >> (n_attr - 1 - a)) & 1 for a in range(n_attr)]
+      if len(got) != n_attr or any((g == p) != bool(b) for g, p, b in zip(got, parts, present)):
+        ok = False
+        break
+    if ok:
+      return parts
+  return None
+
+
+def _weight_label(sweep: Mapping[str, Any]) -> str:
+  """The x axis: which attribute gets w (and which 1 - w), by name when it can be read."""
+  a, b = sweep["attributes"]
+  names = _attribute_names(sweep)
+
+  def name(i):
+    return f"'{names[i]}' (attribute {i})" if names else f"attribute {i}"
+
+  text = f"weight w on {name(a)}"
+  return text + (f",\n1 - w on {name(b)}" if sweep["complement"] else "")
+
+
 def ranking_figure(
   path: str,
   panels: Sequence[tuple[str, np.ndarray]],
@@ -25,10 +81,12 @@ def ranking_figure(
   bins: int = 20,
 ) -> None:
   """Figure 4: per panel (title, scores [N]), the density of each category over the
-  retrieval order (top) and its share of the top n images (bottom)."""
+  retrieval order (top) and its share of the top n images (bottom); one legend of the
+  categories to the right of the panels."""
   n_cat = len(names)
   colours = _colours(n_cat)
-  fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 7), squeeze=False)
+  legend_w = 2.6  # inches
+  fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels) + legend_w, 7.6), squeeze=False)
   for col, (title, scores) in enumerate(panels):
     order = ranking(scores)
     rank_of = np.empty_like(order)
@@ -41,13 +99,26 @@ def ranking_figure(
         counts, _ = np.histogram(ranks, edges)
         axes[0, col].plot(0.5 * (edges[1:] + edges[:-1]), counts, color=colours[c], label=names[c])
       axes[1, col].plot(np.arange(1, len(order) + 1), curves[c], color=colours[c])
-    axes[0, col].set_title(title, fontsize=9)
-    axes[0, col].set_xlabel("retrieval order")
+    axes[0, col].set_title(f"prompt: {title}", fontsize=9)
+    axes[0, col].set_xlabel("retrieval order (rank)")
     axes[0, col].set_ylabel("images per bin")
     axes[1, col].set_xlabel("n (top-n retrieved)")
     axes[1, col].set_ylabel("share of the top n")
-  axes[0, -1].legend(fontsize=7, loc="upper right")
-  fig.tight_layout()
+  right = 1 - legend_w / fig.get_figwidth()
+  handles, labels = axes[0, 0].get_legend_handles_labels()
+  fig.legend(
+    handles,
+    labels,
+    fontsize=7,
+    loc="center left",
+    bbox_to_anchor=(right, 0.55),
+    title="category",
+    title_fontsize=8,
+    frameon=False,
+  )
+  note = 0.06
+  _caption(fig, [PROMPT_NOTE], note)
+  fig.tight_layout(rect=(0, note, right, 1))
   fig.savefig(path, dpi=110)
   plt.close(fig)
 
@@ -60,14 +131,21 @@ def sweep_figure(
   relative: bool | Sequence[bool] = False,
 ) -> None:
   """Figures 5, 6, 9: per panel (title, auc_sweep result), the mean AUC of every category
-  against the swept weight; the favoured category is drawn thick. relative (per panel or
-  for all): plot the change from the first swept weight instead, which shows small effects
-  that the spread between categories would flatten."""
+  against the swept weight; the category the panel's weights favour is drawn thick with dots
+  and named in the panel (sweeps of one weight favour another category than w / 1 - w sweeps).
+  relative (per panel or for all): plot the change from the first swept weight instead, which
+  shows small effects that the spread between categories would flatten."""
+  from matplotlib.lines import Line2D  # pylint: disable=import-outside-toplevel
+
   if isinstance(relative, bool):
     relative = [relative] * len(panels)
   rows = math.ceil(len(panels) / ncols)
   cols = min(ncols, len(panels))
-  fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols + 2.6, 3.4 * rows), squeeze=False)
+  legend_w = 2.8  # inches
+  note_h = 0.65  # inches
+  fig, axes = plt.subplots(
+    rows, cols, figsize=(4.6 * cols + legend_w, 3.7 * rows + note_h), squeeze=False
+  )
   for ax in axes.ravel()[len(panels) :]:
     ax.axis("off")
   for ax, (title, sweep), rel in zip(axes.ravel(), panels, relative):
@@ -84,17 +162,44 @@ def sweep_figure(
         lw=2.6 if focus else 1.1,
         marker="o" if focus else None,
         ms=3,
-        label=name + (" (favoured)" if focus else ""),
+        label=name,
+        zorder=3 if focus else 2,
       )
-    a, b = sweep["attributes"]
-    ax.set_xlabel(f"w on attribute {a}" + (f", 1 - w on {b}" if sweep["complement"] else ""))
-    what = f"AUC ({sweep['normalize']})"
-    ax.set_ylabel(f"{what} - value at w = {sweep['ws'][0]:g}" if rel else what, fontsize=8)
-    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(_weight_label(sweep), fontsize=8)
+    what = f"mean AUC ({sweep['normalize']})"
+    ax.set_ylabel(f"{what}\nminus its value at w = {sweep['ws'][0]:g}" if rel else what, fontsize=8)
+    favoured = sweep["category_names"][sweep["focus"]]
+    ax.set_title(f"{title}\nfavoured: {favoured}", fontsize=8.5)
   handles, labels = axes.ravel()[0].get_legend_handles_labels()
-  fig.legend(handles, labels, fontsize=7, loc="center right")
+  handles = [Line2D([], [], color=h.get_color(), lw=1.1) for h in handles]
+  handles.append(Line2D([], [], color="0.3", lw=2.6, marker="o", ms=3))
+  labels.append("thick, dots: the favoured\ncategory (named per panel)")
+  right = 1 - legend_w / fig.get_figwidth()
+  fig.legend(
+    handles,
+    labels,
+    fontsize=7,
+    loc="center left",
+    bbox_to_anchor=(right, 0.5),
+    title="category",
+    title_fontsize=8,
+    frameon=False,
+  )
   if suptitle:
     fig.suptitle(suptitle, fontsize=10)
-  fig.tight_layout(rect=(0, 0, 1 - 2.5 / fig.get_figwidth(), 0.95 if suptitle else 1))
+  note = note_h / fig.get_figheight()
+  norm = panels[0][1]["normalize"]
+  _caption(
+    fig,
+    [
+      PRIME_NOTE,
+      f"AUC ({norm}): the mean over n = 1..N of the category's "
+      + ("share of the top n" if norm == "share" else "recall in the top n")
+      + " (App. B; higher: retrieved earlier). Attributes are counted from 0 in the prompt's "
+      "order.",
+    ],
+    note,
+  )
+  fig.tight_layout(rect=(0, note, right, 0.95 if suptitle else 1))
   fig.savefig(path, dpi=110)
   plt.close(fig)
