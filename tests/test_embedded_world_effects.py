@@ -1,4 +1,4 @@
-"""Issue 17 on the shipped tiny CLIP: its text tower responds to token weights at its default
+"""The shipped tiny CLIP: its text tower responds to token weights at its default
 blocks the way the paper reports for real CLIP, with sizes asserted on held-out images, while
 it keeps its zero-shot quality. (Measured values are in the README, re-measured by
 scripts/embedded_world_figures.py.)"""

@@ -1,6 +1,6 @@
 """`python -m mutual.evaluate`: Table 1 (App. D, E) and the protocols, on the embedded world and
 on an image folder standing in for ImageNet (the command run in this process;
-tests/test_trust_inputs.py runs it as a program)."""
+tests/test_errors_inputs.py runs it as a program)."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """The mutual-knowledge pipeline end to end: the embedded world (ground truth), reports, the CLI
-(run in this process; tests/test_trust_inputs.py runs it as a program)."""
+(run in this process; tests/test_errors_inputs.py runs it as a program)."""
 
 import json
 import os

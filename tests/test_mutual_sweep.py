@@ -498,7 +498,7 @@ def test_missing_weights_stop_with_the_registry_message_or_are_skipped(
 
 
 def test_cli_stops_with_the_message_and_no_traceback(tmp_path, offline, run_command):
-  """The CLI (run in this process; tests/test_trust_inputs.py runs it as a program): a model
+  """The CLI (run in this process; tests/test_errors_inputs.py runs it as a program): a model
   without weights stops with the registry's message, an unknown name with the registered list."""
   args = [
     "--config",

@@ -1,4 +1,4 @@
-"""Issue 16: the weighted-prompt parser and the tokenizer on any input, and their speed.
+"""The weighted-prompt parser and the tokenizer on any input, and their speed.
 
 Property (hypothesis): any string either parses, and then its ids equal those of its plain
 text (the weight syntax removed), or raises WeightedPromptError; never another exception.

@@ -1,10 +1,10 @@
-"""Issue 16, the explorer: every bad input and abusive request gets a short JSON answer.
+"""The explorer app and server (stori_jax.explorer): every bad input and abusive request gets a short JSON answer.
 
 In-process through Flask's test client: body size (413), prompt length checked before
 tokenizing, short error bodies, Host and Origin allowlist (DNS rebinding), JSON 404/405/500,
 one weight rule for /api/parse and /api/rank, unreadable images skipped and named, the
 index cache keyed by file contents and rebuilt when corrupt. Then a bounded load test of a
-real server on loopback, and the command line's exit code for a bad --port. Issue 26's
+real server on loopback, and the command line's exit code for a bad --port. Then the
 explorer rows at the end: the compiled text programs bounded over 400 settings, slow clients
 timed out on a bounded pool of threads, a FIFO among the images, a weight of 4,000 digits.
 """

@@ -1,4 +1,4 @@
-"""Issue 16, `python -m stori_jax.embed`: user errors exit 2 with one paragraph, the path
+"""`python -m stori_jax.embed`: user errors exit 2 with one paragraph, the path
 written is the real one, and NaN features are refused, never saved."""
 
 from __future__ import annotations
