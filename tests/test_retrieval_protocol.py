@@ -388,7 +388,7 @@ def _sweep(names, focus, complement, ws=(0.0, 0.5, 1.0)):
 
 
 def test_figures_explain_their_notation_and_keep_legends_off_the_curves(tmp_path, monkeypatch):
-  from stori_jax.retrieval import plots  # pylint: disable=import-outside-toplevel
+  from stori_jax.retrieval import plots, tables  # pylint: disable=import-outside-toplevel
 
   attrs = ("colour", "pattern", "shape")
   generic = [
@@ -423,6 +423,25 @@ def test_figures_explain_their_notation_and_keep_legends_off_the_curves(tmp_path
   assert "(words:w) in a prompt: SToRI's weight w" in _layout(fig4)[2]
   # Names that cannot be read back stay numbered.
   odd = _sweep(["a", "b", "c", "d"], 0, True)
-  assert plots._weight_label(odd) == "weight w on attribute 1,\n1 - w on attribute 0"
+  assert tables.weight_label(odd) == "weight w on attribute 1,\n1 - w on attribute 0"
   three = [", ".join(v) for v in itertools.product(["red", "blue"], ["dots", "plain"])][::-1]
-  assert plots._attribute_names(dict(category_names=three)) == ["red", "dots"]
+  assert tables.attribute_names(dict(category_names=three)) == ["red", "dots"]
+
+
+def test_sweep_table_names_its_attributes_and_explains_its_marks():
+  from stori_jax.retrieval import tables  # pylint: disable=import-outside-toplevel
+
+  names = [", ".join(v) for v in itertools.product(["red", "red'"], ["dots", "dots'"])]
+  sweep = dict(
+    category_names=names[::-1],
+    attributes=(1, 0),
+    complement=True,
+    focus=1,
+    ws=[0.0, 0.5, 1.0],
+    mean_auc=[[0.5, 0.6, 0.4, 0.5]] * 3,
+  )
+  text = tables.sweep_table(sweep)
+  assert "| weight w on 'dots' (attribute 1), 1 - w on 'red' (attribute 0) |" in text
+  assert "#1" not in text and "#0" not in text
+  assert "* marks the category the weighting should favour" in text
+  assert "a value with ' is the alternative one" in text

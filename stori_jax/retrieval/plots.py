@@ -17,6 +17,7 @@ import numpy as np
 
 from stori_jax.plotting import pyplot
 from stori_jax.retrieval.metrics import category_curves, ranking
+from stori_jax.retrieval.tables import weight_label
 
 plt = pyplot()
 
@@ -36,41 +37,6 @@ PRIME_NOTE = (
 def _caption(fig, lines: Sequence[str], height: float) -> None:
   """Notes under the panels (figure coordinates; `height` is their share of the figure)."""
   fig.text(0.01, height - 0.01, "\n".join(lines), fontsize=7.5, va="top", ha="left", wrap=True)
-
-
-def _attribute_names(sweep: Mapping[str, Any]) -> list[str] | None:
-  """The attributes' names, read back from the category names (the all-present category,
-  code 2^A - 1) and checked against every category; None when they cannot be read."""
-  names = list(sweep["category_names"])
-  n_attr = int(round(math.log2(len(names)))) if names else 0
-  if n_attr < 1 or 2**n_attr != len(names):
-    return None
-  for sep in (", ", " "):  # one task's values ("red, checkered, heart"); generic ("colour pattern")
-    parts = names[-1].split(sep)
-    if len(parts) != n_attr:
-      continue
-    ok = True
-    for code, name in enumerate(names):
-      got = name.split(sep)
-      present = [(code >> (n_attr - 1 - a)) & 1 for a in range(n_attr)]
-      if len(got) != n_attr or any((g == p) != bool(b) for g, p, b in zip(got, parts, present)):
-        ok = False
-        break
-    if ok:
-      return parts
-  return None
-
-
-def _weight_label(sweep: Mapping[str, Any]) -> str:
-  """The x axis: which attribute gets w (and which 1 - w), by name when it can be read."""
-  a, b = sweep["attributes"]
-  names = _attribute_names(sweep)
-
-  def name(i):
-    return f"'{names[i]}' (attribute {i})" if names else f"attribute {i}"
-
-  text = f"weight w on {name(a)}"
-  return text + (f",\n1 - w on {name(b)}" if sweep["complement"] else "")
 
 
 def ranking_figure(
@@ -165,7 +131,7 @@ def sweep_figure(
         label=name,
         zorder=3 if focus else 2,
       )
-    ax.set_xlabel(_weight_label(sweep), fontsize=8)
+    ax.set_xlabel(weight_label(sweep), fontsize=8)
     what = f"mean AUC ({sweep['normalize']})"
     ax.set_ylabel(f"{what}\nminus its value at w = {sweep['ws'][0]:g}" if rel else what, fontsize=8)
     favoured = sweep["category_names"][sweep["focus"]]

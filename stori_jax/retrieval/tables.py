@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 _ROW_TITLES = {1.0: "Plain", 0.0: "Removed"}
@@ -49,18 +50,61 @@ def pair_table(result: Mapping[str, Any], digits: int = 3) -> str:
   return "\n".join(lines)
 
 
+def attribute_names(sweep: Mapping[str, Any]) -> list[str] | None:
+  """The attributes' names, read back from the category names (the all-present category,
+  code 2^A - 1) and checked against every category; None when they cannot be read."""
+  names = list(sweep["category_names"])
+  n_attr = int(round(math.log2(len(names)))) if names else 0
+  if n_attr < 1 or 2**n_attr != len(names):
+    return None
+  for sep in (", ", " "):  # one task's values ("red, checkered, heart"); generic ("colour pattern")
+    parts = names[-1].split(sep)
+    if len(parts) != n_attr:
+      continue
+    ok = True
+    for code, name in enumerate(names):
+      got = name.split(sep)
+      present = [(code >> (n_attr - 1 - a)) & 1 for a in range(n_attr)]
+      if len(got) != n_attr or any((g == p) != bool(b) for g, p, b in zip(got, parts, present)):
+        ok = False
+        break
+    if ok:
+      return parts
+  return None
+
+
+def weight_label(sweep: Mapping[str, Any], newline: bool = True) -> str:
+  """Which attribute gets w (and which 1 - w), by name when it can be read: a figure's x axis
+  (`newline`) or a table's head."""
+  a, b = sweep["attributes"]
+  names = attribute_names(sweep)
+
+  def name(i):
+    return f"'{names[i]}' (attribute {i})" if names else f"attribute {i}"
+
+  text = f"weight w on {name(a)}"
+  return text + (
+    (",\n" if newline else ", ") + f"1 - w on {name(b)}" if sweep["complement"] else ""
+  )
+
+
 def sweep_table(result: Mapping[str, Any], every: int = 1) -> str:
   """Mean AUC per category (columns, all attributes present first) at each swept weight
-  (rows); * marks the category that the emphasis favours."""
+  (rows), with a line under the table that says how to read it."""
   codes = list(range(len(result["category_names"])))[::-1]
   names = [result["category_names"][c] + (" *" if c == result["focus"] else "") for c in codes]
-  a, b = result["attributes"]
-  head = f"w on #{a}" + (f", 1 - w on #{b}" if result["complement"] else "")
+  head = weight_label(result, newline=False)
   lines = [f"| {head} | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
   rows = sorted(set(range(0, len(result["ws"]), every)) | {len(result["ws"]) - 1})
   for i in rows:
     cells = [f"{result['mean_auc'][i][c]:.4f}" for c in codes]
     lines.append(f"| {result['ws'][i]:g} | " + " | ".join(cells) + " |")
+  lines += [
+    "",
+    "Columns are the categories of images (which attributes they have; a value with ' is the "
+    "alternative one); * marks the category the weighting should favour; each cell is the "
+    "mean AUC of ranking that category above the others.",
+  ]
   return "\n".join(lines)
 
 
