@@ -30,11 +30,12 @@ $(STAMP): $(CORE_STAMP) setup.py
 
 install: $(STAMP)
 
+# One line per test file with its progress, then the ten slowest tests.
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_MARK)
+	$(PY) -m pytest --durations=10 $(PYTEST_MARK)
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest --durations=10
 
 # The main job on the embedded default: few-shot SToRI on the synthetic world (offline).
 demo: $(CORE_STAMP)

@@ -115,6 +115,7 @@ def assert_ends_with_outputs(stdout: str, *names: str) -> list[str]:
   return paths
 
 
+@pytest.mark.slow
 def test_commands_end_with_the_files_they_wrote(tmp_path, tiny_random_model, run_command):
   """convert, embed --output, evaluate_world and start_block on a tiny random model."""
   out = tmp_path / "converted"
@@ -158,6 +159,7 @@ def test_commands_end_with_the_files_they_wrote(tmp_path, tiny_random_model, run
   assert_ends_with_outputs(done.stdout, "run.json", "start_block.json", "start_block.png")
 
 
+@pytest.mark.slow
 def test_pretrain_ends_with_the_files_it_wrote(tmp_path, run_command):
   from test_pretrain import SMALL  # pylint: disable=import-outside-toplevel
 

@@ -430,6 +430,7 @@ def command_line(tmp_path):
     stderr.close()
 
 
+@pytest.mark.slow
 def test_colour_slider_moves_the_chart_and_the_top_images(command_line):
   """The issue's end-to-end check, at the model's default blocks: typing the prompt and
   moving the colour word's slider to 0 changes the category chart and the top images."""
@@ -480,6 +481,7 @@ def test_colour_slider_moves_the_chart_and_the_top_images(command_line):
   assert auc_after < auc_before, f"{where} leaves the AUC of {FAVOURED!r} at {auc_after:.4f}"
 
 
+@pytest.mark.slow
 def test_explorer_on_an_image_folder(tmp_path):
   from PIL import Image
 

@@ -75,6 +75,7 @@ def naive_class_embeddings(bundle, bank, log_weights, start_block):
   return emb / np.linalg.norm(emb, axis=1, keepdims=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk,start_block", [(2, 3), (64, 1), (1, 4)])
 def test_matches_naive_encoding(chunk, start_block):
   bundle = _bundle()
@@ -87,6 +88,7 @@ def test_matches_naive_encoding(chunk, start_block):
   np.testing.assert_allclose(ours, naive, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_zero_log_weights_are_the_zero_shot_classifier():
   bundle = _bundle()
   bank = build_prompt_bank(bundle.tokenizer, CLASSES, PROMPTS, FIXED, chunk=2)

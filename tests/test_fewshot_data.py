@@ -735,6 +735,7 @@ def test_synthetic_world_too_large_for_memory_is_refused_before_drawing(monkeypa
     datasets.load_synthetic(1, 0, 100_000, image_size=36)
 
 
+@pytest.mark.slow
 def test_row4_sizes_stop_with_exit_2_before_work_and_under_1_gb(tmp_path, measure_command):
   # the reproducers, as commands: each once took 14.5 to 19 GB or hung
   _write_dtd(tmp_path)

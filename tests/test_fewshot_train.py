@@ -51,6 +51,7 @@ def _run(command, timeout=600, **kwargs) -> subprocess.CompletedProcess:
   )
 
 
+@pytest.mark.slow
 def test_train_writes_its_reports(tmp_path, tiny_random_model):
   # The one short run of `python -m stori_jax.train` as a program.
   result = _run(_command(tmp_path, tiny_random_model, "--config.epochs=3"))
@@ -90,6 +91,7 @@ def test_a_bad_synthetic_class_name_stops_with_a_message(tmp_path, tiny_random_m
   assert "Traceback" not in result.stderr and not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_taskres_baseline_runs(tmp_path, tiny_random_model, run_command):
   result = run_command(
     train, *_flags(tmp_path, tiny_random_model, "--config.epochs=2", "--config.method=taskres")

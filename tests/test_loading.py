@@ -82,6 +82,7 @@ def openai_file(tmp_path_factory, bundle):
   return path
 
 
+@pytest.mark.slow
 def test_safetensors_state_dict_round_trip(openai_file, bundle):
   loaded = stori_jax.load(openai_file, arch=CONFIG)
   for a, b in zip(
@@ -188,6 +189,7 @@ def test_offline_hub_error_names_file_and_destination(tmp_path):
   assert "stori_jax.load('checkpoints/openai__clip-vit-base-patch32')" in out
 
 
+@pytest.mark.slow
 def test_hf_directory_loads_without_torch(tmp_path):
   """transformers layout written by hand with safetensors; torch imports are blocked."""
   pytest.importorskip("transformers", reason="writes the HF config with transformers")

@@ -15,6 +15,7 @@ CONFIG = CLIPConfig(
 )
 
 
+@pytest.mark.slow
 def test_image_details_expose_patch_tokens_and_keys():
   params = init_params(CONFIG, seed=0)
   # A nonzero key bias (initialised to zero), so that leaving it out shows.
@@ -115,6 +116,7 @@ def jitted_flax_init(config, seed):
   return jax.jit(CLIP(config).init)(jax.random.PRNGKey(seed), images, ids)["params"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "config", [CONFIG, SMALL_RESNET, SMALL_CONVNEXT], ids=["vit", "resnet", "convnext"]
 )
@@ -155,6 +157,7 @@ print("ok", len(leaves))
 """
 
 
+@pytest.mark.slow
 def test_init_params_land_on_another_default_device():
   """With the default device elsewhere (an accelerator; here a second CPU device) the params are
   computed on the first CPU and moved there, uncommitted, with the same values."""

@@ -46,6 +46,7 @@ def trained():
   }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["softmax", "gumbel"])
 def test_bottleneck_learns(trained, attention):
   cached, desc = _toy(), _descriptors()
@@ -56,6 +57,7 @@ def test_bottleneck_learns(trained, attention):
   assert out["ids"].shape == (72, 2) and out["regions"].shape == (72, 2, 4, 4)
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_given_the_seed(trained):
   """Same seed, same parameters (Gumbel noise included); another seed, others."""
   cached, desc = _toy(), _descriptors()
@@ -112,6 +114,7 @@ def test_protosim_assigns_every_token_to_exactly_one_descriptor(trained):
   assert all(np.all(np.diff(v.astype(int)) <= 0) for v in out["valid"])
 
 
+@pytest.mark.slow
 def test_gumbel_training_noise_is_used_and_seeded():
   model = baselines.MultimodalBottleneck(3, 8, "gumbel")
   tokens, desc = jnp.asarray(_toy().tokens[:4]).reshape(4, 16, 8), jnp.asarray(_descriptors())
@@ -165,6 +168,7 @@ def test_dropblock_drops_square_blocks_at_about_the_rate():
   assert everything.sum(axis=(1, 2)).min() > 0  # never an empty image
 
 
+@pytest.mark.slow
 def test_labeler_names_a_region_by_its_class_descriptors():
   """Class c's descriptors are {2c, 2c + 1}: a region on class c's lit block gets one of them."""
   cached = _toy(n_per_class=32)
@@ -192,6 +196,7 @@ def test_descriptor_targets_and_fit_errors():
     baselines.fit(lambda p, b, k, s: 0.0, {}, {"x": np.zeros((0, 2))}, epochs=1)
 
 
+@pytest.mark.slow
 def test_train_all_and_explain_on_toy_features():
   cached = _toy()
   desc = _descriptors()

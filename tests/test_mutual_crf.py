@@ -80,6 +80,7 @@ def test_device_refine_is_simplecrfs_on_random_inputs():
   assert np.mean(changed) > 0.02 and max(changed) > 0.1, changed
 
 
+@pytest.mark.slow
 def test_device_refine_equals_host_build_at_224():
   """At the towers' 224 px, the device build and the host build refine to the same labels."""
   rng = np.random.default_rng(3)

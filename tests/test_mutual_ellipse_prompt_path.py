@@ -178,6 +178,7 @@ def _report(size, total, equal, causes):
   print("\n".join(lines))
 
 
+@pytest.mark.slow
 def test_prompt_path_is_opencvs_at_64():
   total, equal, causes, failures = sweep(seed=0, count=400, size=64)
   _report(64, total, equal, causes)

@@ -192,6 +192,7 @@ def masks():
   }
 
 
+@pytest.mark.slow
 def test_largest_contour_is_opencvs(cv2, masks):
   for name, group in masks.items():
     found = {k: np.asarray(v) for k, v in ellipse.largest_contours(jnp.asarray(group)).items()}
@@ -209,6 +210,7 @@ def test_largest_contour_is_opencvs(cv2, masks):
       np.testing.assert_array_equal(found["points"][i], points, err_msg=where)
 
 
+@pytest.mark.slow
 def test_contours_and_fits_exact_past_their_budgets(masks):
   """Tracing only the listed boundary pixels changes nothing, and chunks with more boundary
   pixels than `capacity` are traced at full size; likewise the fit's row budget."""
@@ -228,6 +230,7 @@ def test_contours_and_fits_exact_past_their_budgets(masks):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fit_ellipse_is_opencvs(cv2, masks):
   for name, group in masks.items():
     found = ellipse.largest_contours(jnp.asarray(group))
@@ -339,6 +342,7 @@ def _check_prompts(cv2, images, maps, n_concepts):
       assert within >= 0.995, (b, c, within)
 
 
+@pytest.mark.slow
 def test_reference_prompts_on_concept_maps_at_224(cv2):
   maps = _concept_maps(np.random.default_rng(3), **CONCEPTS_224)
   images = np.random.default_rng(4).integers(0, 256, (*maps.shape, 3), dtype=np.uint8)
@@ -383,6 +387,7 @@ def test_render_prompts_reference_variant():
     visual_prompts.render_prompts(unit, coarse, 3, thickness=2.0, ellipse="reference")
 
 
+@pytest.mark.slow
 def test_concept_embeddings_reference_variant(tiny_synthetic):
   bundle = tiny_synthetic
   images, maps = _world_maps(**WORLD, seed=6)

@@ -41,6 +41,7 @@ def _one_image_at_a_time(bundle, images, maps, n_concepts, ellipse):
   return np.where(np.asarray(valid)[..., None], np.stack(out), 0.0), np.asarray(valid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ellipse", visual_prompts.ELLIPSES)
 def test_batched_regions_equal_one_image_at_a_time(tiny_synthetic, ellipse):
   rng = np.random.default_rng(3)
@@ -59,6 +60,7 @@ def test_batched_regions_equal_one_image_at_a_time(tiny_synthetic, ellipse):
   assert not np.asarray(batched[0][1])[0].any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ellipse", visual_prompts.ELLIPSES)
 def test_passes_of_a_few_images_equal_the_whole_call(tiny_synthetic, monkeypatch, ellipse):
   """per_pass: the regions of a call go through the tower a few at a time (a loop inside the

@@ -37,6 +37,7 @@ def test_lattice_crf_is_simplecrfs():
   assert (exact != want).sum() > 0  # the exact kernels are not the reference's
 
 
+@pytest.mark.slow
 def test_blur_protocol_crf_follows_the_mode(tiny_synthetic, monkeypatch):
   """App. A.3's CRF takes the analysis mode's confidence and filter unless one is set."""
   seen = []
@@ -57,6 +58,7 @@ def test_blur_protocol_crf_follows_the_mode(tiny_synthetic, monkeypatch):
   assert seen == [(0.99, "lattice", True), (0.9, "exact", False), (0.95, "lattice", True)]
 
 
+@pytest.mark.slow
 def test_region_embeddings_follow_the_ellipse_stage(tiny_synthetic):
   """xai.region_embeddings draws the reference's ellipse when asked, as the analysis does."""
   cls = synthetic.generate(3, (0, 2), image_size=64, max_objects=1)

@@ -84,6 +84,7 @@ def _records(workdir):
   return [json.loads(p.read_text()) for p in paths], paths
 
 
+@pytest.mark.slow
 def test_rows_and_summaries_are_the_json_files(workdir):
   text = (workdir / "report.html").read_text(encoding="utf-8")
   page = _Page(text)

@@ -268,6 +268,7 @@ def _mutual(tmp_path):
   run_flags.claim_workdir(config, str(tmp_path), False, "mutual-knowledge analysis")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "command", [_train, _retrieve, _pretrain, _weight_response, _mutual], ids=lambda f: f.__name__
 )
