@@ -2,7 +2,8 @@ r"""Re-measures the README's embedded-world figures and rewrites them in place.
 
   python scripts/readme_figures.py                      # every section (minutes on 2 CPU cores)
   python scripts/readme_figures.py --only demo,world    # some sections
-  python scripts/readme_figures.py --check              # measure, print the diff, exit 1 if any
+  python scripts/readme_figures.py --check              # measure, print the diff, exit 1 if a
+                                                        # figure differs (timings alone do not)
   python scripts/readme_figures.py --list               # the sections and their regions
   make readme-figures [FIGURES_FLAGS=--check]
 
@@ -10,14 +11,22 @@ Each figure region of README.md lies between `<!-- figures:NAME -->` and `<!-- /
 (HTML comments: invisible on GitHub). A section measures once and returns the markdown of its
 regions; only the text between a region's markers is replaced, the whitespace next to the
 markers kept (a marker inside a paragraph must not start a line, or GitHub ends the paragraph
-there). Every number comes from the library functions the commands call, on the configs the
-README names; timings are of this run, rounded ("about N s"), since the machine is noisy.
+there). A figure shown beside a command comes from that command, run in this process with the
+README's flags (scripts/embedded_world_figures.py's run_command: what it prints or the file it
+writes), or from the library function it calls with the same arguments; a figure from another
+command or other images says so in the README, naming the command. Timings are of this run,
+rounded ("about N s"), since the machine is noisy.
 
 Sections:
   demo             the few-shot demo's table (configs/demo.py, seeds 1-3) and the paper
                    objective's figures (log_weight_penalty = 0) after it
-  world            the tiny CLIPs' zero-shot table, Table 3 with the base model's column, and
-                   what weight 0 and the Fig. 5 sweep do (scripts/embedded_world_figures.py)
+  world            `python -m stori_jax.evaluate_world` on both tiny CLIPs: the zero-shot table
+                   and Table 3 with the base model's column; weight 0 and the Fig. 5 sweep on
+                   the same images (scripts/embedded_world_figures.py); the Status summary
+  start_block      `python -m stori_jax.start_block` on both tiny CLIPs: the shipped model's
+                   table and the base model's slopes (configs/retrieval_synthetic.py's probe set)
+  ablations        `python -m stori_jax.train` on the demo's two-colour task with
+                   tiny-synthetic-base: Fig. 10 (start blocks 1-6) and Table 1 (rare tokens)
   mutual_analyze   mutual.analyze on configs/mutual_synthetic.py, plus the concept pixels on
                    objects and descriptors naming attributes (a second pass, as the test does)
   mutual_modes     Table 3's row of configs/mutual_synthetic.py in both analysis modes, and
@@ -155,6 +164,16 @@ def about(seconds: float) -> str:
   return f"about {n} s"
 
 
+#: A timing as `about` writes it.
+_TIMING = re.compile(r"about \d+ (?:s|minutes)\b")
+
+
+def without_timings(text: str) -> str:
+  """`text` with every timing (`about`'s "about N s" / "about N minutes") blanked: what --check
+  compares, since a timing is one run on a noisy machine and not a figure that can drift."""
+  return _TIMING.sub("about ? s", text)
+
+
 def machine() -> str:
   """What the timings ran on, as the README says it ("2 CPU cores")."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -279,18 +298,24 @@ def demo_figures() -> dict[str, str]:
 WORLD_MODELS = ("tiny-synthetic-base", "tiny-synthetic")
 
 
-def world_figures() -> dict[str, str]:
-  """Zero-shot quality of both tiny CLIPs; Table 3, weight 0 and Fig. 5 on the held-out probe
-  set (scripts/embedded_world_figures.py), the shipped model's with the base model's beside."""
+def world_figures(
+  models: Sequence[str] = WORLD_MODELS, eval_args: Sequence[str] = (), probe_config: str = ""
+) -> dict[str, str]:
+  """Zero-shot quality and Table 3 of both tiny CLIPs, as `python -m stori_jax.evaluate_world
+  --source M *eval_args` prints them (the command, run in this process); weight 0 and Fig. 5 on
+  the same images (configs/retrieval_synthetic.py's probe set, or `probe_config`'s) by
+  scripts/embedded_world_figures.py; and the Status section's summary of the shipped model.
+  `models` is (base, shipped)."""
   import stori_jax  # pylint: disable=import-outside-toplevel
 
   ewf, m = _ewf(), {}
-  for name in WORLD_MODELS:
+  for name in models:
+    results = ewf.world_eval(name, eval_args)
     bundle = stori_jax.load(name)
-    embeddings, tasks = ewf.probe_set(bundle)
+    embeddings, tasks = ewf.probe_set(bundle, probe_config or ewf.RETRIEVAL_CONFIG)
     m[name] = dict(
-      quality=ewf.zero_shot_quality(bundle),
-      table3=ewf.table3(bundle, embeddings, tasks),
+      quality=ewf.zero_shot_quality(results),
+      table3=ewf.table3(results),
       shares=ewf.colour_shares(bundle, embeddings, tasks),
       focus=ewf.fig5_focus(bundle, embeddings, tasks),
     )
@@ -298,14 +323,14 @@ def world_figures() -> dict[str, str]:
     "| model | colour | shape | pattern | size | position | R@1 text→image | R@1 image→text |",
     "|---|---|---|---|---|---|---|---|",
   ]
-  for name in WORLD_MODELS:
+  for name in models:
     q = m[name]["quality"]
     cells = [f"{q[k]:.3f}" for k in (*ewf.ZERO_SHOT_FAMILIES, "t2i", "i2t")]
     zero_shot.append(f"| {name} | " + " | ".join(cells) + " |")
-  base, shipped = (m[name] for name in WORLD_MODELS)
+  base, shipped = (m[name] for name in models)
   table = [
     "| emphasised word | AP w=0.5 | AP w=1.0 | AP w=1.5 | ΔAP 0.5 | ΔAP 1.5 | "
-    f"{WORLD_MODELS[0]} ΔAP 0.5 / 1.5 |",
+    f"{models[0]} ΔAP 0.5 / 1.5 |",
     "|---|---|---|---|---|---|---|",
   ]
   for family, row in shipped["table3"].items():
@@ -316,22 +341,100 @@ def world_figures() -> dict[str, str]:
       f"{signed(delta[1])} | {signed(b[0])} / {signed(b[1])} |"
     )
 
-  def ends(focus):
-    a, b = f"{focus[0]:.3f}", f"{focus[-1]:.3f}"
-    return f"{a} at both\nends" if a == b else f"{a} to\n{b}"
+  def ends(a: str, b: str, both: str) -> str:
+    return f"{a} {both}" if a == b else f"{a} to {b}"
 
   s, sb = shipped["shares"], base["shares"]
-  effects = (
-    "Weight 0 on the colour word drops the share of the prompt's colour among the top 16 "
-    f"images from\n{s[0]:.1%} to {s[1]:.1%} ({WORLD_MODELS[0]}: {sb[0]:.1%} to {sb[1]:.1%}), "
-    "and the Fig. 5 sweep (pattern w, colour\n1 − w) moves the favoured category's AUC from "
-    f"{shipped['focus'][0]:.3f} to {shipped['focus'][-1]:.3f} ({WORLD_MODELS[0]}: "
-    f"{ends(base['focus'])})."
+  fb = base["focus"]
+  effects = fill(
+    "On the same images (`python scripts/embedded_world_figures.py`, which calls the retrieval "
+    "protocol's functions on configs/retrieval_synthetic.py's probe set), weight 0 on the colour "
+    "word drops the share of the prompt's colour among the top 16 images from "
+    f"{s[0]:.1%} to {s[1]:.1%} ({models[0]}: "
+    f"{ends(f'{sb[0]:.1%}', f'{sb[1]:.1%}', 'at both weights')}), "
+    "and the Fig. 5 sweep (pattern w, colour 1 − w) moves the favoured category's AUC from "
+    f"{shipped['focus'][0]:.3f} to {shipped['focus'][-1]:.3f} ({models[0]}: "
+    f"{ends(f'{fb[0]:.3f}', f'{fb[-1]:.3f}', 'at both ends')})."
+  )
+  q = shipped["quality"]
+  sizes = [abs(d) for row in shipped["table3"].values() for d in row["delta"]]
+  status = fill(
+    f"The tiny CLIP keeps the embedded world's targets (colour {q['colour']:.3f}, shape "
+    f"{q['shape']:.3f}, pattern {q['pattern']:.3f}, R@1 {q['t2i']:.3f}) and now responds to "
+    f"token weights at its default blocks (Table 3 ΔAP of {min(sizes):.3f} to {max(sizes):.3f} "
+    f"in every family; weight 0 on the colour word: top 16 from {s[0]:.0%} to {s[1]:.0%} of "
+    "that colour)."
   )
   return {
     "world.zero_shot": "\n".join(zero_shot),
     "world.table3": "\n".join(table) + "\n\n" + effects,
+    "world.status": status,
   }
+
+
+def start_block_figures(
+  models: Sequence[str] = WORLD_MODELS, data_config: str | None = None
+) -> dict[str, str]:
+  """The table `python -m stori_jax.start_block --model <shipped>` prints (the command, run
+  in this process, on configs/retrieval_synthetic.py's probe set unless `data_config`), and
+  the base model's slopes from the same command with `--model <base>`. `models` is (base,
+  shipped)."""
+  ewf = _ewf()
+  runs = {name: ewf.start_block_run(name, data_config) for name in models}
+  base, shipped = models
+  table, sweep = runs[shipped]
+  slope = {r["start_block"]: r["ap_per_log_weight"] for r in runs[base][1]["blocks"]}
+  default = sweep["recommended"]
+  data = "`" + (data_config or "configs/retrieval_synthetic.py") + "`"
+  head = (
+    f"On {shipped} (the probe set of {data}: {sweep['n_tasks']} prompts, "
+    f"{sweep['n_images']} images):"
+  )
+  tail = fill(
+    f"With `--model {base}` the same slope is {signed(slope[1], 4)} from block 1 and "
+    f"{signed(slope[default], 4)} from block {default} (recommended: block "
+    f"{runs[base][1]['recommended']})."
+  )
+  return {"start_block": f"{head}\n\n```\n{table}\n```\n\n{tail}"}
+
+
+ABLATION_BLOCKS = (1, 2, 3, 4, 5, 6)
+
+
+def ablation_figures(blocks: Sequence[int] = ABLATION_BLOCKS) -> dict[str, str]:
+  """The paper's ablations on the demo's two-colour task, as `python -m stori_jax.train` with
+  scripts/embedded_world_figures.py's ABLATION_FLAGS runs them (the command, in this process):
+  Fig. 10 per start block of `blocks`, Table 1 with five rare tokens at the default block."""
+  ewf = _ewf()
+  runs = ewf.ablation_runs(blocks)
+  by_block, rare = runs["blocks"], runs["rare_tokens"]
+  first, default = min(by_block), runs["default_block"]
+  zero = {round(100 * r["zero_shot"]["accuracy"], 2) for r in by_block.values()}
+  if len(zero) != 1:  # all weights 1: the start block cannot change zero-shot
+    raise AssertionError(f"zero-shot differs between start blocks: {sorted(zero)}")
+  plain = by_block.get(default)
+  if plain is None:
+    raise AssertionError(f"Table 1 runs at block {default}, which is not among {blocks}")
+  shape = {b: r["median_word_weight"]["shape"] for b, r in by_block.items()}
+  fig10 = (
+    f"Fig. 10 (`--config.start_block=b`, b = {blocks[0]}..{blocks[-1]} of 6): SToRI "
+    f"{slashed([100 * r['trained']['accuracy'] for r in by_block.values()], '{:.2f}')}% "
+    f"against {zero.pop():.2f}% zero-shot, word-rank AUC vs stated size/background "
+    f"{slashed([r['word_rank_auc']['nuisance'] for r in by_block.values()], '{:.3f}')} (vs "
+    f"every other word "
+    f"{slashed([r['word_rank_auc']['other'] for r in by_block.values()], '{:.3f}')}); the "
+    f"shape words' median weight is {shape[first]:.2f} from block {first} and "
+    f"{shape[default]:.2f} from block {default}."
+  )
+  table1 = (
+    f"Table 1 (`{ewf.RARE_TOKENS_FLAG}`, at the default block {default}): five rare tokens "
+    f"appended change zero-shot from {100 * plain['zero_shot']['accuracy']:.2f}% to "
+    f"{100 * rare['zero_shot']['accuracy']:.2f}% and SToRI from "
+    f"{100 * plain['trained']['accuracy']:.2f}% to {100 * rare['trained']['accuracy']:.2f}% "
+    f"(AUC vs stated size/background {plain['word_rank_auc']['nuisance']:.3f} to "
+    f"{rare['word_rank_auc']['nuisance']:.3f})."
+  )
+  return {"ablations": fill(fig10 + " " + table1)}
 
 
 def concept_ground_truth(config) -> dict[str, Any]:
@@ -535,7 +638,9 @@ def _beats_random(beats: Mapping[str, Mapping[str, bool]]) -> str:
 def _table2(table2: Mapping[str, Any]) -> str:
   """Table 2's sentence: the change of top-1 when the nearest classes' concepts are added."""
   # Rounded first: -0.001 and +0.001 both read "+0.00", one value.
-  deltas = {m: round(r["delta"], 2) + 0.0 for m, r in table2["methods"].items()}
+  order = ("pca", "kmeans")  # the README's order (protocols.json sorts its keys)
+  methods = sorted(table2["methods"], key=lambda m: order.index(m) if m in order else len(order))
+  deltas = {m: round(table2["methods"][m]["delta"], 2) + 0.0 for m in methods}
   shown = {f"{d:+.2f}".replace("-", MINUS) for d in deltas.values()}
   if len(shown) == 1:
     change = shown.pop()
@@ -550,18 +655,20 @@ def _table2(table2: Mapping[str, Any]) -> str:
   return f"Table 2's gain shows on this world ({change} top-1 with the added concepts)."
 
 
-def mutual_evaluate_figures() -> dict[str, str]:
-  """mutual.evaluate on configs/mutual_eval_synthetic.py (timed): Table 1 (table1.json's
-  explanations) and the protocols (protocols.json)."""
-  from mutual import evaluation, xai  # pylint: disable=import-outside-toplevel
+MUTUAL_EVAL_CONFIG = "configs/mutual_eval_synthetic.py"
+
+
+def mutual_evaluate_figures(config_path: str = MUTUAL_EVAL_CONFIG) -> dict[str, str]:
+  """`python -m mutual.evaluate --config configs/mutual_eval_synthetic.py` (the command, run in
+  this process; timed): Table 1's rows as it prints them, the rest from its table1.json and
+  protocols.json."""
   from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
 
-  config = load_config(os.path.join(CONFIGS, "mutual_eval_synthetic.py"))
-  with tempfile.TemporaryDirectory() as workdir:
-    start = time.perf_counter()
-    # The returned results are table1.json's before its rounding for the file.
-    results = evaluation.run(config, workdir, progress=False)
-    seconds = time.perf_counter() - start
+  config = load_config(os.path.join(ROOT, config_path))
+  start = time.perf_counter()
+  run = _ewf().mutual_evaluate_run(config_path)
+  seconds = time.perf_counter() - start
+  results = {**run["table1"], "protocols": run["protocols"]}
   n_classes = results["images"] // int(config.data.images_per_class)
   lines = [
     fill(
@@ -573,14 +680,22 @@ def mutual_evaluate_figures() -> dict[str, str]:
     "| Explanation | Delet.↓ | Insert.↑ | AccDrop↓ | AccInc↑ |",
     "|---|---|---|---|---|",
   ]
-  for name, s in results["explanations"].items():
-    lines.append(f"| {name} | " + " | ".join(f"{s[m]:.3f}" for m in xai.METRICS) + " |")
+  # Table 1 as the command prints it (table1.md's first table; the Top-1 table follows).
+  table1 = run["printed"].split("## Table 1", 1)[1].split("\n## ", 1)[0]
+  rows = [line for line in table1.splitlines() if line.startswith("| ")][1:]  # below the head
+  printed = {line.split("|")[1].strip(): line for line in rows}
+  for name, line in printed.items():  # in the command's order (its JSON sorts the keys)
+    cells = line.split("|")[1:-1]  # name, requires training, the four metrics
+    lines.append(f"| {name} | " + " | ".join(c.strip() for c in cells[2:]) + " |")
+  beats = {
+    name: results["beats_random"][name] for name in printed if name in results["beats_random"]
+  }
   top1 = results["top1"]
   p = results["protocols"]
   pca, kmeans = p["ot_entropy"]["methods"]["pca"], p["ot_entropy"]["methods"]["kmeans"]
   blur, bank = p["blur"], p["bank_quality"]
   prose = (
-    f"The method beats a random order of its concepts {_beats_random(results['beats_random'])} "
+    f"The method beats a random order of its concepts {_beats_random(beats)} "
     "(Deletion and Insertion asserted) but by small margins: the tiny model's class score moves "
     "little when one region is blurred, and its baselines reach only "
     f"{top1['MM-CBM']:.0f}% (MM-CBM) and {top1['MM-ProtoSim']:.0f}% (MM-ProtoSim) top-1 against "
@@ -614,8 +729,18 @@ SECTIONS: dict[str, Section] = {
   ),
   "world": Section(
     world_figures,
-    ("world.zero_shot", "world.table3"),
-    "tiny CLIPs' zero-shot quality, Table 3, weight 0, Fig. 5",
+    ("world.zero_shot", "world.table3", "world.status"),
+    "python -m stori_jax.evaluate_world on both tiny CLIPs (zero-shot, Table 3); weight 0, Fig. 5",
+  ),
+  "start_block": Section(
+    start_block_figures,
+    ("start_block",),
+    "python -m stori_jax.start_block on both tiny CLIPs (configs/retrieval_synthetic.py)",
+  ),
+  "ablations": Section(
+    ablation_figures,
+    ("ablations",),
+    "python -m stori_jax.train ablations: Fig. 10 (start block 1-6), Table 1 (rare tokens)",
   ),
   "mutual_analyze": Section(
     mutual_analyze_figures,
@@ -706,8 +831,10 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   summary = f"{changed} of {len(bodies)} regions differ ({time.perf_counter() - total:.0f} s)"
   if values.check:
     print(f"{summary}; --check: nothing written.")
-    if diff:
+    if without_timings(old) != without_timings(new):
       sys.exit(1)
+    if diff:
+      print("Only the measured timings differ (one run on a noisy machine): no figure drifted.")
     return
   if diff:
     write_atomic(path, new)
