@@ -513,6 +513,7 @@ def _rss_mb() -> float:
     return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
+@pytest.mark.slow
 def test_compiled_programs_stay_bounded_over_400_settings():
   """Row 7: every distinct (start block, stop block, length bucket) compiled a text program
   and kept it. Now the blocks are data: one program per length bucket, measured here as XLA

@@ -43,6 +43,7 @@ class Killed(Exception):
   """Stands for the process being killed in the middle of a cell."""
 
 
+@pytest.mark.slow
 def test_the_grid_runs_skips_resumes_averages_and_refuses(
   tmp_path, tiny_random_model, run_command, monkeypatch
 ):

@@ -421,6 +421,7 @@ class _Bars:
     return Bar()
 
 
+@pytest.mark.slow
 def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles, monkeypatch):
   """Shrunk random instances of one model per tower kind: the batched sweep's per-image records
   (concepts, descriptors, MI curves) and its Top-1, MI and AUC equal mutual.analyze's pipeline

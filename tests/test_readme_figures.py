@@ -169,6 +169,7 @@ def _fenced(text):
   return text.split("```\n", 2)[1].rstrip("\n")
 
 
+@pytest.mark.slow
 def test_the_start_block_section_is_what_the_command_prints(figures, run_command, tmp_path):
   probe = tmp_path / "tiny_probe.py"
   probe.write_text(TINY_PROBE, encoding="utf-8")
