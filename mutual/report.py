@@ -14,14 +14,14 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from mutual import information
 from stori_jax import jsonio
 from stori_jax.plotting import pyplot
-
-from mutual import information
 
 #: The concept methods' names in titles and tables (as mutual.pipeline.METHOD_TITLES, one layer
 #: up, which this module may not import).
@@ -214,7 +214,7 @@ def _pixel_map(concept_map: np.ndarray, size: int) -> np.ndarray:
 
 
 def _halo(width: float):
-  from matplotlib import patheffects  # pylint: disable=import-outside-toplevel
+  from matplotlib import patheffects  # lazy: matplotlib loads when a figure is drawn
 
   return [patheffects.withStroke(linewidth=width, foreground=HALO), patheffects.Normal()]
 
@@ -262,7 +262,6 @@ def draw_concepts(ax, image: np.ndarray, pixels: np.ndarray) -> None:
 
 
 def _wrapped(text: str, width: int) -> list[str]:
-  import textwrap  # pylint: disable=import-outside-toplevel
 
   return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
 

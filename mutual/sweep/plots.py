@@ -75,7 +75,7 @@ def _title(text: str, random_weights: bool) -> str:
 
 def _grouped_legend(fig, rows, styles, line: bool, anchor=(1.0, 0.5)) -> None:
   """One legend beside the axes: a header per family, then its models (table order)."""
-  from matplotlib.lines import Line2D  # pylint: disable=import-outside-toplevel
+  from matplotlib.lines import Line2D  # lazy: matplotlib loads when a figure is drawn
 
   handles, labels = [], []
   ordered = table_order(rows)

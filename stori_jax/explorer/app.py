@@ -68,8 +68,8 @@ def require_flask() -> None:
   """
   try:
     # pylint: disable=import-outside-toplevel,unused-import
-    import flask  # noqa: F401  (optional: the explore extra; imported to check it is there)
-    import werkzeug.serving  # noqa: F401  (optional: the explore extra; imported to check it is there)
+    import flask  # noqa: F401  # optional: the explore extra (checked)
+    import werkzeug.serving  # noqa: F401  # optional: the explore extra (checked)
   except ModuleNotFoundError as e:
     missing = (e.name or "a module").split(".")[0]  # the package, not werkzeug.local
     raise UserError(

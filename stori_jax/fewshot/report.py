@@ -176,7 +176,8 @@ def interpretability_rows(
 
 def _interpretability_png(path, bank, words, value_range, per_class, max_classes):
   plt = pyplot()
-  from matplotlib.colors import ListedColormap, Normalize  # pylint: disable=import-outside-toplevel
+  # lazy: matplotlib loads when a figure is drawn
+  from matplotlib.colors import ListedColormap, Normalize
 
   low, high = value_range
   classes, rows = interpretability_rows(bank, words, per_class, max_classes)

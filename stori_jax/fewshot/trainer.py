@@ -31,21 +31,21 @@ from jax.sharding import NamedSharding
 from tqdm import tqdm
 
 from stori_jax import encoding, jsonio, multihost, run_identity
-from stori_jax.training import loop
 from stori_jax.bundle import CLIPBundle, resolve_start_block
-from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.config_files import ConfigChecks, ConfigError
-from stori_jax.fewshot import augment, datasets, paper_config, prompts, world_scoring
+from stori_jax.fewshot import augment, datasets, paper_config, prompts, report, world_scoring
 from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
 from stori_jax.fewshot.text_classifier import (
-  to_host,
   WeightedTextClassifier,
   cross_entropy_loss,
   predict,
   prompt_mesh,
+  to_host,
 )
 from stori_jax.loading import load
 from stori_jax.preprocess import PreprocessConfig
+from stori_jax.training import loop
+from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 
 # The rare tokens of the nonsensical-token ablation (paper Table 1, after Ruiz et al.).
 RARE_TOKENS = ("sks", "pll", "ucd")
@@ -555,7 +555,6 @@ def run(
       (before any work).
     NonFiniteError: the run diverged (NaN or infinity); the last good checkpoint is kept.
   """
-  from stori_jax.fewshot import report  # pylint: disable=import-outside-toplevel
 
   validate_config(config)
   # optim.lr None: App. A.1's rate for the run's dataset, shots and backbone, filled in before

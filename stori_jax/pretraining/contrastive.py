@@ -24,9 +24,7 @@ from absl import logging
 from tqdm import tqdm
 
 from stori_jax import jsonio, run_identity
-from stori_jax.training import loop, metrics_log
 from stori_jax.bundle import CLIPBundle
-from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.checkpoints import native
 from stori_jax.config_files import ConfigChecks
 from stori_jax.data import synthetic
@@ -35,6 +33,9 @@ from stori_jax.models import CLIP, CLIPConfig, init_params
 from stori_jax.plotting import pyplot
 from stori_jax.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
 from stori_jax.tokenizer import default_tokenizer
+from stori_jax.training import loop, metrics_log
+from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
+from stori_jax.world_metrics import zero_shot_attributes
 
 EXPORT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -245,7 +246,6 @@ def export_path(config, workdir: str) -> str:
 
 def quick_eval(bundle: CLIPBundle, config) -> dict[str, float]:
   """Zero-shot colour / shape / pattern accuracy on fresh images (a progress signal)."""
-  from stori_jax.world_metrics import zero_shot_attributes  # pylint: disable=import-outside-toplevel
 
   result = zero_shot_attributes(
     bundle,

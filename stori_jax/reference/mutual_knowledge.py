@@ -80,7 +80,7 @@ TIE_TOLERANCE = 1e-4
 def have_crf() -> bool:
   """SimpleCRF (`import denseCRF`) is importable."""
   try:
-    import denseCRF  # noqa: F401  (optional: SimpleCRF, built by make install; imported to check it is there)
+    import denseCRF  # noqa: F401  # optional: SimpleCRF, built by make install (checked)
   except ImportError:
     return False
   return True

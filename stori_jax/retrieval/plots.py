@@ -101,7 +101,7 @@ def sweep_figure(
   and named in the panel (sweeps of one weight favour another category than w / 1 - w sweeps).
   relative (per panel or for all): plot the change from the first swept weight instead, which
   shows small effects that the spread between categories would flatten."""
-  from matplotlib.lines import Line2D  # pylint: disable=import-outside-toplevel
+  from matplotlib.lines import Line2D  # lazy: matplotlib loads when a figure is drawn
 
   if isinstance(relative, bool):
     relative = [relative] * len(panels)
