@@ -5,27 +5,15 @@ import importlib
 import os
 
 import pytest
+import test_layering
 from absl import flags
 from absl import logging as absl_logging
 
 from stori_jax import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMANDS = (
-  "stori_jax.train",
-  "stori_jax.pretrain",
-  "stori_jax.retrieve",
-  "stori_jax.explore",
-  "stori_jax.embed",
-  "stori_jax.convert",
-  "stori_jax.parity",
-  "stori_jax.start_block",
-  "stori_jax.list_models",
-  "stori_jax.evaluate_world",
-  "mutual.analyze",
-  "mutual.evaluate",
-  "mutual.sweep.__main__",
-)
+#: Every command module (the list docs/design.md's layers name, kept in test_layering).
+COMMANDS = sorted(test_layering.COMMANDS)
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -45,8 +33,8 @@ def _error_line(err: str) -> str:
 
 
 def test_commands_with_the_same_flags_run_one_after_another(capsys, tmp_path):
-  from stori_jax import retrieve, train  # pylint: disable=import-outside-toplevel
   from stori_jax import list_models as models  # pylint: disable=import-outside-toplevel
+  from stori_jax import retrieve, train  # pylint: disable=import-outside-toplevel
 
   verbosity = absl_logging.get_verbosity()
   assert cli.run_in_process(train, ["--config=configs/nowhere.py"]) == 2
