@@ -292,7 +292,15 @@ def demo_figures() -> dict[str, str]:
     f"word {slashed([r['auc_other'] for r in paper], '{:.3f}')}, and a discriminating word in "
     f"the top 3 of {slashed([r['top3'] for r in paper], '{}')} of {paper[0]['classes']} classes."
   )
-  return {"demo": "\n".join(lines), "demo.paper": paper_text}
+  two = ewf.demo_runs(DEMO_SEEDS, classes="two_colours")
+  two_text = (
+    f"Seeds {seed_range(DEMO_SEEDS)}: zero-shot {100 * two[0]['zero_shot']:.2f}%, SToRI "
+    f"{slashed([100 * r['stori'] for r in two], '{:.2f}')}%, AUC vs stated\n"
+    f"size/background {slashed([r['auc_nuisance'] for r in two], '{:.3f}')}, a discriminating "
+    f"word in the top 3 of {slashed([r['top3'] for r in two], '{}')} of {two[0]['classes']}\n"
+    f"classes, but AUC vs every other word {slashed([r['auc_other'] for r in two], '{:.3f}')}"
+  )
+  return {"demo": "\n".join(lines), "demo.paper": paper_text, "demo.two_colours": two_text}
 
 
 WORLD_MODELS = ("tiny-synthetic-base", "tiny-synthetic")
@@ -721,11 +729,26 @@ class Section:
   what: str
 
 
+def grid_figures() -> dict[str, str]:
+  """python -m stori_jax.run_grid --config configs/grid_synthetic.py, run in this process (timed):
+  the tables as the command prints them."""
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.grid import runner, tables  # pylint: disable=import-outside-toplevel
+
+  config = load_config(os.path.join(CONFIGS, "grid_synthetic.py"))
+  with tempfile.TemporaryDirectory() as workdir:
+    start = time.perf_counter()
+    result = runner.run(config, workdir)
+    seconds = time.perf_counter() - start
+  intro = f"On the shipped tiny CLIP ({machine()}, {about(seconds)} in all):"
+  return {"grid": intro + "\n\n" + tables.markdown(result).strip() + "\n"}
+
+
 SECTIONS: dict[str, Section] = {
   "demo": Section(
     demo_figures,
-    ("demo", "demo.paper"),
-    "few-shot demo, seeds 1-3, with the prior and with the paper's objective",
+    ("demo", "demo.paper", "demo.two_colours"),
+    "few-shot demo, seeds 1-3, with the prior and with the paper's objective; the two-colour task",
   ),
   "world": Section(
     world_figures,
@@ -741,6 +764,11 @@ SECTIONS: dict[str, Section] = {
     ablation_figures,
     ("ablations",),
     "python -m stori_jax.train ablations: Fig. 10 (start block 1-6), Table 1 (rare tokens)",
+  ),
+  "grid": Section(
+    grid_figures,
+    ("grid",),
+    "python -m stori_jax.run_grid --config configs/grid_synthetic.py (3 seeds, 1 and 16 shots)",
   ),
   "mutual_analyze": Section(
     mutual_analyze_figures,
