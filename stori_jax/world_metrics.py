@@ -1,6 +1,6 @@
 r"""Evaluation of a CLIP bundle on the synthetic attribute world (`stori_jax.data.synthetic`).
 
-  python -m stori_jax.evaluate_world --source tiny-synthetic --output_dir workdirs/eval   # the command
+  python -m stori_jax.evaluate_world --source tiny-synthetic --output_dir workdirs/eval
 
 Three measurements, each on freshly generated held-out images, deterministic given the seeds:
 

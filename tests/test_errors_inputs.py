@@ -1,6 +1,7 @@
-"""User errors (stori_jax.errors) from the input readers: datasets matched by name, checkpoints and images that cannot be used, and the
-mutual-knowledge command lines. Every failure is a UserError naming the file, key or class and
-the fix; the command lines exit 2 with one paragraph; a refused run leaves the old one intact."""
+"""User errors (stori_jax.errors) from the input readers: datasets matched by name, checkpoints and
+images that cannot be used, and the mutual-knowledge command lines. Every failure is a UserError
+naming the file, key or class and the fix; the command lines exit 2 with one paragraph; a refused
+run leaves the old one intact."""
 
 import io
 import json

@@ -1,7 +1,7 @@
-"""User errors (stori_jax.errors) on the training side: a workdir belongs to the run that made it, every config value is
-checked before any work, a diverged run stops at its first NaN keeping its last good checkpoint,
-and every result file is strict JSON. Command lines answer a user's mistake with one paragraph
-and exit status 2."""
+"""User errors (stori_jax.errors) on the training side: a workdir belongs to the run that made it,
+every config value is checked before any work, a diverged run stops at its first NaN keeping its
+last good checkpoint, and every result file is strict JSON. Command lines answer a user's mistake
+with one paragraph and exit status 2."""
 
 import dataclasses
 import glob

@@ -1,4 +1,5 @@
-"""The explorer app and server (stori_jax.explorer): every bad input and abusive request gets a short JSON answer.
+"""The explorer app and server (stori_jax.explorer): every bad input and abusive request gets a
+short JSON answer.
 
 In-process through Flask's test client: body size (413), prompt length checked before
 tokenizing, short error bodies, Host and Origin allowlist (DNS rebinding), JSON 404/405/500,

@@ -1,6 +1,7 @@
-"""Reference mode against the reference code's own libraries (issue 18): SimpleCRF's lattice
-CRF label for label, the stages that follow config.analysis.mode, and (slow) per-image MI and
-AUC of mutual.pipeline in reference mode against stori_jax.reference.mutual_knowledge on the embedded world."""
+"""Reference mode against the reference code's own libraries (issue 18): SimpleCRF's lattice CRF
+label for label, the stages that follow config.analysis.mode, and (slow) per-image MI and AUC of
+mutual.pipeline in reference mode against stori_jax.reference.mutual_knowledge on the embedded
+world."""
 
 import numpy as np
 import pytest

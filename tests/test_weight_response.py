@@ -1,5 +1,5 @@
-"""Weight-response training (stori_jax.pretraining.weight_response): its batches, its config checks, a
-short deterministic and resumable run, and the shipped tiny CLIP it made."""
+"""Weight-response training (stori_jax.pretraining.weight_response): its batches, its config checks,
+a short deterministic and resumable run, and the shipped tiny CLIP it made."""
 
 import json
 import os
