@@ -239,8 +239,9 @@ def encode_tokens(
   stop_block: int | None = None,
   batch_size: int = BATCH_SIZE,
   desc: str | None = None,
+  normalize: bool = True,
 ) -> np.ndarray:
-  """L2-normalised text embeddings of tokenized texts.
+  """L2-normalised (or, with normalize=False, raw) text embeddings of tokenized texts.
 
   Args:
     bundle: a CLIPBundle (or anything with encode_text).
@@ -254,9 +255,10 @@ def encode_tokens(
       multiple of 16 tokens (`trim_tokens`) and the last batch is padded, so one compiled
       function serves every call.
     desc: progress-bar label (None: no bar).
+    normalize: False returns the text tower's output as it is (TaskRes averages raw features).
 
   Returns:
-    float32 [N, E], unit rows.
+    float32 [N, E], unit rows when normalize.
   """
   ids, weights = trim_tokens(ids, None if weights is None else np.asarray(weights, np.float32))
   if not len(ids):
@@ -274,7 +276,8 @@ def encode_tokens(
     else:
       features = bundle.encode_text(part_ids, _padded(weights[rows], chunk), **blocks)
     out.append(np.asarray(features, np.float32)[:count])
-  return l2_normalize(np.concatenate(out))
+  features = np.concatenate(out)
+  return l2_normalize(features) if normalize else features
 
 
 def encode_texts(

@@ -236,3 +236,25 @@ def test_taskres_config_values_are_checked():
   assert "config.taskres.warmup_epochs must be an integer >= 0" in message
   assert "config.taskres.warmup_lr must be a finite number > 0" in message
   assert "use_base and config.prompts.use_cupl are both False" in message
+
+
+def test_taskres_base_is_the_unnormalised_mean_of_raw_features(tiny_synthetic):
+  """TaskRes adds its residual to the *raw* mean of the class's prompt features (its
+  `_get_base_text_features`), not to a unit vector: the base must be that mean, prompt by
+  prompt, whatever bucket or padding the bank put a prompt in."""
+  bundle = tiny_synthetic
+  cupl = {"a": ["a red circle on grass", "a round red thing"], "b": ["a blue square"]}
+  fixed = {"a": ["a photo of a a."], "b": ["a photo of a b.", "b texture."]}
+  bank = build_prompt_bank(bundle.tokenizer, ("a", "b"), cupl, fixed)
+  base = np.asarray(trainer.taskres_base(bundle, bank, batch_size=8))
+
+  expected = []
+  for name in ("a", "b"):
+    rows = [
+      np.asarray(bundle.encode_text(bundle.tokenize([t])))[0] for t in cupl[name] + fixed[name]
+    ]
+    expected.append(np.mean(rows, axis=0))
+  np.testing.assert_allclose(base, np.stack(expected), rtol=2e-5, atol=2e-6)
+  # Raw features are far from unit length, so the residual's scale differs from a unit base's.
+  norms = np.linalg.norm(base, axis=1)
+  assert np.all(np.abs(norms - 1.0) > 0.2), norms

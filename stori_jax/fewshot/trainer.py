@@ -34,7 +34,7 @@ from stori_jax import encoding, jsonio, multihost, run_identity
 from stori_jax.bundle import CLIPBundle, resolve_start_block
 from stori_jax.config_files import ConfigChecks, ConfigError
 from stori_jax.fewshot import augment, datasets, paper_config, prompts, report, world_scoring
-from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
+from stori_jax.fewshot.prompt_bank import PromptBank, build_prompt_bank, gather_token_weights
 from stori_jax.fewshot.text_classifier import (
   WeightedTextClassifier,
   cross_entropy_loss,
@@ -450,15 +450,38 @@ def stori_method(config, classifier: WeightedTextClassifier, total_steps: int) -
   )
 
 
-def taskres_method(
-  config, zero_shot: jax.Array, total_steps: int, steps_per_epoch: int = 1
-) -> Method:
+def taskres_base(bundle, bank: PromptBank, batch_size: int = 256) -> jax.Array:
+  """TaskRes's base classifier t_c: per class, the mean of its prompts' *unnormalised* text
+  features (the fixed Base prompts, and the CuPL prompts at w = 1 when the bank has them),
+  float32 [C, E].
+
+  TaskRes's `_get_base_text_features` (trainers/taskres.py) averages the raw features over the
+  templates, adds alpha x_c to that mean and only then normalises: the residual's step is
+  measured against the raw feature's norm, not a unit vector's. The paper does not say how
+  "Base+CuPL" pools the prompts; this pools every prompt of the class alike, as for Base.
+  """
+  parts = [(bank.fixed_ids, bank.fixed_class)] if len(bank.fixed_ids) else []
+  for bucket in bank.buckets:
+    valid = bucket.class_index >= 0
+    parts.append((bucket.ids[valid], bucket.class_index[valid]))
+  length = max(ids.shape[1] for ids, _ in parts)
+  ids = np.concatenate([np.pad(i, ((0, 0), (0, length - i.shape[1]))) for i, _ in parts])
+  classes = np.concatenate([c for _, c in parts])
+  features = encoding.encode_tokens(bundle, ids, batch_size=batch_size, normalize=False)
+  sums = np.zeros((len(bank.class_names), features.shape[1]), np.float64)
+  np.add.at(sums, classes, features)
+  counts = np.bincount(classes, minlength=len(bank.class_names))
+  return jnp.asarray((sums / counts[:, None]).astype(np.float32))
+
+
+def taskres_method(config, base: jax.Array, total_steps: int, steps_per_epoch: int = 1) -> Method:
   """TaskRes (Yu et al., 2023): classifier normalize(t_c + alpha x_c), x_c trained from 0.
 
-  zero_shot: the normalised zero-shot class embeddings float32 [C, E] (the Base prompts, and
-  the CuPL prompts at w = 1 unless config.prompts.use_cupl is False). total_steps:
-  epochs * steps_per_epoch. The optimiser is TaskRes's own (`taskres_optimizer`); a config
-  without taskres.warmup_epochs / warmup_lr gets TaskRes's (1 epoch at 1e-5).
+  base: t_c, float32 [C, E]: TaskRes's unnormalised mean of each class's prompt features
+  (`taskres_base`; the Base prompts, and the CuPL prompts at w = 1 unless
+  config.prompts.use_cupl is False). total_steps: epochs * steps_per_epoch. The optimiser is
+  TaskRes's own (`taskres_optimizer`); a config without taskres.warmup_epochs / warmup_lr gets
+  TaskRes's (1 epoch at 1e-5).
   """
   alpha = config.taskres.alpha
 
@@ -475,9 +498,7 @@ def taskres_method(
     warmup_epochs=int(config.taskres.get("warmup_epochs", paper_config.TASKRES_WARMUP_EPOCHS)),
     warmup_lr=float(config.taskres.get("warmup_lr", paper_config.TASKRES_WARMUP_LR)),
   )
-  return Method(
-    "taskres", lambda: jnp.zeros_like(zero_shot), class_embeddings, zero_shot, optimizer
-  )
+  return Method("taskres", lambda: jnp.zeros_like(base), class_embeddings, base, optimizer)
 
 
 # Training ----------------------------------------------------------------------------------
@@ -601,7 +622,7 @@ def run(
   steps_per_epoch = len(epoch_batches(len(train_labels), config.batch_size, config.seed, 0))
   total_steps = config.epochs * steps_per_epoch
   method = (
-    taskres_method(config, zero_shot, total_steps, steps_per_epoch)
+    taskres_method(config, taskres_base(bundle, bank), total_steps, steps_per_epoch)
     if config.method == "taskres"
     else stori_method(config, classifier, total_steps)
   )
