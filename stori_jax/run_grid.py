@@ -1,19 +1,26 @@
 r"""The paper's few-shot tables as one command: datasets x shots x seeds x methods (SToRI
-Tables 2 and 8), each cell a full few-shot run, reported as mean ± std over seeds.
+Tables 1, 2 and 8), or x the values of a swept config key (App. C.6, Fig. 10: the first
+reweighted block), each cell a full few-shot run, reported as mean ± std over seeds.
 
   python -m stori_jax.run_grid --config configs/grid_synthetic.py --workdir workdirs/grid_synthetic
   python -m stori_jax.run_grid --config configs/table2.py --workdir workdirs/table2
   python -m stori_jax.run_grid --config configs/table2.py:backbone=metaclip --workdir workdirs/table8
   python -m stori_jax.run_grid --config configs/table2.py --dry_run   # the cells and their rates
+  python -m stori_jax.run_grid --config configs/table1.py --workdir workdirs/table1
+  python -m stori_jax.run_grid --config configs/fig10.py --workdir workdirs/fig10
+  python -m stori_jax.run_grid --config configs/table1.py:synthetic   # offline, the demo's task
+  python -m stori_jax.run_grid --config configs/fig10.py:synthetic    # offline, the demo's task
 
 Each cell runs in <workdir>/<dataset>/<shots>shot/<method>/seed<k> as `python -m
 stori_jax.train` would run its config (the trainer's run, in this process), with the paper's
-learning rate for the cell (App. A.1). Writes to the workdir: run.json (the grid config),
-tables.md and tables.json (one table per shot count: rows = methods, columns = datasets and
-their average, "mean ± std"). Running the same command again skips the finished cells and
-resumes an interrupted one from its checkpoint; another grid config in the same workdir stops
-before any work (pass another --workdir, or --restart to move the old grid aside). A bad config
-value prints one paragraph and exits with status 2.
+learning rate for the cell (App. A.1); a sweep's rows are methods too (`stori_start_block7`).
+Writes to the workdir: run.json (the grid config), tables.md and tables.json (one table per
+shot count: rows = methods, columns = datasets and their average, "mean ± std"), and for a grid
+with a sweep accuracy_by_<key>.png (per dataset the mean over seeds against the swept value,
+the std shaded). Running the same command again skips the finished cells and resumes an
+interrupted one from its checkpoint; another grid config in the same workdir stops before any
+work (pass another --workdir, or --restart to move the old grid aside). A bad config value
+prints one paragraph and exits with status 2.
 """
 
 from __future__ import annotations
@@ -106,7 +113,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     return
   print()
   print(tables.markdown(result))
-  cli.print_outputs(workdir, runner.OUTPUTS)
+  cli.print_outputs(workdir, runner.outputs(result))
 
 
 if __name__ == "__main__":

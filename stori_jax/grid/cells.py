@@ -16,7 +16,16 @@ A grid config (configs/grid_synthetic.py, configs/table2.py) holds:
   or "zero_shot" read from the cells of the trained method `reads` names (the zero-shot
   classifier of the same prompts, all weights 1, which every run measures before training);
 * `std_ddof`: the ddof of the standard deviation over seeds (0: numpy's default, as Dassl's
-  tools/parse_test_res.py, which CoOp and TaskRes use; the paper does not say).
+  tools/parse_test_res.py, which CoOp and TaskRes use; the paper does not say);
+* optionally `sweep` (`key`, `values`, `label`): one more axis, a few-shot config key set to
+  each of `values` in turn (configs/fig10.py: `start_block` 1..12). Every method becomes one row
+  per value, named `<method>_<leaf of key><value>` (`stori_start_block7`, so the cells live in
+  `<dataset>/<shots>shot/stori_start_block7/seed<k>`) and shown as `<label> (<sweep label> =
+  <value>)`; a zero-shot row reads the row of its method at the same value. The driver then
+  also draws accuracy against the values (`grid.figure`). Without `sweep` (or with an empty
+  `sweep.key`) the rows are config.methods as they are;
+* optionally `average_column` (default True): whether the tables end with the average of the
+  datasets (SToRI Table 2 has one, Table 1 none).
 
 Each cell's learning rate is the paper's rule (`paper_config.resolve_learning_rate`, App. A.1),
 filled in here as the trainer would; a rate the config sets is kept, and the cell records
@@ -29,6 +38,7 @@ import copy
 import dataclasses
 import difflib
 import os
+import re
 from typing import Any, Iterator
 
 import ml_collections
@@ -41,6 +51,8 @@ from stori_jax.fewshot import paper_config, trainer
 ACCURACIES = ("trained", "zero_shot")
 #: Few-shot config keys the grid sets per cell: an override of them is refused.
 AXES = ("shots", "seed", "data.name")
+#: What a sweep value may be written as in a cell's folder name.
+_SWEEP_VALUE = re.compile(r"[A-Za-z0-9.+-]+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +65,8 @@ class Method:
   accuracy: str  # "trained" or "zero_shot"
   reads: str  # the trained method whose cells hold its accuracy (its own name when trained)
   overrides: ml_collections.ConfigDict
+  sweep_value: Any = None  # the row's value of config.sweep.key (None: the grid has no sweep)
+  family: str = ""  # the config.methods entry the row is one value of ("": its own name)
 
   @property
   def trained(self) -> bool:
@@ -107,9 +121,58 @@ def _leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
       yield f"{prefix}{key}", value
 
 
+def sweep_key(grid: ml_collections.ConfigDict) -> str:
+  """config.sweep.key: the few-shot config key the grid sweeps ("" when it has no sweep)."""
+  sweep = grid.get("sweep")
+  return str(sweep.get("key") or "") if hasattr(sweep, "get") else ""
+
+
+def _check_sweep(checks: ConfigChecks, grid: ml_collections.ConfigDict) -> str:
+  """The sweep's key ("" for none) after checking config.sweep's values."""
+  if "sweep" not in grid:
+    return ""
+  if not hasattr(grid.sweep, "items"):
+    checks.problem(f"config.sweep must be a ConfigDict (key, values, label), got {grid.sweep!r}")
+    return ""
+  key = checks.text("sweep.key")
+  if not key:
+    return ""
+  checks.text("sweep.label", nonempty=True)
+  if key in AXES or key == "name":
+    checks.problem(
+      f"config.sweep.key is {key!r}, which the grid sets per cell already (config.datasets, "
+      f"config.shots, config.seeds); sweep another few-shot config key"
+    )
+  values = checks.get("sweep.values")
+  ok = isinstance(values, (tuple, list)) and len(values) > 0
+  ok = ok and all(isinstance(v, (bool, int, float, str)) for v in values)
+  ok = ok and len({value_text(v) for v in values}) == len(values)
+  if not ok:
+    checks.problem(
+      f"config.sweep.values must be a tuple of one or more distinct numbers, booleans or "
+      f"strings, got {values!r}"
+    )
+  else:
+    bad = [v for v in values if not _SWEEP_VALUE.fullmatch(value_text(v))]
+    if bad:
+      checks.problem(
+        f"config.sweep.values {bad!r} cannot name a cell's folder (letters, digits, '.', '+' "
+        f"and '-' only)"
+      )
+  return key
+
+
+def value_text(value: Any) -> str:
+  """A sweep value as rows, folders and figures show it (a float in %g)."""
+  return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def validate_config(grid: ml_collections.ConfigDict) -> None:
   """Checks the grid's own values before any cell is built; one ConfigError names them all."""
   checks = ConfigChecks(grid)
+  swept = _check_sweep(checks, grid)
+  if "average_column" in grid:
+    checks.boolean("average_column")
   checks.text("name")
   template = checks.text("base.config_file", nonempty=True)
   if template is not None:
@@ -169,24 +232,63 @@ def validate_config(grid: ml_collections.ConfigDict) -> None:
             f"config.{where}.{key}: the grid sets {key} per cell (config.datasets, config.shots, "
             f"config.seeds); change the grid's axis instead"
           )
+        elif swept and (key == swept or key.startswith(swept + ".")):
+          checks.problem(
+            f"config.{where}.{key}: the grid sets {swept} per row (config.sweep.values); "
+            f"change the sweep's values instead"
+          )
   checks.raise_if_any()
 
 
+def _with_leaf(overrides: Any, key: str, value: Any) -> ml_collections.ConfigDict:
+  """A copy of the nested `overrides` with the dotted `key` set to `value` (the grid's configs
+  are locked: a key cannot be added to them in place)."""
+  tree = overrides.to_dict() if hasattr(overrides, "to_dict") else copy.deepcopy(dict(overrides))
+  node = tree
+  parts = key.split(".")
+  for part in parts[:-1]:
+    node = node.setdefault(part, {})
+  node[parts[-1]] = value
+  return ml_collections.ConfigDict(tree)
+
+
+def swept_name(name: str, key: str, value: Any) -> str:
+  """The row (and cell folder) name of method `name` at a sweep value: stori_start_block7."""
+  return f"{name}_{key.rpartition('.')[2]}{value_text(value)}"
+
+
 def grid_methods(grid: ml_collections.ConfigDict) -> list[Method]:
-  """The rows of the tables, in config.methods' order."""
+  """The rows of the tables, in config.methods' order; with a sweep, each method's rows follow
+  one another in config.sweep.values' order."""
+  key = sweep_key(grid)
   methods = []
   for name in grid.methods:
     setting = grid.method_settings[name]
-    methods.append(
-      Method(
-        name=name,
-        label=setting.label,
-        text=setting.get("text", ""),
-        accuracy=setting.accuracy,
-        reads=setting.get("reads") or name,
-        overrides=setting.get("overrides", ml_collections.ConfigDict()),
-      )
+    method = Method(
+      name=name,
+      label=setting.label,
+      text=setting.get("text", ""),
+      accuracy=setting.accuracy,
+      reads=setting.get("reads") or name,
+      overrides=setting.get("overrides", ml_collections.ConfigDict()),
     )
+    if not key:
+      methods.append(method)
+      continue
+    # ["values"]: ConfigDict's attribute `values` is its dict method.
+    for value in grid.sweep["values"]:
+      # A row that reads another method's cells runs none of its own: no overrides.
+      overrides = _with_leaf(method.overrides, key, value) if method.trained else method.overrides
+      methods.append(
+        dataclasses.replace(
+          method,
+          name=swept_name(name, key, value),
+          reads=swept_name(method.reads, key, value),
+          overrides=overrides,
+          sweep_value=value,
+          family=name,
+        )
+      )
   return methods
 
 

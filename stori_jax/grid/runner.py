@@ -9,7 +9,8 @@ A cell is finished when its metrics.json exists and its run.json holds the cell'
 (`trainer.identity`): it is skipped. A cell with a run.json and no metrics.json was
 interrupted: the trainer resumes it from its last checkpoint. A cell folder that holds another
 run (the model file, the data or the CuPL file changed under the same grid config) stops the
-grid before any training.
+grid before any training. A grid with a sweep (configs/fig10.py) also gets its figure,
+accuracy against the sweep's values (`grid.figure`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ import ml_collections
 from stori_jax import jsonio, run_identity
 from stori_jax.fewshot import trainer
 from stori_jax.grid import cells as cells_lib
-from stori_jax.grid import tables
+from stori_jax.grid import figure, tables
 
-#: What the grid writes to its workdir, besides the cells' folders.
+#: What the grid writes to its workdir, besides the cells' folders and a sweep's figure.
 OUTPUTS = ("run.json", "tables.md", "tables.json")
-#: Grid config keys that change no result: the grid's name, and the cells' schedule keys.
+#: Grid config keys that change no result: the grid's name, how the tables and the figure name
+#: and show things, and the cells' schedule keys.
 IDENTITY_IGNORED = (
   "name",
+  "average_column",
+  "sweep.label",
   *(f"base.overrides.{key}" for key in run_identity.SCHEDULE_KEYS),
 )
 #: The cells' run.json keys that a finished cell may differ in (the trainer's claim ignores
@@ -39,6 +43,12 @@ IDENTITY_IGNORED = (
 _CELL_IGNORED = tuple(
   f"config.{key}" for key in (*run_identity.SCHEDULE_KEYS, *trainer.IDENTITY_IGNORED)
 )
+
+
+def outputs(result: dict[str, Any]) -> tuple[str, ...]:
+  """The files `run` wrote to the grid's workdir for its `result`: OUTPUTS and, with a sweep,
+  the figure."""
+  return OUTPUTS + ((figure.file_name(result),) if result["sweep"] else ())
 
 
 class CellMismatchError(run_identity.WorkdirMismatchError):
@@ -104,10 +114,12 @@ def run(
   restart: bool = False,
   progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-  """Runs (or resumes) every cell of the grid, then writes tables.md and tables.json.
+  """Runs (or resumes) every cell of the grid, then writes tables.md and tables.json (and with a
+  sweep, the figure `figure.file_name`).
 
   Args:
-    grid: a grid config (configs/grid_synthetic.py, configs/table2.py; see `cells`).
+    grid: a grid config (configs/grid_synthetic.py, configs/table1.py, configs/table2.py,
+      configs/fig10.py; see `cells`).
     workdir: the grid's folder; one made by the same grid config goes on where it stopped.
     restart: move a workdir made by another grid config aside instead of refusing it.
     progress: called after each cell with {"index", "total", "cell", "status" ("skipped",
@@ -164,8 +176,12 @@ def run(
     shots=tuple(grid.shots),
     seeds=tuple(grid.seeds),
     ddof=int(grid.std_ddof),
+    sweep=grid.sweep if cells_lib.sweep_key(grid) else None,
+    average_column=bool(grid.get("average_column", True)),
   )
   if jax.process_index() == 0:
     jsonio.write_json(os.path.join(workdir, "tables.json"), result, indent=1)
     jsonio.write_text_atomic(os.path.join(workdir, "tables.md"), tables.markdown(result) + "\n")
+    if result["sweep"]:
+      figure.plot(result, os.path.join(workdir, figure.file_name(result)))
   return result

@@ -7,7 +7,9 @@ Table 2's 1-shot TaskRes / Base row is the mean of its six means). The standard 
 ddof is the grid's `std_ddof` (0 by default: numpy's `np.std`, which Dassl's
 tools/parse_test_res.py, used by CoOp and TaskRes, summarises seeds with; the paper does not
 say). The best mean of each
-column is bold, as in the paper.
+column is bold, as in the paper. A grid without the average (`average_column = False`, SToRI
+Table 1) has dataset columns only. A grid with a sweep (`cells` and configs/fig10.py) has one row
+per method and sweep value, which `grid.figure` draws against the value.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from stori_jax.grid.cells import Cell, Method
+from stori_jax.grid.cells import Cell, Method, value_text
 
 #: The paper's spelling of the datasets' names (columns); others as given.
 DISPLAY_NAMES = {
@@ -44,6 +46,8 @@ def build(
   shots: Sequence[int],
   seeds: Sequence[int],
   ddof: int = 0,
+  sweep: Mapping[str, Any] | None = None,
+  average_column: bool = True,
 ) -> dict[str, Any]:
   """The tables as JSON-able data.
 
@@ -54,12 +58,17 @@ def build(
       entry of the table empty.
     datasets, shots, seeds: the grid's axes, in the tables' order.
     ddof: the standard deviation's delta degrees of freedom.
+    sweep: the grid's sweep ({"key", "values", "label"}), None when it has none.
+    average_column: whether the markdown tables show the average column.
 
   Returns:
-    {"unit": "accuracy (%)", "ddof", "datasets", "shots", "seeds", "tables": {shots (str):
-    [{"method", "label", "text", "cells": {dataset: {"mean", "std" (None for one seed with
-    ddof 1), "values" (per seed, in seeds' order)} or None}, "average" (None unless every dataset has a mean)}]},
-    "learning_rates": [{"dataset", "shots", "method", "key", "lr", "paper", "source"}]}.
+    {"unit": "accuracy (%)", "ddof", "datasets", "shots", "seeds", "sweep" ({"key", "label",
+    "values"} or None), "average_column", "tables": {shots (str): [{"method", "label" (the
+    method's, for every row of a sweep), "text", "sweep_value" and "family" (the config.methods
+    entry; both None without a sweep), "cells":
+    {dataset: {"mean", "std" (None for one seed with ddof 1), "values" (per seed, in seeds'
+    order)} or None}, "average" (None unless every dataset has a mean)}]}, "learning_rates":
+    [{"dataset", "shots", "method", "key", "lr", "paper", "source"}]}.
   """
   by_key = {(c.dataset, c.shots, c.method, c.seed): c for c in cells}
   tables = {}
@@ -86,6 +95,8 @@ def build(
           "method": method.name,
           "label": method.label,
           "text": method.text,
+          "sweep_value": method.sweep_value if sweep else None,
+          "family": (method.family or method.name) if sweep else None,
           "cells": entries,
           "average": float(np.mean(means)) if len(means) == len(datasets) else None,
         }
@@ -115,6 +126,12 @@ def build(
     "datasets": list(datasets),
     "shots": list(shots),
     "seeds": list(seeds),
+    "sweep": (
+      {"key": sweep["key"], "label": sweep["label"], "values": list(sweep["values"])}
+      if sweep
+      else None
+    ),
+    "average_column": bool(average_column),
     "tables": tables,
     "learning_rates": rates,
   }
@@ -134,26 +151,38 @@ def _best(values: Sequence[float | None]) -> float | None:
   return max(shown) if len(shown) > 1 else None
 
 
-def _seeds(seeds: Sequence[int]) -> str:
+def seeds_text(seeds: Sequence[int]) -> str:
+  """ "1-3" for a run of three or more seeds, else the seeds listed."""
   seeds = list(seeds)
   if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
     return f"{seeds[0]}-{seeds[-1]}"
   return ", ".join(map(str, seeds))
 
 
+def row_label(data: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+  """A row's label as the tables show it: with a sweep, "SToRI (first reweighted block = 7)"."""
+  if data.get("sweep") is None:
+    return row["label"]
+  return f"{row['label']} ({data['sweep']['label']} = {value_text(row['sweep_value'])})"
+
+
 def _rates_note(data: Mapping[str, Any], labels: Mapping[str, str]) -> list[str]:
-  """One line per (method, rate) whose learning rate is not the paper's rule for the cell."""
+  """One line per (method, rate) whose learning rate is not the paper's rule for the cell; the
+  rows of a sweep as one method, their rates being the same rule's."""
+  families = {r["method"]: r["family"] for rows in data["tables"].values() for r in rows}
   groups: dict[tuple, list[str]] = {}
   for r in data["learning_rates"]:
     if r["source"] == "paper":
       continue
-    key = (r["method"], r["key"], r["lr"], r["paper"])
+    key = (families.get(r["method"]) or r["method"], r["key"], r["lr"], r["paper"])
     where = f"{DISPLAY_NAMES.get(r['dataset'], r['dataset'])} {r['shots']}-shot"
-    groups.setdefault(key, []).append(where)
+    if where not in groups.setdefault(key, []):
+      groups[key].append(where)
   lines = []
   for (method, key, lr, paper), where in groups.items():
     why = "the paper gives none" if paper is None else f"the paper's is {paper:g}"
-    lines.append(f"- {labels[method]}: {key} = {lr:g} on {', '.join(where)} ({why}).")
+    rows = f" (every {data['sweep']['label']})" if data.get("sweep") else ""
+    lines.append(f"- {labels[method]}{rows}: {key} = {lr:g} on {', '.join(where)} ({why}).")
   if lines:
     lines.insert(0, "Learning rates set by the config, not App. A.1's rule:")
   return lines
@@ -164,21 +193,27 @@ def markdown(data: Mapping[str, Any]) -> str:
   learning rates that are not the paper's."""
   datasets = data["datasets"]
   seeds = data["seeds"]
+  average_column = data.get("average_column", True)
   lines = [
-    f"Accuracy (%), mean ± std over seeds {_seeds(seeds)} (std with ddof={data['ddof']}); "
-    f"Average: the mean of the dataset means.",
+    f"Accuracy (%), mean ± std over seeds {seeds_text(seeds)} (std with ddof={data['ddof']})"
+    + ("; Average: the mean of the dataset means." if average_column else "."),
   ]
   labels = {}
   for k in data["shots"]:
     rows = data["tables"][str(k)]
-    columns = [DISPLAY_NAMES.get(d, d) for d in datasets] + ["Average"]
+    columns = [DISPLAY_NAMES.get(d, d) for d in datasets] + (["Average"] if average_column else [])
     lines += ["", f"{k} shot{'s' if k != 1 else ''}:", ""]
     lines.append("| Method | Text | " + " | ".join(columns) + " |")
     lines.append("|---|---|" + "---|" * len(columns))
     best = {d: _best([r["cells"][d] and r["cells"][d]["mean"] for r in rows]) for d in datasets}
     best_average = _best([r["average"] for r in rows])
+    shared = {r["label"] for r in rows if sum(o["label"] == r["label"] for o in rows) > 1}
     for r in rows:
-      labels[r["method"]] = r["label"]
+      # Rows of one label (SToRI on two prompt sets) are told apart by their prompts.
+      shared_label = r["label"] in shared and r.get("sweep_value") is None and r["text"]
+      labels[r["family"] or r["method"]] = (
+        f"{r['label']}, {r['text']}" if shared_label else r["label"]
+      )
       shown = [
         _entry(
           r["cells"][d], r["cells"][d] is not None and round(r["cells"][d]["mean"], 2) == best[d]
@@ -186,12 +221,11 @@ def markdown(data: Mapping[str, Any]) -> str:
         for d in datasets
       ]
       average = r["average"]
-      if average is None:
-        shown.append(MISSING)
-      else:
-        text = f"{average:.2f}"
-        shown.append(f"**{text}**" if round(average, 2) == best_average else text)
-      lines.append(f"| {r['label']} | {r['text']} | " + " | ".join(shown) + " |")
+      if average_column:
+        text = MISSING if average is None else f"{average:.2f}"
+        best_row = average is not None and round(average, 2) == best_average
+        shown.append(f"**{text}**" if best_row else text)
+      lines.append(f"| {row_label(data, r)} | {r['text']} | " + " | ".join(shown) + " |")
   note = _rates_note(data, labels)
   if note:
     lines += [""] + note
