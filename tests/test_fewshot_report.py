@@ -63,6 +63,37 @@ def test_png_of_many_classes_shows_those_that_moved_most(tmp_path):
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+def test_words_are_shaded_by_weights_normalised_to_sum_to_1_per_prompt(tmp_path, monkeypatch):
+  """Paper Fig. 2: "For visualization, the weights are normalized to sum up 1" per prompt; the
+  PNG's boxes, the HTML's shading, the caption and the colour bar all say and do so."""
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  closed, close = [], plt.close
+  monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
+  bank = types.SimpleNamespace(class_names=["banded", "gauzy"], text_class=[0, 1])
+  # Raw weights 3 and 1 (shares 0.75, 0.25); 0.5 and 0.5 (shares 0.5, 0.5): the prompt with the
+  # smaller raw weights has the larger share of the second word.
+  words = [[("multiple", 3.0), ("stripes", 1.0)], [("light", 0.5), ("fabric", 0.5)]]
+  assert report.normalized(words[0]) == [("multiple", 0.75), ("stripes", 0.25)]
+  assert report.normalized([("a", 0.0), ("b", 0.0)]) == [("a", 0.5), ("b", 0.5)]
+  report.write_interpretability(str(tmp_path), bank, words)
+  page = (tmp_path / "interpretability.html").read_text()
+  assert "normalised to sum to 1 per prompt" in page
+  assert "title='w = 0.500, share = 0.500'" in page and "share = 0.750" in page
+  assert report._css(report.shade(0.75, 0.75)) in page  # the top share is the darkest
+  (fig,) = closed
+  assert "normalised to sum to 1 per prompt" in fig._suptitle.get_text()
+  bar = [ax for ax in fig.axes if ax.get_xlabel()]
+  assert len(bar) == 1 and "sums to 1 per prompt" in bar[0].get_xlabel()
+  assert bar[0].get_xlim() == (0.0, 0.75)
+  boxes = {
+    t.get_text(): t.get_bbox_patch().get_facecolor() for t in fig.texts if t.get_bbox_patch()
+  }
+  np.testing.assert_allclose(boxes["multiple"][3], 0.85)
+  np.testing.assert_allclose(boxes["stripes"][3], 0.85 / 3)
+  np.testing.assert_allclose([boxes["light"][3], boxes["fabric"][3]], 0.85 * 0.5 / 0.75)
+
+
 def _planted_synthetic_run():
   """Three synthetic classes, each prompt's words weighted 2 (the class's own words), 0.5 (the
   nuisance words it states) or 1: (bank, words, top_words, class names)."""

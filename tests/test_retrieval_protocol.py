@@ -295,11 +295,31 @@ def test_auc_sweep_shapes_and_focus(bundle, small, small_index):
     complement=False,
     setting=P.Setting("prompt_weighting"),
   )
-  assert single["focus"] == 7 and single["label"] == "prompt weighting"
+  # Figure 6(b): with w on the pattern alone the paper follows the same category (its 'female,
+  # blonde hair, no eyeglasses'), not the all-present one.
+  assert single["focus"] == 3 and single["label"] == "prompt weighting"
   with pytest.raises(ValueError, match=">= 0"):
     P.auc_sweep(bundle, small_index.embeddings, small.tasks, [2.0], (1, 0))
   with pytest.raises(ValueError, match="distinct attribute"):
     P.auc_sweep(bundle, small_index.embeddings, small.tasks, [1.0], (1, 1))
+
+
+def test_figure_6_follows_the_papers_category_on_the_celeba_config():
+  """configs/retrieval_celeba3.py's sweep ('a photo of a woman with blond hair, wearing
+  eyeglasses', w on blond hair): both sweeps, w / 1 - w (Fig. 5, 6a) and w alone (Fig. 6b),
+  follow 'female, blonde hair, no eyeglasses' as the paper does."""
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+
+  config = load_config("configs/retrieval_celeba3.py")
+  (spec,) = [config.data.prompts[i] for i in config.sweep.tasks]
+  rng = np.random.default_rng(0)
+  table = {n: rng.random(64) < 0.5 for n in CELEBA_NAMES}
+  _, (task,), _ = datasets.tasks_from_table(
+    table, [datasets.PromptSpec(spec["template"], tuple(map(tuple, spec["attributes"])))], 4, 0
+  )
+  assert task.prompt() == "a photo of a woman with blond hair, wearing eyeglasses"
+  focus = P.focus_category(task, config.sweep.attributes)
+  assert task.category_name(focus) == "woman, blond hair, no eyeglasses"
 
 
 def test_block_settings_change_the_text_embedding(bundle, small):
@@ -395,7 +415,7 @@ def test_figures_explain_their_notation_and_keep_legends_off_the_curves(tmp_path
     " ".join(n if (c >> (2 - a)) & 1 else n + "'" for a, n in enumerate(attrs)) for c in range(8)
   ]
   figures = _figures(monkeypatch)
-  pair, single = _sweep(generic, 3, True), _sweep(generic, 7, False, (0.0, 1.0, 2.0))
+  pair, single = _sweep(generic, 3, True), _sweep(generic, 3, False, (0.0, 1.0, 2.0))
   plots.sweep_figure(
     str(tmp_path / "fig6.png"), [("SToRI, w / 1 - w", pair), ("SToRI, w only", single)]
   )
@@ -408,10 +428,11 @@ def test_figures_explain_their_notation_and_keep_legends_off_the_curves(tmp_path
   )
   fig6, fig4 = figures
   axes, legends, text = _layout(fig6)
-  # The favoured category of each panel is named there (the w-only sweep favours another).
+  # The favoured category of each panel is named there: the paper's in both (Figure 6b's w-only
+  # sweep follows 'female, blonde hair, no eyeglasses' too).
   titles = [ax.get_title() for ax in fig6.axes if ax.axison]
   assert "favoured: colour' pattern shape" in titles[0]
-  assert "favoured: colour pattern shape" in titles[1]
+  assert "favoured: colour' pattern shape" in titles[1]
   assert "thick, dots: the favoured" in text  # the legend says what the thick line is
   # The weights name their attributes; the prime is explained.
   assert "w on 'pattern' (attribute 1)" in text and "1 - w on 'colour' (attribute 0)" in text

@@ -79,13 +79,32 @@ def write_weights(
   jsonio.write_json(os.path.join(workdir, "weights.json"), records, indent=1)
 
 
-def _shade(weight: float, low: float, high: float) -> str:
-  """Red for emphasis (w > 1), blue for de-emphasis (w < 1), white for 1."""
-  if weight >= 1:
-    t = min(1.0, (weight - 1) / max(high - 1, 1e-6))
-    return f"rgba(220, 40, 40, {0.75 * t:.3f})"
-  t = min(1.0, (1 - weight) / max(1 - low, 1e-6))
-  return f"rgba(40, 90, 220, {0.75 * t:.3f})"
+#: What the shading shows, for every caption, colour bar and page that uses it.
+NORMALISATION_NOTE = (
+  "For visualization, the weights are normalised to sum to 1 per prompt (w / sum of the "
+  "prompt's w), as in the paper's Fig. 2: the darker the red, the larger the word's share."
+)
+
+
+def normalized(prompt_words: Sequence[tuple[str, float]]) -> list[tuple[str, float]]:
+  """A prompt's (word, weight) pairs with the weights divided by their sum (paper Fig. 2:
+  "For visualization, the weights are normalized to sum up 1"); the words of a prompt whose
+  weights are all 0 share equally."""
+  total = float(sum(w for _, w in prompt_words))
+  if total <= 0:
+    return [(word, 1.0 / len(prompt_words)) for word, _ in prompt_words]
+  return [(word, float(w) / total) for word, w in prompt_words]
+
+
+def shade(share: float, top: float) -> tuple[float, float, float, float]:
+  """Matplotlib RGBA of a normalised weight: red, from transparent at 0 to 85 % at `top`
+  (the largest share on the page or figure)."""
+  return (220 / 255, 40 / 255, 40 / 255, 0.85 * min(1.0, max(share, 0.0) / max(top, 1e-12)))
+
+
+def _css(colour: tuple[float, float, float, float]) -> str:
+  r, g, b, a = colour
+  return f"rgba({round(255 * r)}, {round(255 * g)}, {round(255 * b)}, {a:.3f})"
 
 
 def write_interpretability(
@@ -96,43 +115,40 @@ def write_interpretability(
   max_classes: int = 12,
 ) -> str:
   """interpretability.html (every prompt) and .png (the prompts that matter): prompts with every
-  word shaded by its trained weight.
+  word shaded by its trained weight, normalised to sum to 1 per prompt (`normalized`), as the
+  paper's Fig. 2 shows them; hovering a word in the HTML shows its weight w and its share.
 
   words: per trainable prompt, (word, weight) pairs (see prompt_word_weights). The PNG shows, for
   at most `max_classes` classes, the `per_class` prompts whose weights moved most from 1; a task
   with more classes shows those whose prompts moved most (the HTML has them all).
   """
+  shares = [normalized(prompt) for prompt in words]
   values = [w for prompt in words for _, w in prompt] or [1.0]
-  low, high = min(values), max(values)
+  top = max((s for prompt in shares for _, s in prompt), default=1.0)
   parts = [
     "<html><head><meta charset='utf-8'><title>SToRI trained weights</title><style>"
     "body{font-family:sans-serif;max-width:60em;margin:2em auto}"
     "span.w{padding:1px 3px;border-radius:3px}</style></head><body>",
-    "<h1>Trained token weights</h1><p>Red: emphasised (w &gt; 1), blue: "
-    f"de-emphasised (w &lt; 1); weights range {low:.2f} to {high:.2f}. Hover a word for "
-    "its weight.</p>",
+    f"<h1>Trained token weights</h1><p>{html.escape(NORMALISATION_NOTE)} The largest share "
+    f"is {top:.3f}; the trained weights w range {min(values):.2f} to {max(values):.2f} "
+    "(1: unchanged). Hover a word for its w and its share.</p>",
   ]
   for c, name in enumerate(bank.class_names):
     parts.append(f"<h2>{html.escape(name)}</h2>")
-    for prompt_words, cls in zip(words, bank.text_class):
+    for prompt_words, prompt_shares, cls in zip(words, shares, bank.text_class):
       if cls != c:
         continue
       spans = " ".join(
-        f"<span class='w' title='{w:.3f}' style='background:{_shade(w, low, high)}'>"
-        f"{html.escape(word)}</span>"
-        for word, w in prompt_words
+        f"<span class='w' title='w = {w:.3f}, share = {s:.3f}' "
+        f"style='background:{_css(shade(s, top))}'>{html.escape(word)}</span>"
+        for (word, w), (_, s) in zip(prompt_words, prompt_shares)
       )
       parts.append(f"<p>{spans}</p>")
   parts.append("</body></html>")
   path = os.path.join(workdir, "interpretability.html")
   jsonio.write_text_atomic(path, "\n".join(parts))
   _interpretability_png(
-    os.path.join(workdir, "interpretability.png"),
-    bank,
-    words,
-    (low, high),
-    per_class,
-    max_classes,
+    os.path.join(workdir, "interpretability.png"), bank, words, per_class, max_classes
   )
   return path
 
@@ -140,12 +156,6 @@ def write_interpretability(
 def _movement(prompt_words: Sequence[tuple[str, float]]) -> float:
   """How far a prompt's weights moved from 1: the largest |log w| of its words."""
   return max((abs(np.log(max(w, 1e-6))) for _, w in prompt_words), default=0.0)
-
-
-def _rgba(color: str) -> tuple[float, float, float, float]:
-  """'rgba(r, g, b, a)' (0-255 channels) -> matplotlib's 0-1 tuple."""
-  r, g, b, a = (float(v) for v in color[5:-1].split(","))
-  return r / 255, g / 255, b / 255, a
 
 
 def interpretability_rows(
@@ -174,14 +184,46 @@ def interpretability_rows(
   return classes, rows
 
 
-def _interpretability_png(path, bank, words, value_range, per_class, max_classes):
+def share_colorbar(fig, rect: tuple[float, float, float, float], top: float) -> None:
+  """A horizontal colour bar of `shade` from 0 to `top` in `rect` (figure coordinates), whose
+  label says that the weights are normalised to sum to 1 per prompt."""
   plt = pyplot()
   # lazy: matplotlib loads when a figure is drawn
   from matplotlib.colors import ListedColormap, Normalize
 
-  low, high = value_range
+  colormap = ListedColormap([shade(float(v), top) for v in np.linspace(0, top, 256)])
+  fig.colorbar(
+    plt.cm.ScalarMappable(Normalize(0, top), colormap),
+    cax=fig.add_axes(rect),
+    orientation="horizontal",
+  ).set_label("normalised weight: w / sum of the prompt's w (sums to 1 per prompt)", fontsize=8)
+
+
+def draw_shaded_text(fig, x: float, y: float, units, top: float, fontsize: float = 9) -> float:
+  """Draws `units` [(text, share)] left to right from (x, y) (figure coordinates), each on a
+  box shaded by `shade(share, top)`; a unit whose text ends with a space is followed by a gap,
+  others touch the next one (the tokens of one word). Returns the x where the row ends."""
+  renderer = fig.canvas.get_renderer()
+  for text, share in units:
+    box = fig.text(
+      x,
+      y,
+      text.strip() or text,
+      fontsize=fontsize,
+      va="center",
+      bbox=dict(boxstyle="round,pad=0.15", lw=0, fc=shade(share, top)),
+    )
+    x += box.get_window_extent(renderer).width / fig.bbox.width
+    x += 0.006 if text.endswith(" ") else 0.001
+  return x
+
+
+def _interpretability_png(path, bank, words, per_class, max_classes):
+  plt = pyplot()
   classes, rows = interpretability_rows(bank, words, per_class, max_classes)
-  header = 1.4  # inches for the title and the colour bar
+  rows = [(title, None if w is None else normalized(w)) for title, w in rows]
+  top = max((s for _, w in rows if w for _, s in w), default=1.0)
+  header = 1.55  # inches for the title and the colour bar
   height = 0.3 * len(rows) + header + 0.25  # and a bottom margin
   fig = plt.figure(figsize=(12, height))
   shown = (
@@ -190,38 +232,24 @@ def _interpretability_png(path, bank, words, value_range, per_class, max_classes
     else ""
   )
   fig.suptitle(
-    "SToRI trained token weights: red = emphasised (w > 1), blue = turned down (w < 1)\n"
-    f"{shown}the {per_class} prompts per class whose weights moved most "
-    "(every prompt: interpretability.html)",
-    fontsize=11,
+    "SToRI trained token weights: the darker the red, the higher the weight\n"
+    f"{shown}the {per_class} prompts per class whose weights moved most from 1 "
+    "(every prompt: interpretability.html)\n"
+    "For visualization, the weights are normalised to sum to 1 per prompt (as in the paper's "
+    "Fig. 2)",
+    fontsize=10,
     y=1 - 0.1 / height,
     va="top",
   )
-  samples = np.linspace(low, high, 256)
-  colormap = ListedColormap([_rgba(_shade(float(v), low, high)) for v in samples])
-  bar = fig.add_axes((0.3, 1 - 1.05 / height, 0.4, 0.18 / height))
-  fig.colorbar(
-    plt.cm.ScalarMappable(Normalize(low, high), colormap), cax=bar, orientation="horizontal"
-  ).set_label("trained weight w (1: unchanged)", fontsize=9)
-  renderer = fig.canvas.get_renderer()
+  share_colorbar(fig, (0.3, 1 - 1.0 / height, 0.4, 0.16 / height), top)
   step = 0.3 / height
   y = 1 - header / height
-  for title, prompt_words in rows:
+  for title, prompt_shares in rows:
     y -= step
     if title is not None:
       fig.text(0.01, y, title, fontsize=10, weight="bold", va="center")
       continue
-    x = 0.03
-    for word, weight in prompt_words:
-      text = fig.text(
-        x,
-        y,
-        word,
-        fontsize=9,
-        va="center",
-        bbox=dict(boxstyle="round,pad=0.15", lw=0, fc=_rgba(_shade(weight, low, high))),
-      )
-      x += text.get_window_extent(renderer).width / fig.bbox.width + 0.006
+    draw_shaded_text(fig, 0.03, y, [(word + " ", s) for word, s in prompt_shares], top)
   fig.savefig(path, dpi=110)
   plt.close(fig)
 

@@ -158,7 +158,7 @@ class RetrievalData:
     return hashlib.sha256("\n".join(self.keys).encode()).hexdigest()
 
 
-def _source_loader(sources: Sequence[Any]) -> ImageLoader:
+def source_loader(sources: Sequence[Any]) -> ImageLoader:
   """The loader of images kept as paths or encoded bytes (`images.model_input`)."""
 
   def load(indices, size):
@@ -176,6 +176,7 @@ def synthetic_data(
   images_per_category: int = 8,
   seed: Sequence[int] = sw.EMPHASIS_SEED,
   image_size: int = 64,
+  values: Mapping[str, Sequence[str]] | None = None,
 ) -> RetrievalData:
   """The triples of `emphasis_triples(n_triples, seed)` as tasks, rendered as in
   `emphasis_effect` (triple t with seed (*seed, t)), so both measure the same images.
@@ -183,9 +184,26 @@ def synthetic_data(
   Task t: prompt `emphasis_prompt(triple)` ("a photo of a red striped circle"), attributes
   colour, pattern, shape; an image's label is True where it has the prompt's value, False
   where it has the triple's alternative.
+
+  values: {family: the values a prompt may name} (the attributes chosen by zero-shot AUROC,
+  `attribute_selection`): the first n_triples triples of the seed's sequence whose prompt
+  values are all allowed (None: every value, `emphasis_triples(n_triples, seed)` itself, since
+  the sequence's first n triples are those).
   """
   seed = tuple(int(s) for s in np.atleast_1d(seed))
-  triples = sw.emphasis_triples(n_triples, seed)
+  if values is None:
+    triples = sw.emphasis_triples(n_triples, seed)
+  else:
+    every = sw.emphasis_triples(
+      len(synthetic.COLOURS) * len(sw.EMPHASIS_PATTERNS) * len(synthetic.SHAPES), seed
+    )
+    triples = [t for t in every if all(t[f][0] in values[f] for f in sw.EMPHASIS_FAMILIES)]
+    if len(triples) < n_triples:
+      raise ConfigError(
+        f"the allowed prompt values {dict(values)} form {len(triples)} distinct prompts, fewer "
+        f"than data.n_triples = {n_triples}; lower it"
+      )
+    triples = triples[:n_triples]
   pool = 8 * images_per_category
   tasks = []
   for t, triple in enumerate(triples):
@@ -222,6 +240,8 @@ def synthetic_data(
     "seed": list(seed),
     "render_size": int(image_size),
   }
+  if values is not None:
+    spec["prompt_values"] = {f: list(v) for f, v in values.items()}
   return RetrievalData("synthetic", spec, keys, load, tuple(tasks))
 
 
@@ -353,7 +373,7 @@ def celeba_data(
     "seed": seed,
     "tasks": notes,
   }
-  return RetrievalData("celeba", spec, keys, _source_loader(paths), tuple(tasks))
+  return RetrievalData("celeba", spec, keys, source_loader(paths), tuple(tasks))
 
 
 def celeba_tfds_data(
@@ -379,7 +399,7 @@ def celeba_tfds_data(
   images = {
     i: bytes(ex["image"]) for i, ex in encoded_examples(tfds, builder, split) if i in wanted
   }
-  load = _source_loader([images[i] for i in used])
+  load = source_loader([images[i] for i in used])
 
   spec = {
     "source": "celeba_tfds",
@@ -433,7 +453,7 @@ def cub_data(
     "tasks": notes,
   }
   keys = tuple(files[i] for i in used)
-  return RetrievalData("cub", spec, keys, _source_loader(paths), tuple(tasks))
+  return RetrievalData("cub", spec, keys, source_loader(paths), tuple(tasks))
 
 
 def folder_data(root: str, extensions=IMAGE_EXTENSIONS) -> RetrievalData:
@@ -444,7 +464,7 @@ def folder_data(root: str, extensions=IMAGE_EXTENSIONS) -> RetrievalData:
   if not files:
     raise InputError(f"no images ({', '.join(extensions)}) under {root}")
   spec = {"source": "folder", "root": os.path.abspath(root)}
-  loader = _source_loader([os.path.join(root, f) for f in files])
+  loader = source_loader([os.path.join(root, f) for f in files])
   return RetrievalData("folder", spec, tuple(files), loader, ())
 
 
@@ -452,8 +472,13 @@ def build_data(config, image_size: int) -> RetrievalData:
   """RetrievalData from a config's `data` block (see configs/retrieval_*.py)."""
   source = config.source
   if source == "synthetic":
+    values = config.get("prompt_values")
     return synthetic_data(
-      config.n_triples, config.images_per_category, tuple(config.seed), image_size
+      config.n_triples,
+      config.images_per_category,
+      tuple(config.seed),
+      image_size,
+      None if values is None else {f: tuple(v) for f, v in values.items()},
     )
   if source in ("celeba", "celeba_tfds", "cub"):
     prompts = [

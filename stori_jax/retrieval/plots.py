@@ -4,7 +4,8 @@ Each figure explains its own notation in a caption: `(words:w)` in a prompt (STo
 on those words), a primed attribute name in a category (`colour'`: the attribute is absent;
 categories averaged over several prompts are named by attributes, not values), the swept weights
 (w on one attribute, 1 - w on another, named when the category names allow), and the thick
-line with dots (the category that the panel's weights favour, named in the panel). Legends sit
+line with dots (the category the paper follows: the emphasised attribute present, the other swept
+one absent, e.g. "female, blonde hair, no eyeglasses" in Figures 5 and 6, named in the panel). Legends sit
 beside the panels, never over a curve.
 """
 
@@ -97,8 +98,9 @@ def sweep_figure(
   relative: bool | Sequence[bool] = False,
 ) -> None:
   """Figures 5, 6, 9: per panel (title, auc_sweep result), the mean AUC of every category
-  against the swept weight; the category the panel's weights favour is drawn thick with dots
-  and named in the panel (sweeps of one weight favour another category than w / 1 - w sweeps).
+  against the swept weight; the category the paper follows (`protocol.focus_category`: a
+  present, b absent, the same in the w / 1 - w sweeps and in Figure 6b's w-only sweep) is drawn
+  thick with dots and named in the panel.
   relative (per panel or for all): plot the change from the first swept weight instead, which
   shows small effects that the spread between categories would flatten."""
   from matplotlib.lines import Line2D  # lazy: matplotlib loads when a figure is drawn

@@ -16,7 +16,7 @@ from stori_jax import jsonio, run_identity
 from stori_jax.bundle import resolve_start_block
 from stori_jax.config_files import ConfigChecks, ConfigError
 from stori_jax.errors import InputError, UserError
-from stori_jax.retrieval import datasets, index, plots, protocol, tables
+from stori_jax.retrieval import attribute_selection, datasets, index, plots, protocol, tables
 
 METHODS = ("stori", "prompt_weighting")
 DATA_SOURCES = ("synthetic", "celeba", "celeba_tfds", "cub")
@@ -82,6 +82,19 @@ def validate_config(config) -> None:
     checks.integer("data.images_per_category", minimum=1)
   elif source is not None and config.data.get("images_per_category") is not None:
     checks.integer("data.images_per_category", minimum=1)
+  if "attributes" in config:
+    chosen = checks.choice("attributes.source", attribute_selection.SOURCES)
+    checks.number("attributes.threshold", minimum=0, maximum=1)
+    checks.choice("attributes.split", attribute_selection.SPLITS)
+    checks.integer("attributes.max_images", minimum=0)
+    checks.integer("attributes.min_category_images", minimum=0)
+    checks.integer("attributes.n_images", minimum=2)
+    if chosen == "auroc" and source == "celeba_tfds":
+      checks.problem(
+        "config.attributes.source='auroc' reads CelebA's attribute table and test split from a "
+        "folder: use data.source='celeba' with data.root (list_attr_celeba.txt, "
+        "list_eval_partition.txt, img_align_celeba/)"
+      )
   checks.raise_if_any()
 
 
@@ -151,7 +164,10 @@ def run(config, workdir: str, bundle=None, restart: bool = False) -> dict[str, A
   if bundle is None:
     bundle = stori_jax.load(config.model)
   started = time.perf_counter()
+  selection = None
   try:
+    if "attributes" in config and config.attributes.source == "auroc":
+      config, selection = _recompute_attributes(bundle, config)
     data = datasets.build_data(config.data, int(bundle.config.vision.image_size))
   except UserError:
     raise
@@ -174,6 +190,7 @@ def run(config, workdir: str, bundle=None, restart: bool = False) -> dict[str, A
     "n_images": len(data.keys),
     "index": {"path": idx.path, "from_cache": idx.from_cache},
     "prompts": [t.prompt() for t in tasks],
+    "attribute_selection": selection,
     "category_sizes": [np.bincount(t.categories, minlength=t.n_categories).tolist() for t in tasks],
   }
   weights = tuple(config.weights)
@@ -220,6 +237,28 @@ def run(config, workdir: str, bundle=None, restart: bool = False) -> dict[str, A
   tables_text = tables.report(results, config.get("table_digits", 3))
   jsonio.write_text_atomic(os.path.join(workdir, "retrieval_tables.md"), tables_text)
   return results
+
+
+def _recompute_attributes(bundle, config):
+  """The config with its prompts (or the embedded world's prompt values) chosen by zero-shot
+  AUROC (`attribute_selection.recompute`), and the selection report. The sweep keeps its
+  prompts where they are recomputed too (by their text), else sweeps the first prompt."""
+  data, selection = attribute_selection.recompute(
+    bundle, config, config.get("cache_dir") or None, config.batch_size
+  )
+  config = config.copy_and_resolve_references()
+  if config.data.source != "synthetic" and len(config.sweep.tasks):
+
+    def text(prompt):
+      return prompt["template"].format(*(row[1] for row in prompt["attributes"]))
+
+    new = [text(p) for p in data.prompts]
+    old = [text(config.data.prompts[int(i)]) for i in config.sweep.tasks]
+    tasks = tuple(new.index(t) for t in old if t in new) or (0,)
+    selection["sweep_prompts"] = [new[i] for i in tasks]
+    config.sweep.tasks = tasks
+  config.data = data
+  return config, selection
 
 
 def _write_figures(bundle, emb, task, config, setting, sweeps, workdir: str) -> None:

@@ -127,6 +127,47 @@ def settings_table(sweeps: Mapping[str, Mapping[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def selection_table(result: Mapping[str, Any], digits: int = 3) -> str:
+  """The selection as a table (every candidate, highest AUROC first, selected ones marked and
+  whether the paper lists them) and the lines that say which differ from the paper's lists."""
+  paper = result.get("paper")
+  head = "| attribute | zero-shot prompt | AUROC | selected |" + (
+    " in the paper's list |" if paper is not None else ""
+  )
+  lines = [head, "|---|---|---|---|" + ("---|" if paper is not None else "")]
+  ranked = sorted(result["auroc"].items(), key=lambda kv: -(kv[1] if kv[1] is not None else -1))
+  for name, value in ranked:
+    cells = [
+      name,
+      result["prompts"][name],
+      "n/a" if value is None else f"{value:.{digits}f}",
+      "yes" if name in result["selected"] else "",
+    ]
+    if paper is not None:
+      cells.append("yes" if name in paper else "")
+    lines.append("| " + " | ".join(cells) + " |")
+  lines += [
+    "",
+    f"{len(result['selected'])} of {len(result['auroc'])} attributes reach zero-shot AUROC >= "
+    f"{result['threshold']:g} on {result['n_images']} images ({result['split']}).",
+  ]
+  if paper is not None:
+    lines.append(
+      "Selected here but not in the paper's list: "
+      + (", ".join(result["selected_not_in_paper"]) or "none")
+      + "; in the paper's list but not selected here: "
+      + (", ".join(result["in_paper_not_selected"]) or "none")
+      + "."
+    )
+  for key, what in (
+    ("prompts_not_in_paper", "Prompts recomputed that the paper's Table 9 does not have"),
+    ("paper_prompts_not_used", "Table 9's prompts not recomputed"),
+  ):
+    if key in result:
+      lines.append(f"{what}: " + ("; ".join(result[key]) or "none") + ".")
+  return "\n".join(lines)
+
+
 def report(results: Mapping[str, Any], digits: int = 3) -> str:
   """The markdown report of `retrieve`: every table present in results."""
   out = [f"# Preference retrieval: `{results['model']}` on {results['data']}", ""]
@@ -140,6 +181,9 @@ def report(results: Mapping[str, Any], digits: int = 3) -> str:
   if "pairs" in results:
     out += ["## Two attributes at different weights (cf. Table 4)", ""]
     out += [pair_table(results["pairs"], digits), ""]
+  if results.get("attribute_selection"):
+    out += ["## Attributes chosen by zero-shot AUROC (App. A.2)", ""]
+    out += [selection_table(results["attribute_selection"], digits), ""]
   sweeps = results.get("sweeps", {})
   if "stori_pair" in sweeps:
     sweep = sweeps["stori_pair"]
