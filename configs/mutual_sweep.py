@@ -31,6 +31,10 @@ Sweep fields:
   random_models       their image_size (rounded per tower to a multiple of its patch / stride,
                       at least a 2 x 2 grid; 0: each model's own size), shrink (divide widths by
                       it and keep <= 2 blocks per stage; 1: the real architectures) and seed.
+  table2              also Table 2 (App. K) per model, with config.protocols.table2's settings
+                      (mutual.evaluate's): table2.md, table2.json (configs/mutual_table2_models.py)
+  table_groups        ((title, (model, ...)), ...): App. G's grouped table, table_groups.md
+                      (configs/mutual_appg.py)
 
 The argument (`:variant=NAME`, or just `:NAME`) picks one of:
   imagenet   (default) the study: the 13 models on ImageNet val, as above

@@ -10,6 +10,7 @@ import sys
 import time
 
 import jax
+import numpy as np
 
 from absl import logging
 from tqdm import tqdm
@@ -49,7 +50,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   os.makedirs(figures, exist_ok=True)
   # A class's records and figures are written on one background thread while the device runs
   # the next class: the host's per-image work stays off the device's critical path.
-  written = []
+  written, fig5 = [], []
   with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mutual-writer") as writer:
     for index, cls in enumerate(_progress(classes, progress and rank == 0)):
       counts.append((cls.label, len(cls)))
@@ -58,6 +59,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
       n_images += len(cls.images)
       plots = index < config.figure_classes
+      if plots:  # Fig. 5 overlays these classes; their first images show the shared concept
+        k = min(config.figures_per_class, len(cls.images))
+        fig5.append((cls.name, cls.images[:k].copy(), np.array(result["refined"][:k])))
       written.append(
         writer.submit(_write_class, workdir, config, cls, result, bank, class_names, methods, plots)
       )
@@ -94,6 +98,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     title=f"{config.name}: dataset",
     model=config.model.get("name", config.model.source),
   )
+  _write_fig5(figures, config, results, records, fig5, methods)
   _write_report_html(workdir, results, records, methods)
   logging.info("%d images in %.1f s (%.2f images/s)", n_images, seconds, n_images / seconds)
   return results
@@ -164,6 +169,26 @@ def _write_class(workdir, config, cls, result, bank, class_names, methods, plots
       model=config.model.get("name", config.model.source),
     )
   return class_records
+
+
+def _write_fig5(figures: str, config, results, records, examples, methods) -> None:
+  """figures/fig5_<method>.png: the figure classes' MI curves overlaid, with their shared
+  concept on their first images (`report.plot_classes`); `examples`: (class name, images,
+  refined foreground) of the figure classes this process analysed."""
+  if not examples:
+    return
+  for method in methods:
+    classes = []
+    for name, images, refined in examples:
+      own = [r for r in records if r["class_name"] == name][: len(images)]
+      curve = results["classes"][name][method]["curve"]
+      classes.append(dict(name=name, curve=curve, images=images, records=own, refined=refined))
+    report.plot_classes(
+      os.path.join(figures, f"fig5_{method}.png"),
+      classes,
+      method,
+      model=config.model.get("name", config.model.source),
+    )
 
 
 def _remove_stale_records(workdir: str, counts) -> int:

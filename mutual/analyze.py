@@ -10,7 +10,10 @@ Writes to the workdir:
   results.json                                 per-class and dataset aggregates (Table 3 columns)
   table.md                                     the dataset row of Table 3
   figures/concepts_<method>_<class>.png        Fig. 4: concept overlays with their descriptors
-  figures/curves_<class>.png, curves.png       Fig. 3 / 5: MI curves
+  figures/curves_<class>.png, curves.png       MI curves of a class / the dataset per method
+  figures/fig5_<method>.png                    Fig. 5: the figure classes' MI curves overlaid
+                                               (AUCs in the legend), each class's shared
+                                               concept on its first images
   figures/mutual_<method>_<class>.png          Fig. 6: vision / language / mutual descriptors
   report.html                                  all of it as one page to open from disk
                                                (mutual.report_html)

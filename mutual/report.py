@@ -7,8 +7,12 @@
   zero-padded mean curve, the dataset's that of all its images' zero-padded mean curve (reference).
 - `markdown_table`, `write_json`; figures with matplotlib (Agg): `plot_concepts` (Fig. 4: each
   concept outlined in a light colour on a black halo and numbered, so it shows on any object
-  colour; `contrast_ratio` / `outline_contrast` measure that), `plot_curves` (Fig. 3 / 5),
-  `plot_mutual` (Fig. 6); titles name the model (when given) and the concept method.
+  colour; `contrast_ratio` / `outline_contrast` measure that), `plot_curves` (one class's or
+  the dataset's MI curves, one per concept method), `plot_classes` (Fig. 5: several classes'
+  MI curves overlaid with their AUCs, and the concept each class shares most, `shared_concept`,
+  on its images), `plot_mutual` (Fig. 6), `plot_perturbation_steps` (App. E's Fig. 7: one
+  image's deletion and insertion steps and score curves); titles name the model (when given)
+  and the concept method. The multi-model Fig. 3 is mutual.sweep.plots'.
 """
 
 from __future__ import annotations
@@ -334,8 +338,8 @@ def plot_concepts(
 def plot_curves(
   path: str, curves: Mapping[str, Sequence[float]], title: str = "", model: str = ""
 ) -> None:
-  """Fig. 3 / 5: MI curves (MI after removing the t most important visual descriptors), one
-  per concept method (keys: method names or labels)."""
+  """MI curves (MI after removing the t most important visual descriptors) of one class or the
+  dataset, one per concept method (keys: method names or labels)."""
   plt = pyplot()
   fig, ax = plt.subplots(figsize=(5, 3.6))
   for label, curve in curves.items():
@@ -394,5 +398,141 @@ def plot_mutual(path: str, image: np.ndarray, record, method: str, model: str = 
     fontsize=9,
   )
   fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def shared_concept(records, method: str, top: int = 3) -> tuple[int, list[str]] | None:
+  """The concept a class's images share most (Fig. 5, right): concepts are fitted jointly over
+  the B images, so one id is one semantic part across them. The id present in the most images
+  (ties: the most patches, then the lower id), with its `top` most frequent descriptors over
+  those images (ties: first seen). None when no image has a concept with descriptors."""
+  images: dict[int, int] = {}
+  patches: dict[int, int] = {}
+  counts: dict[int, dict[str, int]] = {}
+  for record in records:
+    for c in record["methods"][method]["concepts"]:
+      if not c["descriptors"]:
+        continue
+      k = int(c["concept"])
+      images[k] = images.get(k, 0) + 1
+      patches[k] = patches.get(k, 0) + int(c["patches"])
+      for d in c["descriptors"]:
+        counts.setdefault(k, {})[d] = counts.setdefault(k, {}).get(d, 0) + 1
+  if not images:
+    return None
+  chosen = min(images, key=lambda k: (-images[k], -patches[k], k))
+  ranked = sorted(counts[chosen].items(), key=lambda item: -item[1])  # stable: first seen first
+  return chosen, [d for d, _ in ranked[:top]]
+
+
+def plot_classes(path: str, classes: Sequence[Mapping[str, Any]], method: str, model: str = ""):
+  """Fig. 5: several classes analysed together. Left: each class's MI curve (the mean over its
+  B images, zero-padded) overlaid, with its AUC in the legend; right: per class, its first
+  images with the concept they share most (`shared_concept`) outlined, and that concept's most
+  frequent descriptors under them.
+
+  Args:
+    classes: per class a mapping with name (str), curve (float [T]), images (uint8
+      [k, S, S, 3]), records (its k image records) and refined (bool [k, S, S] or None: the
+      CRF-refined foreground that clips the concept regions, as in `plot_concepts`).
+  """
+  plt = pyplot()
+  n = len(classes)
+  k = max([len(c["images"]) for c in classes] + [1])
+  fig = plt.figure(figsize=(5.2 + 1.9 * k, max(4.0, 2.35 * n + 0.7)))
+  grid = fig.add_gridspec(n, k + 1, width_ratios=[2.7] + [1] * k, hspace=0.55, wspace=0.06)
+  curves_ax = fig.add_subplot(grid[:, 0])
+  for c in classes:
+    curve = np.asarray(c["curve"])
+    auc = information.curve_auc(curve)
+    curves_ax.plot(np.arange(len(curve)), curve, marker="o", ms=3, label=f"{c['name']} ({auc:.2f})")
+  curves_ax.set_xlabel("visual descriptors removed")
+  curves_ax.set_ylabel("MI (nats), mean over the class's images")
+  curves_ax.set_title("MI curves per class (legend: AUC)", fontsize=9)
+  curves_ax.legend(fontsize=7)
+  for row, c in enumerate(classes):
+    shared = shared_concept(c["records"], method)
+    for col in range(k):
+      ax = fig.add_subplot(grid[row, col + 1])
+      ax.set_axis_off()
+      if col >= len(c["images"]):
+        continue
+      image = c["images"][col]
+      m = c["records"][col]["methods"][method]
+      pixels = _pixel_map(np.array(m["concept_map"]), image.shape[0])
+      if c.get("refined") is not None:
+        pixels = np.where(c["refined"][col], pixels, -1)
+      keep = shared[0] if shared is not None else -2
+      draw_concepts(ax, image, np.where(pixels == keep, pixels, -1))
+      if col == 0:
+        what = f"concept {shared[0]}" if shared is not None else "no concept with descriptors"
+        ax.set_title(f"{c['name']}: {what}", fontsize=8, loc="left")
+        if shared is not None:
+          ax.text(
+            0.0,
+            -0.04,
+            "\n".join(_wrapped("; ".join(shared[1]), 30 * k)),
+            fontsize=7,
+            va="top",
+            transform=ax.transAxes,
+          )
+  fig.suptitle(
+    _suptitle(model, f"{_method_title(method)} concepts across classes (Fig. 5)"), fontsize=9
+  )
+  fig.subplots_adjust(left=0.07, right=0.99, top=1 - 0.55 / fig.get_figheight(), bottom=0.1)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plot_perturbation_steps(
+  path: str,
+  deletion_images: np.ndarray,
+  insertion_images: np.ndarray,
+  deletion_scores: Sequence[float],
+  insertion_scores: Sequence[float],
+  title: str = "",
+) -> None:
+  """App. E's Fig. 7 for one image: the deletion steps (top row: the concepts blurred one more
+  at a time, most important first) and the insertion steps (bottom row: restored one more at a
+  time into the blurred image), left; the predicted class's score after each step, right, with
+  each curve's area (the Table 1 number of this image) in the legend.
+
+  Args:
+    deletion_images, insertion_images: [T, S, S, 3], uint8 or float in [0, 1] (T = L + 1
+      steps, step 0 before any change).
+    deletion_scores, insertion_scores: float [T], the class score after each step.
+  """
+  plt = pyplot()
+  steps = len(deletion_images)
+  fig = plt.figure(figsize=(1.6 * steps + 5.2, 4.2))
+  # An empty column before the curves keeps their axis label off the last step's image.
+  grid = fig.add_gridspec(2, steps + 2, width_ratios=[1] * steps + [0.45, 2.6], wspace=0.08)
+  for row, (images, name) in enumerate(
+    ((deletion_images, "deletion"), (insertion_images, "insertion"))
+  ):
+    for t, image in enumerate(images):
+      ax = fig.add_subplot(grid[row, t])
+      ax.imshow(
+        np.clip(np.asarray(image, np.float32) / (255.0 if image.dtype == np.uint8 else 1.0), 0, 1)
+      )
+      ax.set_axis_off()
+      ax.set_title(f"{name}: step {t}" if t == 0 else f"step {t}", fontsize=7)
+  ax = fig.add_subplot(grid[:, steps + 1])
+  for scores, name, style in (
+    (deletion_scores, "deletion", "-"),
+    (insertion_scores, "insertion", "--"),
+  ):
+    scores = np.asarray(scores, np.float64)
+    area = float(0.5 * (scores[1:] + scores[:-1]).sum())  # mutual.xai.curve_auc's trapezoid
+    ax.plot(
+      np.arange(len(scores)), scores, style, marker="o", ms=4, label=f"{name} (area {area:.2f})"
+    )
+  ax.set_xlabel("concepts blurred (deletion) / restored (insertion)")
+  ax.set_ylabel("predicted class's score (scaled cosine)", fontsize=8)
+  ax.set_title("score per step", fontsize=9)
+  ax.legend(fontsize=7)
+  fig.suptitle(title or "Deletion and insertion steps (App. E, Fig. 7)", fontsize=9)
+  fig.subplots_adjust(left=0.02, right=0.98, top=0.85, bottom=0.13)
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import zlib
 from typing import Any
 
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.open_clip_config import architecture_config, config_from_open_clip
 from stori_jax.checkpoints.state_dict import is_torchscript, read_state_dict
 from stori_jax.data.files import read_json
-from stori_jax.models import CLIPConfig, architecture_names, registry
+from stori_jax.models import CLIPConfig, architecture_names, random_weights, registry
 from stori_jax.preprocess import PreprocessConfig
 
 ASSETS_DIR = os.path.join(os.path.dirname(__file__), "assets")
@@ -282,4 +283,35 @@ def save(
   meta = {"converted_from": bundle.source, **(metadata or {})}
   return native.save(
     directory, bundle.config, bundle.params, bundle.preprocess_config, params_format, meta
+  )
+
+
+def random_instance(
+  name: str, image_size: int = 64, shrink: int = 1, seed: int = 0, dtype: Any = jnp.float32
+) -> CLIPBundle:
+  """A random-weight instance of a registered model's architecture (an offline stand-in for the
+  trained model: the same towers, meaningless numbers), with the entry's mean / std.
+
+  Args:
+    name: a registry name or paper label.
+    image_size: the input size, rounded per tower (`random_weights.small_image_size`); 0: the
+      entry's own size.
+    shrink: widths divided by it, at most 2 blocks per tower (`random_weights.shrink_config`).
+    seed: mixed with the name, so models of one architecture differ.
+
+  Returns:
+    a CLIPBundle whose source is "random:<name>".
+  """
+  entry = registry.get(name)
+  config = random_weights.shrink_config(entry.config, int(shrink))
+  size = random_weights.small_image_size(config, int(image_size)) if image_size else None
+  config = config.with_image_size(size or entry.image_size)
+  params = random_weights.random_params(config, seed=(int(seed), zlib.crc32(entry.name.encode())))
+  preprocess = PreprocessConfig(config.vision.image_size, entry.mean, entry.std)
+  return CLIPBundle(
+    config=config,
+    params=params,
+    dtype=dtype,
+    preprocess_config=preprocess,
+    source=f"random:{entry.name}",
   )

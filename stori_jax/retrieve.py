@@ -9,6 +9,9 @@ then runs the protocol of `stori_jax.retrieval.protocol` and writes to the workd
 * retrieval_tables.md: tables shaped like the paper's Tables 3-6 and the AUC sweep;
 * fig4_ranking.png, fig5_auc_sweep.png, fig6_prompt_weighting.png, fig9a_start_block.png,
   fig9b_single_block.png;
+* with a config that names `models` (configs/retrieval_fig5_models.py), Figure 5 for each of
+  them instead (`stori_jax.retrieval.model_sweep`): fig5_models.png, fig5_models_favoured.png,
+  fig5_models.json, fig5_models.md;
 * run.json: the config, model and data that made these files. Running again with the same
   config redoes the run in place; another config stops before any work (pass another
   --workdir, or --restart to move the old results aside), so results of two configs are
@@ -24,7 +27,7 @@ from ml_collections import config_flags
 
 from stori_jax import cli
 from stori_jax.errors import UserError
-from stori_jax.retrieval import runner, tables
+from stori_jax.retrieval import model_sweep, runner, tables
 
 
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
@@ -35,6 +38,11 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if config is None:
     raise UserError("--config is required, e.g. --config configs/retrieval_synthetic.py")
   workdir = values.workdir or os.path.join("workdirs", "retrieval", config.data.source)
+  if "models" in config:  # Figure 5 for several models (configs/retrieval_fig5_models.py)
+    results = model_sweep.run(config, workdir, restart=values.restart)
+    print(model_sweep.markdown(results))
+    cli.print_outputs(workdir, ["run.json", "fig5_models.json", "fig5_models.md", "fig5_*.png"])
+    return
   results = runner.run(config, workdir, restart=values.restart)
   print(tables.report(results, config.get("table_digits", 3)))
   index = results.get("index", {})

@@ -376,6 +376,7 @@ def _check_outputs(workdir, results, names, methods):
   assert (workdir / "fig3_auc_vs_accuracy.png").stat().st_size > 5000
   for method in methods:
     assert (workdir / f"fig3_curves_{method}.png").stat().st_size > 1000
+    assert (workdir / f"fig3_{method}.png").stat().st_size > 5000  # the paper's three panels
     fit = results["fits"][method]["all"]
     assert fit["n"] == len(names) and fit["models"]
     x = [results["models"][n][method]["auc"] for n in names]

@@ -171,3 +171,26 @@ def test_listing_cli_shows_status(tmp_path):
   assert rows["openai-rn101"].rstrip().endswith("missing")
   assert re.search(r"openai-rn101 +timm/resnet101_clip\.openai +open_clip_pytorch_model\.bin", out)
   assert all(name in rows for name in registry.names())
+
+
+def test_openclip_entries_are_cherti_et_als_laion2b_models():
+  """SToRI's OpenCLIP (Cherti et al., 2023; Fig. 5): the LAION-2B ViTs with open_clip's tags,
+  hub repositories, GELU towers and ImageNet accuracies (docs/openclip_results.csv at the
+  commit the module cites); test_entry_agrees_with_open_clip checks them against open_clip."""
+  expected = {
+    "laion2b-vit-b-16": ("ViT-B-16", "laion2b_s34b_b88k", "CLIP-ViT-B-16-laion2B-s34B-b88K", 70.23),
+    "laion2b-vit-l-14": ("ViT-L-14", "laion2b_s32b_b82k", "CLIP-ViT-L-14-laion2B-s32B-b82K", 75.25),
+    "laion2b-vit-h-14": ("ViT-H-14", "laion2b_s32b_b79k", "CLIP-ViT-H-14-laion2B-s32B-b79K", 77.96),
+  }
+  for name, (arch, tag, repo, top1) in expected.items():
+    entry = registry.get(name)
+    assert (entry.arch, entry.pretrained, entry.hf_repo) == (arch, tag, f"laion/{repo}")
+    assert entry.imagenet_open_clip == top1 and entry.imagenet_paper is None
+    assert entry.papers == (registry.STORI,) and entry.data.startswith("LAION-2B")
+    assert not entry.quick_gelu and entry.image_size == 224
+    assert registry.find(entry.label) is entry
+  # open_clip's ViT-L/14 LAION-2B tag normalises with Inception's mean / std.
+  assert registry.get("laion2b-vit-l-14").mean == registry.get("laion2b-vit-l-14").std == (0.5,) * 3
+  assert registry.get("laion2b-vit-b-16").mean == registry.OPENAI_MEAN
+  assert set(expected) <= set(registry.names(registry.STORI))
+  assert not set(expected) & set(registry.mutual_knowledge_models())

@@ -1,4 +1,4 @@
-r"""The mutual-knowledge analysis over many CLIP models: the paper's Table 3 and Figure 3 (right).
+r"""The mutual-knowledge analysis over many CLIP models: the paper's Table 3 and Figure 3.
 
   python -m mutual.sweep --config configs/mutual_sweep.py --workdir DIR \
       --config.data.root=/data/imagenet/val \
@@ -44,7 +44,8 @@ Modules, one per phase of the run:
   batched.py     the language stages batched across models
   chunk.py       one chunk of classes through every model, phases 1-2 (`analyze_classes`)
   fits.py        Figure 3 (right)'s AUC-accuracy fits
-  table.py       Table 3 (markdown); plots.py: Figure 3 (right)
+  table.py       Table 3, App. G's grouped tables, Table 2's layout (markdown); plots.py:
+                 Figure 3 (its three panels)
   runner.py      `run`: checks, weights, chunks, outputs
   __main__.py    the command line (flags, config, run, printed table)
 The settings are `mutual.paper_config.sweep_config` (configs/mutual_sweep.py).
@@ -55,7 +56,13 @@ Writes to the workdir:
                                 Pearson r) per method, over all models and per family
   table.md                      Table 3 (family, model, data, Top-1, MI and AUC per method)
   fig3_auc_vs_accuracy.png      Figure 3 (right): Top-1 against AUC, least-squares lines, r
-  fig3_curves_<method>.png      the models' MI curves (Figure 3 left / middle)
+  fig3_<method>.png             Figure 3 as the paper lays it out: MI curves with the pretraining
+                                data fixed (left), with the model size fixed (middle), the fits
+  fig3_curves_<method>.png      every model's MI curve in one panel
+  table_groups.md               with config.table_groups: App. G's Tables 6 / 7 (models grouped
+                                by size and by pretraining data; configs/mutual_appg.py)
+  table2.md, table2.json        with config.table2: Table 2 (App. K) per model, each equal to
+                                mutual.evaluate's for that model (configs/mutual_table2_models.py)
   per_image/<model>/<class>/<image>.json   with config.per_image
   shards/chunk_<c>.json         a multi-process run's per-chunk records (process 0 reads them)
 """
@@ -71,11 +78,9 @@ from mutual.sweep.models import (
   family,
   model_image_size,
   random_bundle,
-  random_params,
-  shrink_config,
-  small_image_size,
   sweep_models,
 )
 from mutual.sweep.plots import plot_auc_vs_accuracy
 from mutual.sweep.runner import check_config, run
 from mutual.sweep.table import markdown_table, table_order
+from stori_jax.models.random_weights import random_params, shrink_config, small_image_size

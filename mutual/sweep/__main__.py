@@ -1,6 +1,9 @@
-"""`python -m mutual.sweep`: flags, config, `runner.run`, the printed Table 3 and fits."""
+"""`python -m mutual.sweep`: flags, config, `runner.run`, the printed Table 3 and fits (and App. G's
+grouped tables and Table 2 where the config asks for them)."""
 
 from __future__ import annotations
+
+import os
 
 import jax
 from absl import flags
@@ -38,8 +41,23 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
           f"{method} {group}: Top-1 = {fit_equation(fit)}, "
           f"r = {fit['pearson_r']:.3f} (n = {fit['n']})"
         )
+  for extra in ("table_groups.md", "table2.md"):  # App. G's groups, Table 2 (config-dependent)
+    if os.path.isfile(os.path.join(workdir, extra)):
+      with open(os.path.join(workdir, extra), encoding="utf-8") as f:
+        print(f.read())
   stori_cli.print_outputs(
-    workdir, ["run.json", "results.json", "table.md", "fig3_*.png", "per_image", "shards"]
+    workdir,
+    [
+      "run.json",
+      "results.json",
+      "table.md",
+      "table_groups.md",
+      "table2.md",
+      "table2.json",
+      "fig3_*.png",
+      "per_image",
+      "shards",
+    ],
   )
 
 

@@ -31,6 +31,7 @@ def analyze_classes(
   methods: Sequence[str] = pipeline.METHODS,
   progress: bool = False,
   encode: Callable[[CLIPBundle], pipeline.TextBank] | None = None,
+  embed_images: Callable[[CLIPBundle, np.ndarray], np.ndarray] | None = None,
 ) -> list[list[dict[str, Any]]]:
   """`pipeline.analyze_class` for several models on a chunk of classes.
 
@@ -41,6 +42,9 @@ def analyze_classes(
     class_images: per model, the chunk's classes (same labels and images, at the model's size).
     analysis: config.analysis; methods: concept methods.
     progress: show progress bars (each with its total).
+    embed_images: (bundle, uint8 images [B, S, S, 3]) -> float32 [B, E]; when given, each
+      class's result also holds "embedded_images", its output while the model is loaded (Table
+      2 classifies the images with mutual.evaluate's embeddings, `protocols.image_embeddings`).
 
   Returns:
     results[model][class]: analyze_class's dict of numpy arrays.
@@ -50,6 +54,7 @@ def analyze_classes(
   options = pipeline.stage_options(analysis)
 
   vision: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
+  embedded: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
   bar = functools.partial(tqdm, disable=not progress, dynamic_ncols=True)
   with bar(total=n_models, desc="vision side: models", leave=False) as models_bar:
     for index in pool.order(indices):
@@ -64,6 +69,8 @@ def analyze_classes(
         vision[m][c] = pipeline.vision_side(
           bundle, class_images[m][c].images, banks[index], analysis, methods
         )
+        if embed_images is not None:
+          embedded[m][c] = np.asarray(embed_images(bundle, class_images[m][c].images))
         if c == 0 and n_classes > 1:
           # The first class compiles the model's programs: the bar restarts after it, so its
           # rate and ETA count the classes that only run.
@@ -86,6 +93,8 @@ def analyze_classes(
     for m in range(n_models):
       v = vision[m][c]
       results[m][c] = {k: v[k] for k in ("predicted", "class_scores", "foreground", "refined")}
+      if embed_images is not None:
+        results[m][c]["embedded_images"] = embedded[m][c]
     for method in methods:
       stages = batched_language_stages(
         [vision[m][c][method]["concept_embeddings"] for m in range(n_models)],

@@ -9,18 +9,17 @@ import ctypes
 import dataclasses
 import functools
 import gc
-import zlib
 from typing import Any, Callable, Sequence
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 import stori_jax
+from stori_jax import loading
 from stori_jax.bundle import CLIPBundle, tower_functions
 from stori_jax.checkpoints import hub
-from stori_jax.models import CLIP, CLIPConfig, param_shapes, registry
-from stori_jax.preprocess import PreprocessConfig
+from stori_jax.models import CLIP, CLIPConfig, registry
+
+from stori_jax.models.random_weights import shrink_config, small_image_size
 
 #: Table 3's model families, by tower kind, in the table's order.
 FAMILIES = {"vit": "ViT", "resnet": "ResNet", "convnext": "ConvNeXt"}
@@ -29,82 +28,6 @@ FAMILIES = {"vit": "ViT", "resnet": "ResNet", "convnext": "ConvNeXt"}
 def family(config: CLIPConfig) -> str:
   """Table 3's family of a model: "ViT", "ResNet" or "ConvNeXt"."""
   return FAMILIES[config.vision_kind]
-
-
-def small_image_size(config: CLIPConfig, target: int) -> int:
-  """The input size nearest `target` that the tower takes: a multiple of its patch size (ViT)
-  or of its stride 32 (CNNs), with at least a 2 x 2 grid."""
-  patch = config.vision.patch_size
-  return patch * max(2, int(round(target / patch)))
-
-
-def shrink_config(config: CLIPConfig, factor: int) -> CLIPConfig:
-  """The architecture with widths divided by `factor` and at most 2 blocks per stage / tower
-  (factor 1: unchanged). Heads shrink by 4 (at least 1) so each keeps >= 16 channels at
-  factor 16; the embedding dims stay distinct across architectures (they pad differently)."""
-  if factor == 1:
-    return config
-
-  def heads(width, count):
-    count = max(1, count // 4)
-    while width % count:
-      count -= 1
-    return count
-
-  text = config.text
-  t_width = max(8, text.width // factor)
-  text = dataclasses.replace(
-    text, width=t_width, layers=min(text.layers, 2), heads=heads(t_width, text.heads)
-  )
-  vision = config.vision
-  kind = config.vision_kind
-  if kind == "vit":
-    v_width = max(8, vision.width // factor)
-    vision = dataclasses.replace(
-      vision, width=v_width, layers=min(vision.layers, 2), heads=heads(v_width, vision.heads)
-    )
-  elif kind == "resnet":
-    width = max(2, vision.width // factor)
-    vision = dataclasses.replace(
-      vision, width=width, layers=(1, 1, 1, 1), heads=heads(width * 32, width * 32 // 64)
-    )
-  else:
-    vision = dataclasses.replace(
-      vision, dims=tuple(max(4, d // factor) for d in vision.dims), depths=(1, 1, 1, 1)
-    )
-  embed = max(8, config.embed_dim // factor)
-  return config.replace(embed_dim=embed, text=text, vision=vision)
-
-
-def random_params(config: CLIPConfig, seed) -> Any:
-  """Random fp32 parameters for `config`, drawn with numpy (no model.init: its compile takes
-  20-40 s per full-size architecture on a CPU).
-
-  Kernels and projections uniform with variance 1 / fan_in (fan_in: all but the last axis),
-  embeddings with standard deviation 0.02; LayerNorm / BatchNorm scales and variances 1, biases
-  and running means 0, ConvNeXt layer scales 1, logit_scale log(1 / 0.07) (uniform draws are
-  faster than normal ones). Same config and seed (an int or a tuple of ints), same parameters.
-  """
-  rng = np.random.default_rng(seed)
-
-  def leaf(path, shape):
-    key = getattr(path[-1], "key", str(path[-1]))
-    dims = tuple(shape.shape)
-    if key == "logit_scale":
-      return jnp.asarray(np.log(1 / 0.07), jnp.float32)
-    if key in ("scale", "var", "gamma"):
-      return jnp.ones(dims, jnp.float32)
-    if key in ("bias", "mean"):
-      return jnp.zeros(dims, jnp.float32)
-    if key in ("embedding", "positional_embedding", "class_embedding") or len(dims) < 2:
-      std = 0.02
-    else:
-      std = 1.0 / np.sqrt(np.prod(dims[:-1]))
-    # U(-a, a) has variance a^2 / 3.
-    half = np.float32(2.0 * np.sqrt(3.0) * std)
-    return jnp.asarray((rng.random(dims, dtype=np.float32) - np.float32(0.5)) * half)
-
-  return jax.tree_util.tree_map_with_path(leaf, param_shapes(config))
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,17 +70,10 @@ def random_bundle(
   name: str, image_size: int = 64, shrink: int = 1, seed: int = 0, dtype=jnp.float32
 ) -> SweepBundle:
   """A random-weight instance of a registered model's architecture at a small input size (0: the
-  entry's own size), with the entry's mean / std. The seed mixes in the name, so models of one
-  architecture differ."""
-  entry = registry.get(name)
-  config = shrink_config(entry.config, int(shrink))
-  size = small_image_size(config, int(image_size)) if image_size else entry.image_size
-  config = config.with_image_size(size)
-  params = random_params(config, seed=(int(seed), zlib.crc32(entry.name.encode())))
-  preprocess = PreprocessConfig(size, entry.mean, entry.std)
-  return SweepBundle(
-    config=config, params=params, dtype=dtype, preprocess_config=preprocess, source=f"random:{name}"
-  )
+  entry's own size), with the entry's mean / std (`stori_jax.loading.random_instance`), sharing
+  its compiled towers with the other instances of the architecture. The seed mixes in the name,
+  so models of one architecture differ."""
+  return SweepBundle.of(loading.random_instance(name, image_size, shrink, seed, dtype))
 
 
 @dataclasses.dataclass(frozen=True)

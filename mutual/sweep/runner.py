@@ -1,5 +1,6 @@
 """The sweep's run: checks, model weights, class chunks through every model, then results.json,
-Table 3, Figure 3 and the MI curves in the workdir."""
+Table 3, Figure 3 and the MI curves in the workdir; where the config asks, App. G's grouped
+tables (`table_groups`) and each model's Table 2 (`table2`)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,18 @@ import jax
 from absl import logging
 from tqdm import tqdm
 
-from mutual import run_flags, data, pipeline, report
+from mutual import data, pipeline, protocols, report, run_flags
 from mutual.sweep.chunk import analyze_classes
 from mutual.sweep.fits import ACCURACIES, auc_accuracy_fits
 from mutual.sweep.models import ModelPool, family, model_image_size, shrink_config, sweep_models
-from mutual.sweep.plots import plot_auc_vs_accuracy, plot_curves
-from mutual.sweep.table import RANDOM_WEIGHTS, markdown_table, table_order
+from mutual.sweep.plots import plot_auc_vs_accuracy, plot_curves, plot_figure3
+from mutual.sweep.table import (
+  RANDOM_WEIGHTS,
+  grouped_tables,
+  markdown_table,
+  table2_paper_tables,
+  table_order,
+)
 from stori_jax import multihost
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.config_files import ConfigError
@@ -41,6 +48,47 @@ def check_config(config) -> None:
     raise ConfigError(f"config.accuracy must be one of {ACCURACIES}, got {config.accuracy!r}.")
   if config.classes_per_chunk < 1:
     raise ConfigError(f"config.classes_per_chunk must be >= 1, got {config.classes_per_chunk}.")
+  check_table_groups(config.get("table_groups", ()), config.models)
+  if config.get("table2"):
+    s = config.protocols.table2
+    if s.recipient not in protocols.RECIPIENTS:
+      raise ConfigError(
+        f"config.protocols.table2.recipient must be one of {protocols.RECIPIENTS}, got "
+        f"{s.recipient!r}."
+      )
+    if s.aggregate not in protocols.AGGREGATES:
+      raise ConfigError(
+        f"config.protocols.table2.aggregate must be one of {protocols.AGGREGATES}, got "
+        f"{s.aggregate!r}."
+      )
+    if int(s.neighbours) < 1 or int(s.added_per_class) < 0:
+      raise ConfigError(
+        "config.protocols.table2.neighbours must be >= 1 and added_per_class >= 0 (0: all), "
+        f"got {s.neighbours} and {s.added_per_class}."
+      )
+
+
+def check_table_groups(groups, models) -> None:
+  """App. G's groups: ((title, (model, ...)), ...), each model one of config.models."""
+  for group in groups:
+    if (
+      len(group) != 2
+      or not isinstance(group[0], str)
+      or isinstance(group[1], str)
+      or not all(isinstance(n, str) for n in group[1])
+      or not group[1]
+    ):
+      raise ConfigError(
+        "config.table_groups holds (title, (model, ...)) pairs, e.g. "
+        f"(('Model Size', ('openai-vit-b-32', 'openai-vit-b-16')),); got {group!r}."
+      )
+    names = {registry.get(n).name for n in models}
+    missing = [n for n in group[1] if registry.find(n) is None or registry.get(n).name not in names]
+    if missing:
+      raise ConfigError(
+        f"config.table_groups[{group[0]!r}] names {missing}, which config.models does not "
+        f"hold ({', '.join(models)}); add them to config.models or drop them from the group."
+      )
 
 
 #: What report.aggregate reads of an image record (the rest is dropped to bound memory).
@@ -96,20 +144,46 @@ def _model_row(config, entry: registry.ModelEntry, image_size: int, records, met
   )
 
 
+def _random_note(config, paper_column: bool = True) -> str:
+  """What a random-weight sweep's tables say under them."""
+  size = config.random_models.image_size
+  where = f"at about {size} px" if size else "at each model's own input size"
+  column = "; the last column is the trained models' Top-1 from the paper" if paper_column else ""
+  return (
+    f"\nRandom-weight instances {where} (an offline check of the path: the numbers carry no "
+    f"meaning{column}).\n"
+  )
+
+
+def _write_text(path: str, text: str) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
+
+
 def _write_outputs(workdir: str, config, results: Mapping[str, Any], rows, methods) -> None:
-  """results.json, table.md (Table 3), fig3_auc_vs_accuracy.png and fig3_curves_<method>.png."""
+  """results.json, table.md (Table 3), fig3_auc_vs_accuracy.png, fig3_curves_<method>.png and
+  fig3_<method>.png (Figure 3's three panels);
+  with config.table_groups, table_groups.md (App. G); with config.table2, table2.md and
+  table2.json (Table 2)."""
   report.write_json(os.path.join(workdir, "results.json"), results)
   random_weights = bool(config.random_weights)
+  note = _random_note(config, paper_column=False) if random_weights else ""
   table = markdown_table(rows, methods, random_weights)
-  if random_weights:
-    size = config.random_models.image_size
-    where = f"at about {size} px" if size else "at each model's own input size"
-    table += (
-      f"\nRandom-weight instances {where} (an offline check of the path: the numbers carry no "
-      "meaning; the last column is the trained models' Top-1 from the paper).\n"
-    )
-  with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
-    f.write(table)
+  _write_text(os.path.join(workdir, "table.md"), table + (_random_note(config) if note else ""))
+  groups = tuple(config.get("table_groups", ()))
+  if groups:
+    text = f"# {config.name}: MI and its dynamics (AUC) per group of models (App. G)\n\n"
+    text += grouped_tables(rows, groups, methods, random_weights)
+    _write_text(os.path.join(workdir, "table_groups.md"), text + note)
+  if "table2" in results:
+    table2 = results["table2"]
+    models = [results["models"][n] for n in table2]
+    text = f"# {config.name}: Table 2 (App. K), zero-shot Top-1 (%)\n\n"
+    text += table2_paper_tables(models, table2)
+    # Every number of the protocol (top-1, guarded rows), as mutual.evaluate writes it.
+    text += "\n" + protocols.section("table2", {r["label"]: table2[r["name"]] for r in models})
+    _write_text(os.path.join(workdir, "table2.md"), text + note)
+    report.write_json(os.path.join(workdir, "table2.json"), table2)
   plot_auc_vs_accuracy(
     os.path.join(workdir, "fig3_auc_vs_accuracy.png"),
     rows,
@@ -124,6 +198,15 @@ def _write_outputs(workdir: str, config, results: Mapping[str, Any], rows, metho
       os.path.join(workdir, f"fig3_curves_{method}.png"),
       rows,
       method,
+      title=config.name,
+      random_weights=random_weights,
+    )
+    plot_figure3(  # the paper's layout: fixed data, fixed size, the fits
+      os.path.join(workdir, f"fig3_{method}.png"),
+      rows,
+      results["fits"],
+      method,
+      config.accuracy,
       title=config.name,
       random_weights=random_weights,
     )
@@ -153,6 +236,23 @@ def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]
   return records
 
 
+def _table2(pool: ModelPool, kept, concepts, dataset, config, progress: bool) -> dict:
+  """{model name: protocols.table2_descriptor_accuracy result}, in config.models' order: each
+  model classifies its own images with the descriptors, then with its own concepts added, as
+  mutual.evaluate's Table 2 does for one model (the models are fetched from the pool again,
+  those still held first)."""
+  names, lists = list(dataset.names), dataset.lists()
+  out = {}
+  for index in pool.order(kept):
+    j = kept.index(index)
+    bundle = pool.get(index)
+    out[pool.models[index].name] = protocols.table2_descriptor_accuracy(
+      bundle, concepts[j], names, lists, settings=config.protocols.table2, progress=progress
+    )
+    del bundle  # the pool alone decides what stays loaded
+  return {pool.models[i].name: out[pool.models[i].name] for i in kept}
+
+
 def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
   """Runs the sweep; returns results.json's content (also written with table.md and figures).
 
@@ -165,6 +265,10 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   slimmed records to workdir/shards; process 0 then reads them back in chunk order (the
   workdir must be on a filesystem all processes share) and writes the same files as one process
   writes. Other processes return {}.
+
+  config.table2: each model's images are also embedded as mutual.evaluate embeds them and its
+  concepts kept (`protocols.ConceptPass`) chunk by chunk; after the last chunk each model's
+  Table 2 is computed (`_table2`). One process only (ConfigError otherwise).
   """
   check_config(config)
   if config.random_weights:  # said first: the log names the trained models throughout
@@ -174,6 +278,13 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       RANDOM_WEIGHTS,
     )
   processes, rank = jax.process_count(), jax.process_index()
+  table2 = bool(config.get("table2"))
+  if table2 and processes > 1:
+    raise ConfigError(
+      "config.table2 runs in one process: Table 2 classifies every image with every class's "
+      "concepts, which a multi-process sweep keeps on the process that found them. Run it "
+      "without --distributed / --coordinator, or set --config.table2=False."
+    )
   dataset = data.prepare(config)  # a data mistake stops before any model loads
   a = config.analysis
   methods = tuple(a.methods)
@@ -216,6 +327,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   )
 
   records: list[list[dict]] = [[] for _ in kept]
+  # Table 2's concept pass per model, filled chunk by chunk as mutual.evaluate fills its own.
+  concepts: list[protocols.ConceptPass | None] = [None for _ in kept]
+  embed_images = protocols.image_embeddings if table2 else None
   n_images, start = 0, time.perf_counter()
   chunks = _class_chunks(streams, sizes, per_chunk)
   n_chunks = -(-len(streams[sizes[0]]) // per_chunk)  # the streams know their class count
@@ -233,11 +347,15 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       continue
     class_images = [[items[sizes.index(sizes_by_model[i])] for items in chunk] for i in kept]
     results = analyze_classes(
-      pool, kept, banks, class_images, a, methods, progress and rank == 0, encode
+      pool, kept, banks, class_images, a, methods, progress and rank == 0, encode, embed_images
     )
     chunk_records: list[list[dict]] = [[] for _ in kept]
     for j, i in enumerate(kept):
+      if table2 and concepts[j] is None:
+        concepts[j] = protocols.ConceptPass.empty(banks[i].descriptors, len(class_names), methods)
       for c, cls in enumerate(class_images[j]):
+        if table2:
+          concepts[j].add(cls.label, results[j][c], results[j][c]["embedded_images"])
         image_records = report.image_records(
           cls, results[j][c], banks[i].descriptors, class_names, methods
         )
@@ -269,10 +387,14 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     for j, i in enumerate(kept)
   ]
   fits = auc_accuracy_fits(rows, methods, config.accuracy)
+  extra: dict[str, Any] = {}
+  if table2:
+    extra["table2"] = _table2(pool, kept, concepts, dataset, config, progress)
   results = dict(
     models={r["name"]: r for r in rows},
     order=[r["name"] for r in table_order(rows)],
     fits=fits,
+    **extra,
     accuracy=config.accuracy,
     weights="random" if config.random_weights else "registered",
     skipped=skipped,

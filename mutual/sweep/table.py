@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from mutual import pipeline
 from mutual.sweep.models import FAMILIES
+from stori_jax.models import registry
 
 #: What marks a random-weight sweep in its table, figure titles and log: the trained models'
 #: names and training data would otherwise read as results of the trained models.
@@ -55,3 +56,92 @@ def markdown_table(
     cells.append("-" if paper is None else f"{paper:.2f}")
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
+
+
+def _cells(line: Sequence[str]) -> str:
+  return "| " + " | ".join(line) + " |"
+
+
+def grouped_tables(
+  rows: Sequence[Mapping[str, Any]],
+  groups: Sequence[tuple[str, Sequence[str]]],
+  methods: Sequence[str],
+  random_weights: bool = False,
+) -> str:
+  """App. G's Tables 6 and 7: per group of models (a title row in italics, none for an empty
+  title), each model's training data, Top-1 (%), and MI and AUC per concept method; a model may
+  sit in several groups (ViT-B/32 in both of Table 6's). The paper prints one MI and one AUC
+  column without naming the concept method; both methods are shown. Its "Data Size" column
+  is the data's name here (`ModelEntry.data_name`: WIT-400M, DataComp-1B, DFN-2B).
+
+  Args:
+    rows: the sweep's per-model rows (results.json's "models" values).
+    groups: ((title, (registry name or label, ...)), ...).
+    random_weights: the rows are random-weight instances; their Data cells say so.
+  """
+  names = pipeline.METHOD_TITLES
+  by_name = {}
+  for r in rows:
+    by_name[r["name"]] = by_name[r["label"]] = r
+  head = ["Model", "Data", "Top-1 (%)"]
+  for m in methods:
+    head += [f"MI {names.get(m, m)}", f"AUC {names.get(m, m)}"]
+  lines = [_cells(head), "|" + "---|" * len(head)]
+  for title, members in groups:
+    if title:
+      lines.append(_cells([f"*{title}*"] + [""] * (len(head) - 1)))
+    for name in members:
+      r = by_name[name]
+      # The paper's "Data Size" (400M, 1B, 2B): the data's name without the samples seen.
+      data = RANDOM_WEIGHTS if random_weights else registry.get(r["name"]).data_name
+      cells = [r["label"], data, f"{r['top1']:.2f}"]
+      for m in methods:
+        cells += [f"{r[m]['mi']:.3f}", f"{r[m]['auc']:.3f}"]
+      lines.append(_cells(cells))
+  return "\n".join(lines) + "\n"
+
+
+#: Table 2's column blocks, in the paper's order (ResNets left, ViTs right); ConvNeXts, which
+#: the paper does not evaluate there, after them.
+TABLE2_FAMILIES = (("ResNet", "ResNets"), ("ViT", "ViTs"), ("ConvNeXt", "ConvNeXts"))
+
+
+def table2_paper_tables(
+  rows: Sequence[Mapping[str, Any]], table2: Mapping[str, Mapping[str, Any]]
+) -> str:
+  """Table 2 as the paper lays it out: one block of columns per family side by side (ResNets |
+  Base | Ours | Δ, then ViTs | Base | Ours | Δ), models in `rows`' order within a family; one
+  table per concept method (the paper's "Ours" does not name it). Top-1 in percent.
+
+  Args:
+    rows: the sweep's rows of the models (family, label, name).
+    table2: {model name: protocols.table2_descriptor_accuracy result}.
+  """
+  families = [
+    (family, title, [r for r in rows if r["family"] == family]) for family, title in TABLE2_FAMILIES
+  ]
+  families = [f for f in families if f[2]]
+  methods: dict[str, None] = {}
+  for r in rows:
+    methods.update(dict.fromkeys(table2[r["name"]]["methods"]))
+  out = []
+  for m in methods:
+    out.append(f"Ours: {pipeline.METHOD_TITLES.get(m, m)} concepts\n")
+    head = []
+    for _, title, _ in families:
+      head += [title, "Base", "Ours", "Δ"]
+    lines = [_cells(head), "|" + "---|" * len(head)]
+    for k in range(max(len(members) for _, _, members in families)):
+      cells = []
+      for _, _, members in families:
+        if k >= len(members):
+          cells += [""] * 4
+          continue
+        result = table2[members[k]["name"]]
+        ours = result["methods"].get(m)
+        cells.append(members[k]["label"])
+        cells.append(f"{result['base']['top1']:.2f}")
+        cells += [f"{ours['top1']:.2f}", f"{ours['delta']:+.2f}"] if ours else ["-", "-"]
+      lines.append(_cells(cells))
+    out.append("\n".join(lines) + "\n")
+  return "\n".join(out)

@@ -26,6 +26,8 @@ from stori_jax.models.config import CLIPConfig, get_architecture
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+INCEPTION_MEAN = (0.5, 0.5, 0.5)  # open_clip's INCEPTION_MEAN / _STD (some LAION-2B tags)
+INCEPTION_STD = (0.5, 0.5, 0.5)
 WEIGHTS_FILE = "open_clip_pytorch_model.bin"  # open_clip's HF_WEIGHTS_NAME.
 SAFE_WEIGHTS_FILE = "open_clip_model.safetensors"  # open_clip's HF_SAFE_WEIGHTS_NAME.
 MUTUAL = "mutual-knowledge"
@@ -59,6 +61,21 @@ class ModelEntry:
   @property
   def config(self) -> CLIPConfig:
     return get_architecture(self.arch).replace(name=self.name)
+
+  @property
+  def size(self) -> str:
+    """The model size the mutual-knowledge paper holds fixed while the pretraining data vary
+    (its Fig. 3, middle; App. G): the architecture without patch size, input size or
+    activation. "ViT-B" for ViT-B/32 and ViT-B/16 alike, "ViT-L" for ViT-L/14 and
+    ViT-L/14@336, "RN50x4", "convnext_base_w"."""
+    parts = self.arch.removesuffix("-quickgelu").split("-")
+    return "-".join(parts[:2]) if parts[0] == "ViT" else parts[0]
+
+  @property
+  def data_name(self) -> str:
+    """The pretraining data without the samples-seen note: "DataComp-1B", "WIT-400M"; the
+    paper's Fig. 3 (left) holds it fixed while size and patch vary."""
+    return self.data.split(" (")[0]
 
   def url(self, filename: str | None = None) -> str:
     return f"https://huggingface.co/{self.hf_repo}/resolve/main/{filename or self.weights_files[0]}"
@@ -215,6 +232,49 @@ _ENTRIES = (
     data="MetaCLIP 400M (CommonCrawl)",
     papers=(STORI,),
     imagenet_open_clip=76.20,
+    imagenet_paper=None,
+  ),
+)
+
+# SToRI's "OpenCLIP (Cherti et al., 2023)" (section 4.2, Fig. 5) names no architecture or
+# tag; Cherti et al. trained these on LAION-2B. ViT-L/14 matches the paper's other models (CLIP
+# and MetaCLIP ViT-L/14), ViT-B/16 its CLIP ViT-B/16, ViT-H/14 is their largest ViT. open_clip
+# gives the ViT-L/14 tag Inception's mean / std (0.5), the other two OpenAI's (open_clip's
+# GELU, not QuickGELU, for all three).
+_ENTRIES += (
+  ModelEntry(
+    name="laion2b-vit-b-16",
+    label="OpenCLIP ViT-B/16 (LAION-2B)",
+    arch="ViT-B-16",
+    pretrained="laion2b_s34b_b88k",
+    hf_repo="laion/CLIP-ViT-B-16-laion2B-s34B-b88K",
+    data="LAION-2B (34B samples seen)",
+    papers=(STORI,),
+    imagenet_open_clip=70.23,
+    imagenet_paper=None,
+  ),
+  ModelEntry(
+    name="laion2b-vit-l-14",
+    label="OpenCLIP ViT-L/14 (LAION-2B)",
+    arch="ViT-L-14",
+    pretrained="laion2b_s32b_b82k",
+    hf_repo="laion/CLIP-ViT-L-14-laion2B-s32B-b82K",
+    data="LAION-2B (32B samples seen)",
+    papers=(STORI,),
+    imagenet_open_clip=75.25,
+    imagenet_paper=None,
+    mean=INCEPTION_MEAN,
+    std=INCEPTION_STD,
+  ),
+  ModelEntry(
+    name="laion2b-vit-h-14",
+    label="OpenCLIP ViT-H/14 (LAION-2B)",
+    arch="ViT-H-14",
+    pretrained="laion2b_s32b_b79k",
+    hf_repo="laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+    data="LAION-2B (32B samples seen)",
+    papers=(STORI,),
+    imagenet_open_clip=77.96,
     imagenet_paper=None,
   ),
 )

@@ -1,0 +1,93 @@
+"""Random-weight instances of the registered architectures, for offline runs over many models
+(the mutual-knowledge sweep, SToRI's retrieval across models): the architecture at a small input
+size (`small_image_size`), optionally with shrunk widths (`shrink_config`), and its parameters
+drawn with numpy (`random_params`). The bundle of such an instance is
+`stori_jax.loading.random_instance`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stori_jax.models.clip import param_shapes
+from stori_jax.models.config import CLIPConfig
+
+
+def small_image_size(config: CLIPConfig, target: int) -> int:
+  """The input size nearest `target` that the tower takes: a multiple of its patch size (ViT)
+  or of its stride 32 (CNNs), with at least a 2 x 2 grid."""
+  patch = config.vision.patch_size
+  return patch * max(2, int(round(target / patch)))
+
+
+def shrink_config(config: CLIPConfig, factor: int) -> CLIPConfig:
+  """The architecture with widths divided by `factor` and at most 2 blocks per stage / tower
+  (factor 1: unchanged). Heads shrink by 4 (at least 1) so each keeps >= 16 channels at
+  factor 16; the embedding dims stay distinct across architectures (they pad differently)."""
+  if factor == 1:
+    return config
+
+  def heads(width, count):
+    count = max(1, count // 4)
+    while width % count:
+      count -= 1
+    return count
+
+  text = config.text
+  t_width = max(8, text.width // factor)
+  text = dataclasses.replace(
+    text, width=t_width, layers=min(text.layers, 2), heads=heads(t_width, text.heads)
+  )
+  vision = config.vision
+  kind = config.vision_kind
+  if kind == "vit":
+    v_width = max(8, vision.width // factor)
+    vision = dataclasses.replace(
+      vision, width=v_width, layers=min(vision.layers, 2), heads=heads(v_width, vision.heads)
+    )
+  elif kind == "resnet":
+    width = max(2, vision.width // factor)
+    vision = dataclasses.replace(
+      vision, width=width, layers=(1, 1, 1, 1), heads=heads(width * 32, width * 32 // 64)
+    )
+  else:
+    vision = dataclasses.replace(
+      vision, dims=tuple(max(4, d // factor) for d in vision.dims), depths=(1, 1, 1, 1)
+    )
+  embed = max(8, config.embed_dim // factor)
+  return config.replace(embed_dim=embed, text=text, vision=vision)
+
+
+def random_params(config: CLIPConfig, seed) -> Any:
+  """Random fp32 parameters for `config`, drawn with numpy (no model.init: its compile takes
+  20-40 s per full-size architecture on a CPU).
+
+  Kernels and projections uniform with variance 1 / fan_in (fan_in: all but the last axis),
+  embeddings with standard deviation 0.02; LayerNorm / BatchNorm scales and variances 1, biases
+  and running means 0, ConvNeXt layer scales 1, logit_scale log(1 / 0.07) (uniform draws are
+  faster than normal ones). Same config and seed (an int or a tuple of ints), same parameters.
+  """
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, shape):
+    key = getattr(path[-1], "key", str(path[-1]))
+    dims = tuple(shape.shape)
+    if key == "logit_scale":
+      return jnp.asarray(np.log(1 / 0.07), jnp.float32)
+    if key in ("scale", "var", "gamma"):
+      return jnp.ones(dims, jnp.float32)
+    if key in ("bias", "mean"):
+      return jnp.zeros(dims, jnp.float32)
+    if key in ("embedding", "positional_embedding", "class_embedding") or len(dims) < 2:
+      std = 0.02
+    else:
+      std = 1.0 / np.sqrt(np.prod(dims[:-1]))
+    # U(-a, a) has variance a^2 / 3.
+    half = np.float32(2.0 * np.sqrt(3.0) * std)
+    return jnp.asarray((rng.random(dims, dtype=np.float32) - np.float32(0.5)) * half)
+
+  return jax.tree_util.tree_map_with_path(leaf, param_shapes(config))

@@ -1,0 +1,160 @@
+"""mutual.export / mutual.exported: the descriptor bank and the text classifiers as files, read
+back equal to what the analysis computes; mistakes refused before the model loads."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from mutual import data, exported, pipeline
+from stori_jax.config_files import ConfigError, load_config
+from stori_jax.errors import InputError, UserError
+from test_cli import assert_ends_with_outputs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs/mutual_synthetic.py")
+
+
+def _config():
+  return load_config(CONFIG)
+
+
+def test_exported_arrays_equal_the_pipeline_and_names_keep_their_order(tmp_path, tiny_synthetic):
+  config = _config()
+  output, bank = exported.export_text_bank(config, str(tmp_path / "bank"), progress=False)
+  read = exported.load_text_bank(output)
+  # What mutual.analyze computes for this config (its classifier: config.analysis.class_prompts).
+  dataset = data.prepare(config)
+  want = pipeline.encode_config_bank(tiny_synthetic, config, dataset, progress=False)
+  assert read.descriptors == want.descriptors and len(read.descriptors) == 48
+  assert read.class_names == want.class_names == tuple(dataset.names)
+  np.testing.assert_array_equal(read.descriptor_embeddings, want.descriptor_embeddings)
+  assert read.analysis_classifier == config.analysis.class_prompts == "descriptors"
+  np.testing.assert_array_equal(read.classifiers["descriptors"], want.class_embeddings)
+  # The other classifier: the template ensemble of config.analysis.templates.
+  a = config.analysis
+  templates = pipeline.encode_bank(
+    tiny_synthetic,
+    list(dataset.names),
+    dataset.lists(),
+    list(want.descriptors),
+    mode="templates",
+    templates=tuple(a.templates),
+    descriptor_template=a.descriptor_template,
+    batch_size=config.batch_size,
+    progress=False,
+  )
+  np.testing.assert_array_equal(read.classifiers["templates"], templates.class_embeddings)
+  assert not np.allclose(read.classifiers["templates"], read.classifiers["descriptors"])
+  for array in (read.descriptor_embeddings, *read.classifiers.values()):
+    assert array.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(array, axis=1), 1.0, atol=1e-5)
+  # The TextBank the pipeline takes, and the JSON's names and settings.
+  text_bank = read.text_bank()
+  np.testing.assert_array_equal(text_bank.class_embeddings, want.class_embeddings)
+  assert text_bank.descriptors == want.descriptors
+  names = json.loads((tmp_path / "bank" / exported.NAMES_FILE).read_text())
+  assert names["class_descriptors"] == dataset.lists()
+  assert names["classifiers"]["descriptors"]["descriptor_template"] == "{c}, which has {d}."
+  assert names["classifiers"]["templates"]["templates"] == list(a.templates)
+  assert names["model"] == {"source": "tiny-synthetic", "name": "tiny-synthetic"}
+  assert names["shapes"] == {
+    "descriptor_embeddings": [48, 64],
+    "class_embeddings_descriptors": [12, 64],
+    "class_embeddings_templates": [12, 64],
+  }
+  np.testing.assert_array_equal(bank.descriptor_embeddings, read.descriptor_embeddings)
+
+
+def test_a_descriptor_file_gives_its_classes_in_file_order(tmp_path, tiny_synthetic):
+  per_class = {"zebra": ["black and white stripes", "four legs"], "apple": ["red", "four legs"]}
+  path = tmp_path / "descriptors.json"
+  path.write_text(json.dumps(per_class))
+  config = _config()
+  with config.unlocked():
+    config.data.source, config.data.descriptors = "folder", str(path)
+    config.data.root = str(tmp_path / "no_images_needed")
+  _, bank = exported.export_text_bank(config, str(tmp_path / "bank"), progress=False)
+  assert bank.class_names == ("zebra", "apple")  # the file's order, not sorted
+  assert bank.descriptors == ("black and white stripes", "four legs", "red")  # duplicates once
+  assert bank.class_descriptors == (tuple(per_class["zebra"]), tuple(per_class["apple"]))
+  names, lists = ["zebra", "apple"], list(per_class.values())
+  want = pipeline.encode_bank(tiny_synthetic, names, lists, list(bank.descriptors), progress=False)
+  np.testing.assert_array_equal(bank.classifiers["descriptors"], want.class_embeddings)
+  np.testing.assert_array_equal(bank.descriptor_embeddings, want.descriptor_embeddings)
+  assert bank.names["data"]["descriptors"] == str(path)
+  assert len(bank.names["data"]["descriptors_sha256"]) == 64
+
+
+def _no_model(monkeypatch):
+  def refuse(*_, **__):
+    raise AssertionError("the model loaded before the input was checked")
+
+  monkeypatch.setattr(exported.stori_jax, "load", refuse)
+
+
+def test_mistakes_are_refused_before_the_model_loads(tmp_path, monkeypatch):
+  _no_model(monkeypatch)
+  config = _config()
+  taken = tmp_path / "taken"
+  taken.mkdir()
+  (taken / exported.ARRAYS_FILE).write_bytes(b"old")
+  with pytest.raises(UserError, match="already holds a text bank.*--overwrite"):
+    exported.export_text_bank(config, str(taken))
+  assert (taken / exported.ARRAYS_FILE).read_bytes() == b"old"
+  (tmp_path / "a_file").write_text("x")
+  with pytest.raises(UserError, match="is a file"):
+    exported.export_text_bank(config, str(tmp_path / "a_file"))
+  with config.unlocked():
+    config.data.source = "folder"
+    config.data.descriptors = str(tmp_path / "descriptors_imagenet.json")
+    config.data.dataset = "imagenet"
+  with pytest.raises(data.DatasetMissingError, match="descriptors_imagenet.json.*does not exist"):
+    exported.export_text_bank(config, str(tmp_path / "out"))
+  config.data.descriptors = ""
+  with pytest.raises(ConfigError, match="config.data.descriptors is empty"):
+    exported.export_text_bank(config, str(tmp_path / "out"))
+  config = _config()
+  config.analysis.templates = ("a photo of a {class}.",)
+  with pytest.raises(ConfigError, match=r"write the class as \{c\}"):
+    exported.export_text_bank(config, str(tmp_path / "out"))
+  config = _config()
+  config.analysis.class_prompts = "both"
+  with pytest.raises(ConfigError, match="class_prompts must be one of"):
+    exported.export_text_bank(config, str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()
+
+
+def test_reading_refuses_missing_or_inconsistent_files(tmp_path, tiny_synthetic):
+  with pytest.raises(InputError, match="holds no text bank.*mutual.export"):
+    exported.load_text_bank(tmp_path)
+  output, _ = exported.export_text_bank(_config(), str(tmp_path / "bank"), progress=False)
+  arrays_path = os.path.join(output, exported.ARRAYS_FILE)
+  arrays = load_file(arrays_path)
+  arrays["class_embeddings_templates"] = arrays["class_embeddings_templates"][:5]
+  save_file(arrays, arrays_path)
+  with pytest.raises(InputError, match="class_embeddings_templates has shape \\[5, 64\\]"):
+    exported.load_text_bank(output)
+  with open(arrays_path, "wb") as f:
+    f.write(b"\0" * 10)
+  with pytest.raises(InputError, match="not a readable safetensors file"):
+    exported.load_text_bank(output)
+
+
+def test_command_writes_the_files_and_refuses_to_overwrite(tmp_path, run_command):
+  output = tmp_path / "bank"
+  done = run_command("mutual.export", f"--config={CONFIG}", f"--output={output}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "48 descriptors, 12 classes, embedding dim 64" in done.stdout
+  paths = assert_ends_with_outputs(done.stdout, *exported.FILES)
+  assert len(paths) == 2
+  before = os.stat(output / exported.ARRAYS_FILE).st_mtime_ns
+  again = run_command("mutual.export", f"--config={CONFIG}", f"--output={output}")
+  assert again.returncode == 2 and "--overwrite" in again.stderr and "Traceback" not in again.stderr
+  assert os.stat(output / exported.ARRAYS_FILE).st_mtime_ns == before
+  done = run_command("mutual.export", f"--config={CONFIG}", f"--output={output}", "--overwrite")
+  assert done.returncode == 0, done.stderr[-3000:]
+  missing = run_command("mutual.export", f"--config={CONFIG}")
+  assert missing.returncode == 2 and "missing --output" in missing.stderr
