@@ -48,7 +48,7 @@ LAYERS = (
   ("mutual.paper_config", "mutual.report_html"),
   ("mutual.pipeline", "mutual.baselines"),
   ("mutual.protocols", "mutual.run_flags"),
-  ("mutual", "mutual.analysis", "mutual.evaluation", "mutual.sweep"),
+  ("mutual", "mutual.analysis", "mutual.evaluation", "mutual.sweep", "mutual.exported"),
   # Commands: thin entries over everything below.
   (
     "stori_jax.train",
@@ -62,8 +62,10 @@ LAYERS = (
     "stori_jax.list_models",
     "stori_jax.evaluate_world",
     "stori_jax.run_grid",
+    "stori_jax.contrast",
     "mutual.analyze",
     "mutual.evaluate",
+    "mutual.export",
   ),
   # Deprecated paths kept for one release (README, "Moved in this release").
   ("stori_jax.evaluation",),
