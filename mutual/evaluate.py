@@ -1,11 +1,12 @@
 r"""The mutual-knowledge paper's evaluation protocols: Table 1 (App. D, E) and the protocols of
-mutual.protocols (Table 2, App. A.2-A.4), in one run.
+mutual.protocols (Table 2, App. A.1-A.4), in one run.
 
   python -m mutual.evaluate --config configs/mutual_eval_synthetic.py --workdir workdirs/eval
   python -m mutual.evaluate --config configs/mutual_eval_imagenet.py --workdir DIR \
       --config.data.root=/data/imagenet/val --config.data.classnames=/data/imagenet/classnames.txt \
       --config.data.descriptors=data/descriptors/descriptors_imagenet.json \
-      --config.baselines.data.root=/data/imagenet/train
+      --config.baselines.data.root=/data/imagenet/train \
+      --config.protocols.corloc.boxes=/data/imagenet/val_boxes
 
 Table 1 compares the multimodal explanations of the analysis (mutual.pipeline, PCA and K-means
 concepts) with the three trained baselines of App. D (mutual.baselines, trained on cached
@@ -13,9 +14,14 @@ features of training images) and with a random ordering of the method's own conc
 metrics of App. E (mutual.xai): Deletion, Insertion, AccDrop, AccIncrease.
 
 Writes to the workdir:
-  table1.md, table1.json     Table 1 (and the baselines' accuracy on the evaluation images)
+  table1.md, table1.json     Table 1, and Table 5 (App. D: top-1 / top-5 of the Standard MLP,
+                             LF-CBM, MM-CBM, MM-ProtoSim; the concept labeler's top-all /
+                             top-10) on the evaluation images
   curves.png                 the four mean curves (score / accuracy per step) per explanation
-  protocols.md, protocols.json   Table 2, App. A.2, A.3, A.4 (config.evaluation.protocols)
+  fig7_<method>.png          App. E's Fig. 7: the first image's deletion and insertion steps
+                             and its two score curves
+  protocols.md, protocols.json   Table 2, App. A.1-A.4 (config.evaluation.protocols)
+  layer_similarity.png       App. A.1's Fig. 1: the [CLS] token's similarity across layers
 Same config and seed, same JSON (up to the run times it records).
 """
 
@@ -36,8 +42,10 @@ OUTPUTS = (
   "table1.md",
   "table1.json",
   "curves.png",
+  "fig7_*.png",
   "protocols.md",
   "protocols.json",
+  "layer_similarity.png",
   "baselines",  # the baselines' training checkpoints (a rerun resumes from them)
 )
 

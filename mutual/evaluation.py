@@ -1,7 +1,7 @@
 """The mutual-knowledge paper's evaluation protocols in one run, the library behind
 `python -m mutual.evaluate` (see that module for the outputs it writes): Table 1 (App. D, E:
 the analysis's explanations against the trained baselines and a random order of its own
-concepts on the XAI metrics) and the protocols of mutual.protocols (Table 2, App. A.2-A.4)."""
+concepts on the XAI metrics) and the protocols of mutual.protocols (Table 2, App. A.1-A.4)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from mutual import (
   run_flags,
   xai,
 )
+from mutual.protocols import bottlenecks
 from stori_jax.config_files import ConfigError
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.plotting import pyplot
@@ -127,11 +128,27 @@ def explanations(cls, result, config, baseline_explanations=None) -> dict:
   return out
 
 
+def first_image_steps(images, ordered, ordered_valid, blur) -> dict[str, np.ndarray]:
+  """The perturbed images of the first image's curves (App. E, Fig. 7): {"deletion",
+  "insertion": float32 [L + 1, S, S, 3] in [0, 1]}, as `xai.perturbation_curves` scores them
+  (`ordered`: bool [B, L, S, S] regions in importance order, `ordered_valid`: bool [B, L])."""
+  x = np.asarray(images[:1], np.float32) / 255.0
+  steps = xai.cumulative_masks(ordered[:1], ordered_valid[:1])
+  blurred = xai.blur_images(x, blur[0], blur[1])
+  return {
+    mode: np.asarray(xai.perturbed_images(x, blurred, steps, mode))[0]
+    for mode in ("deletion", "insertion")
+  }
+
+
 def class_curves(
-  bundle, cls, result, bank, config, score_fn, blur, trained=None, image_embeddings=None
+  bundle, cls, result, bank, config, score_fn, blur, trained=None, image_embeddings=None, steps=None
 ):
-  """Perturbation curves of every explanation of one class: ({row: xai.Curves}, baseline
-  predictions {name: int [B]}). image_embeddings: float32 [B, E] unit, computed if None."""
+  """Perturbation curves of every explanation of one class: ({row: xai.Curves}, the trained
+  baselines' class and labeler scores, `baselines.Baselines.classify`, {} without them).
+  image_embeddings: float32 [B, E] unit, computed if None.
+  steps: a dict to receive, per row of the method ("Ours (...)"), the first image's perturbed
+  images (`first_image_steps`), or None."""
   e = config.evaluation
   images = cls.images
   batch = len(images)
@@ -143,9 +160,9 @@ def class_curves(
     )
   ex, extra = None, {}
   if trained is not None:
-    tokens = baselines.encode_tokens(bundle, images, config.analysis.feature_kind)
+    raw, tokens = baselines.encode_features(bundle, images, config.analysis.feature_kind)
     ex = trained.explain(tokens, bank.descriptor_embeddings, predicted, config.baselines)
-    extra = {n: np.argmax(ex[n]["logits"], axis=-1) for n in ("MM-CBM", "MM-ProtoSim")}
+    extra = trained.classify(tokens, raw, bank.descriptor_embeddings)  # Table 5
   rows = explanations(cls, result, config, ex)
   stages = paper_config.analysis_stages(config.analysis)  # the analysis mode's prompts
   curves = {}
@@ -167,6 +184,8 @@ def class_curves(
       blur_sigma=blur[1],
     )
     if name.startswith("Ours"):
+      if steps is not None:
+        steps[name] = first_image_steps(images, ordered, ordered_valid, blur)
       draws = []
       for draw in range(int(e.random_draws)):
         key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(e.seed), cls.label), draw)
@@ -219,6 +238,25 @@ def plot_curves(path: str, summaries: Mapping[str, Mapping], title: str = "") ->
   plt.close(fig)
 
 
+def _plot_steps(workdir: str, config, cls, steps, curves) -> None:
+  """fig7_<method>.png: the deletion and insertion steps of the first image with its two score
+  curves (App. E, Fig. 7), per concept method."""
+  model = config.model.get("name", config.model.source)
+  for method in config.analysis.methods:
+    name = f"Ours ({pipeline.METHOD_TITLES.get(method, method)})"
+    if name not in steps:
+      continue
+    report.plot_perturbation_steps(
+      os.path.join(workdir, f"fig7_{method}.png"),
+      steps[name]["deletion"],
+      steps[name]["insertion"],
+      curves[name].deletion[0],
+      curves[name].insertion[0],
+      title=f"{config.name}: {model}, {cls.ids[0]} ({cls.name}): deletion and insertion steps "
+      f"of its {pipeline.METHOD_TITLES.get(method, method)} concepts (App. E, Fig. 7)",
+    )
+
+
 def _rounded(x):
   if isinstance(x, float):
     return round(x, 6)
@@ -240,12 +278,6 @@ def beats_random(summaries: Mapping[str, Mapping]) -> dict[str, dict[str, bool]]
   return out
 
 
-def _table5(top1: Mapping[str, float], model: str) -> str:
-  head = "| Model | " + " | ".join(top1) + " |"
-  row = f"| {model} | " + " | ".join(f"{v:.2f}" for v in top1.values()) + " |"
-  return "\n".join([head, "|" + "---|" * (len(top1) + 1), row]) + "\n"
-
-
 # ---------------------------------------------------------------------------------------------
 # Protocols (mutual.protocols).
 
@@ -256,8 +288,8 @@ def run_protocols(
   """Runs the protocols named in config.evaluation.protocols (mutual.protocols); {name: result}.
 
   Table 2, App. A.2 and App. A.4 reuse the analysis of the Table 1 pass (`concepts`, a
-  protocols.ConceptPass); App. A.3 reads the evaluation images a second time (from `dataset`,
-  a data.Dataset, else from config.data).
+  protocols.ConceptPass); App. A.1 (CorLoc, layer similarity) and App. A.3 read the evaluation
+  images again (from `dataset`, a data.Dataset, else from config.data).
   """
   wanted = tuple(config.evaluation.protocols)
   unknown = set(wanted) - set(protocols.PROTOCOLS)
@@ -272,11 +304,20 @@ def run_protocols(
     out["table2"] = protocols.table2_descriptor_accuracy(
       bundle, concepts, class_names, lists, settings=p.table2, progress=progress
     )
+  # Another pass over the evaluation images.
+  again = lambda: dataset.classes(size) if dataset is not None else data.load(config, size)[2]
+  if "corloc" in wanted:
+    out["corloc"] = protocols.corloc(
+      bundle, again(), config.analysis, settings=p.corloc, progress=progress
+    )
+  if "layer_similarity" in wanted:
+    out["layer_similarity"] = protocols.layer_similarity(
+      bundle, again(), config.analysis, progress=progress
+    )
   if "ot_entropy" in wanted:
     out["ot_entropy"] = protocols.ot_entropy(concepts)
   if "blur" in wanted:
-    # A second pass over the evaluation images.
-    classes = dataset.classes(size) if dataset is not None else data.load(config, size)[2]
+    classes = again()
     out["blur"] = protocols.blur_accuracy(
       bundle, classes, bank.class_embeddings, config.analysis, settings=p.blur, progress=progress
     )
@@ -308,8 +349,12 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   _check_config(config)
   dataset = data.prepare(config)
   train_dataset = training_dataset(config, dataset) if config.baselines.enabled else None
+  if "corloc" in config.evaluation.protocols:  # its ground-truth boxes
+    protocols.localization.check_inputs(config, dataset)
   run_flags.claim_workdir(config, workdir, restart, "mutual-knowledge evaluation")
   bundle = stori_jax.load(config.model.source)
+  if "layer_similarity" in config.evaluation.protocols:  # a ViT tower
+    protocols.layers.check_model(bundle)
   size = int(bundle.config.vision.image_size)
   class_names = list(dataset.names)
   classes = dataset.classes(size)
@@ -335,19 +380,24 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   blur = xai.blur_kernel(size, float(e.blur_sigma))
   concepts = protocols.ConceptPass.empty(bank.descriptors, len(class_names), methods)
   parts: dict[str, list] = {}
-  hits: dict[str, list] = {"zero-shot": []}
+  scores: dict[str, list] = {bottlenecks.ZERO_SHOT: []}  # Table 5's logits, and the labeler's
+  labels: list = []
   for cls in protocols.stage_bar(classes, "Table 1: analyse and perturb classes", show=progress):
     result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
     embeddings = protocols.image_embeddings(bundle, cls.images)
     concepts.add(cls.label, result, embeddings)
+    steps = {} if not parts else None  # Fig. 7: the first image's steps
     curves, predictions = class_curves(
-      bundle, cls, result, bank, config, score_fn, blur, trained, embeddings
+      bundle, cls, result, bank, config, score_fn, blur, trained, embeddings, steps
     )
+    if steps:
+      _plot_steps(workdir, config, cls, steps, curves)
     for name, c in curves.items():
       parts.setdefault(name, []).append(c)
-    hits["zero-shot"].append(result["predicted"] == cls.label)
+    scores[bottlenecks.ZERO_SHOT].append(np.asarray(result["class_scores"]))
+    labels.append(np.full(len(cls.images), cls.label))
     for name, p in predictions.items():
-      hits.setdefault(name, []).append(p == cls.label)
+      scores.setdefault(name, []).append(p)
   if not parts:
     raise ConfigError("No images were evaluated: check config.data (classes, images_per_class).")
   order = [n for n in baselines.NAMES if n in parts]
@@ -357,7 +407,15 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   for name in summaries:
     summaries[name]["images"] = n_images
   model = config.model.get("name", config.model.source)
-  top1 = {k: 100.0 * float(np.concatenate(v).mean()) for k, v in hits.items()}
+  labeler = scores.pop(baselines.LABELER, None)
+  table5 = bottlenecks.table5(
+    {k: np.concatenate(v) for k, v in scores.items()},
+    np.concatenate(labels),
+    None if labeler is None else np.concatenate(labeler),
+    baselines.descriptor_targets(class_names, dict(zip(class_names, lists)), bank.descriptors),
+    int(config.baselines.feature_maps.get("accuracy_top_k", 10)),
+  )
+  top1 = {k: r["top1"] for k, r in table5["rows"].items()}
   results: dict[str, Any] = dict(
     model=model,
     images=n_images,
@@ -365,6 +423,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     requires_training={n: n in baselines.NAMES for n in summaries},
     beats_random=beats_random(summaries),
     top1=top1,
+    table5=table5,
     blur=dict(kernel=blur[0], sigma=blur[1]),
   )
   if trained is not None:
@@ -373,10 +432,10 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   table = xai.table_rows(summaries, results["requires_training"])
   text = (
     f"## Table 1 (App. D, E): explanations on the XAI metrics ({model}, {n_images} images)\n\n"
-    f"{table}\n## Top-1 (%) of the zero-shot classifier and the baselines on the same images"
+    f"{table}\n## Table 5 (App. D): Top-1 / Top-5 (%) of the trained baselines on the same images"
     "\n\n"
   )
-  text += _table5(top1, model)
+  text += bottlenecks.table5_markdown(table5, model)
   with open(os.path.join(workdir, "table1.md"), "w", encoding="utf-8") as f:
     f.write(text)
   plot_curves(
@@ -395,6 +454,13 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     with open(os.path.join(workdir, "protocols.md"), "w", encoding="utf-8") as f:
       f.write(md)
     report.write_json(os.path.join(workdir, "protocols.json"), _rounded(proto))
+    if "layer_similarity" in proto:
+      protocols.plot_layer_similarity(
+        os.path.join(workdir, "layer_similarity.png"),
+        proto["layer_similarity"],
+        title=f"{config.name}: {model}, [CLS] token across layers, mean over "
+        f"{proto['layer_similarity']['images']} images (App. A.1, Fig. 1)",
+      )
   results["seconds"] = round(time.perf_counter() - start, 1)
   if dataset.skipped:  # never a silent disappearance: what was left out, and why
     results["skipped_classes"] = dataset.skipped
@@ -412,6 +478,8 @@ def _check_config(config) -> None:
       f"unknown protocols {sorted(unknown)} in config.evaluation.protocols; known: "
       f"{protocols.PROTOCOLS}"
     )
+  if config.baselines.enabled:
+    baselines.lf_cbm_settings(config.baselines)  # LF-CBM's recipe, before any work
   if config.baselines.enabled and int(config.baselines.n_concepts) != int(
     config.analysis.n_concepts
   ):

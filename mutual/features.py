@@ -133,3 +133,59 @@ def image_embeddings(bundle, images, normalize: bool = True) -> jax.Array:
   if normalize:
     embeddings = l2_normalize_jax(embeddings)
   return embeddings
+
+
+def facet_grids(
+  bundle, images, kinds=FEATURE_KINDS, per_pass: int | None = None
+) -> dict[str, jax.Array]:
+  """`patch_features` of several kinds from one pass of the vision tower.
+
+  Args:
+    bundle, images: as patch_features.
+    kinds: names of FEATURE_KINDS ("keys" needs an attention: not ConvNeXt).
+    per_pass: images per tower call (`images_per_pass`); None: all B at once.
+
+  Returns:
+    {kind: float32 [B, h, w, D]}, each patch_features' exactly.
+  """
+  for kind in kinds:
+    _check_kind(bundle, kind)
+  step = max(1, len(images) if per_pass is None else int(per_pass))
+  parts: dict[str, list] = {kind: [] for kind in kinds}
+  for start in range(0, len(images), step):
+    _, details = bundle.image_details(images[start : start + step])
+    for kind in kinds:
+      parts[kind].append(_grid_features(details, kind))
+  return {k: v[0] if len(v) == 1 else jnp.concatenate(v) for k, v in parts.items()}
+
+
+def class_token_layers(bundle, images, per_pass: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """The class token of every block of a ViT tower, as tokens and as keys.
+
+  Args:
+    bundle: a CLIPBundle with a ViT image tower (CNN towers have no class token).
+    images: float32 [B, S, S, 3], normalised.
+    per_pass: images per tower call (`images_per_pass`); None: all B at once.
+
+  Returns:
+    (tokens float32 [B, layers, W]: the class token of each block's output, the residual
+     stream before ln_post; keys float32 [B, layers, W]: the class token's attention key in
+     each block, ln_1's output times the key projection without its bias, as `patch_features`'
+     keys). Block 1 first.
+
+  Raises:
+    ValueError: the tower is not a ViT.
+  """
+  if bundle.config.vision_kind != "vit":
+    raise ValueError(
+      f"Only ViT towers have a class token in every layer; this model's image tower is "
+      f"{bundle.config.vision_kind!r}."
+    )
+  step = max(1, len(images) if per_pass is None else int(per_pass))
+  tokens, keys = [], []
+  for start in range(0, len(images), step):
+    _, details = bundle.image_details(images[start : start + step])
+    tokens.append(jnp.stack([h[:, 0] for h in details["hidden_states"][1:]], axis=1))
+    keys.append(details["class_keys"])
+  join = lambda parts: (parts[0] if len(parts) == 1 else jnp.concatenate(parts)).astype(jnp.float32)
+  return join(tokens), join(keys)

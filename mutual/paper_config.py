@@ -22,8 +22,8 @@ from mutual import data, visual_prompts, xai
 from stori_jax.config_files import ConfigError
 from stori_jax.models import registry
 
-#: The paper's protocols run by mutual.evaluate (Table 2, App. A.2, A.3, A.4; mutual.protocols).
-PROTOCOLS = ("table2", "ot_entropy", "blur", "bank_quality")
+#: The paper's protocols run by mutual.evaluate (Table 2, App. A.1-A.4; mutual.protocols).
+PROTOCOLS = ("table2", "corloc", "layer_similarity", "ot_entropy", "blur", "bank_quality")
 #: App. K's descriptor prompt (from Menon & Vondrick's follow-up work [47] of the paper).
 DESCRIPTOR_PROMPT = (
   "how can you identify a {c}. Distinctive and physical features describing it is {d}"
@@ -257,10 +257,31 @@ def evaluation_config(**overrides) -> ml_collections.ConfigDict:
     batch_size=256,  # images per encode call
     random_draws=3,  # random concept orderings averaged for the "Random order" rows
     seed=0,
-    protocols=PROTOCOLS,  # any of table2, ot_entropy, blur, bank_quality
+    protocols=PROTOCOLS,  # any of PROTOCOLS
   )
   values.update(overrides)
   return ml_collections.ConfigDict(values)
+
+
+#: config.baselines.lf_cbm: the LF-CBM row of Table 5 (Oikarinen et al. 2023), its authors'
+#: recipe (Label-free-CBM train_cbm.py and its ImageNet command: clip_cutoff 0.28, n_iters 80,
+#: lam 1e-4); `mutual.baselines.train_lf_cbm` reads them. The MK paper gives none of them.
+LF_CBM_DEFAULTS = dict(
+  clip_cutoff=0.28,  # keep a concept whose mean top-5 CLIP cosine over the training images > this
+  proj_steps=1000,  # Adam steps of the concept projection W_c (early-stopped on the held-out set)
+  proj_learning_rate=1e-3,
+  proj_batch_size=50000,  # images per projection step (all of them, up to this)
+  interpretability_cutoff=0.45,  # keep a concept whose held-out cos^3 similarity > this
+  lam=1e-4,  # the elastic net's strength (GLM-SAGA's lambda, given as its "max_reg")
+  alpha=0.99,  # the elastic net's L1 share
+  step_size=0.1,  # GLM-SAGA's step
+  n_iters=80,  # GLM-SAGA's epochs at most
+  saga_batch_size=256,
+  tol=1e-4,  # GLM-SAGA stops when one update moves (W, b) by at most this
+  # LF-CBM's own "val" split steers the projection's early stop and the interpretability cutoff
+  # (no labels); here a seeded share of the training images, so the evaluation images stay out.
+  val_fraction=0.1,
+)
 
 
 def baselines_config(data_overrides=None, **overrides) -> ml_collections.ConfigDict:
@@ -276,8 +297,13 @@ def baselines_config(data_overrides=None, **overrides) -> ml_collections.ConfigD
     gumbel_temperature=1.0,
     region_threshold=0.5,  # attention maps, min-max normalised, kept >= this
     cache_dtype="float32",  # or "float16" to halve the cached features
-    feature_maps=dict(threshold=0.9, skip_object=True, drop_rate=0.5, block_size=3),
+    # accuracy_top_k: the labeler's relaxed accuracy looks at its top 10 descriptors (App. D.2).
+    feature_maps=dict(
+      threshold=0.9, skip_object=True, drop_rate=0.5, block_size=3, accuracy_top_k=10
+    ),
+    # Also the Standard MLP's and (its hidden width being q) Table 5's other trained rows.
     train=dict(epochs=10, batch_size=64, learning_rate=1e-4, final_learning_rate=1e-5, seed=0),
+    lf_cbm=dict(LF_CBM_DEFAULTS),
     data=dict(data_overrides or {}),
   )
   for key, value in overrides.items():
@@ -304,6 +330,15 @@ def protocols_config(**overrides) -> ml_collections.ConfigDict:
       recipient="neighbours",  # or "prediction"
       added_per_class=10,  # 0: every concept found
       batch_size=256,
+    ),
+    corloc=dict(
+      facets=("keys", "tokens", "ensemble"),  # App. A.1's Table 1 rows, in its order
+      decompositions=("gdc", "pca"),
+      iou_threshold=0.5,  # CorLoc: IoU > 0.5 with a ground-truth box
+      # Real data: the folder of PASCAL VOC XML box files, one per image named after its file
+      # (ImageNet's ILSVRC2012_bbox_val_v3: <boxes>/ILSVRC2012_val_00000001.xml); the synthetic
+      # world's boxes come from its object masks.
+      boxes="",
     ),
     blur=dict(
       blur_size=11,
@@ -362,6 +397,12 @@ def sweep_config(
   config.random_models = ml_collections.ConfigDict(dict(image_size=64, shrink=1, seed=0))
   config.accuracy = "measured"  # the fit's accuracy: "measured", "paper" or "open_clip"
   config.per_image = False
+  # Table 2 (App. K) per model from the sweep's own concepts (configs/mutual_table2_models.py),
+  # with mutual.evaluate's settings (config.protocols.table2).
+  config.table2 = False
+  config.protocols = ml_collections.ConfigDict(dict(table2=protocols_config().table2))
+  # App. G's tables: ((title, (model, ...)), ...) groups of config.models (configs/mutual_appg.py).
+  config.table_groups = ()
   config.data = base.data
   config.analysis = base.analysis
   config.batch_size = base.batch_size

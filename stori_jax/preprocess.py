@@ -124,6 +124,26 @@ def to_pil(image: ImageLike) -> Image.Image:
   raise InputError(f"Cannot read an image from {type(image).__name__}.")
 
 
+def resize_crop_geometry(width: int, height: int, size: int) -> tuple[int, int, int, int]:
+  """Where `resize_center_crop` takes an image of width x height pixels: (new width, new height,
+  left, top): the shorter side resized to `size`, then the size x size crop at (left, top) of
+  the resized image (a point (x, y) of the image lands at (x * new_w / width - left,
+  y * new_h / height - top)).
+
+  Raises:
+    InputError: the image has no pixels (a zero width or height).
+  """
+  if width == 0 or height == 0:
+    raise InputError(f"An image of size {width}x{height} has no pixels; it cannot be resized.")
+  if width <= height:
+    new_w, new_h = size, max(1, int(size * height / width))
+  else:
+    new_w, new_h = max(1, int(size * width / height)), size
+  top = int(round((new_h - size) / 2.0))
+  left = int(round((new_w - size) / 2.0))
+  return new_w, new_h, left, top
+
+
 def resize_center_crop(image: Image.Image, size: int) -> Image.Image:
   """Bicubic resize of the shorter side to `size`, then a centered size x size crop.
 
@@ -131,16 +151,9 @@ def resize_center_crop(image: Image.Image, size: int) -> Image.Image:
     InputError: the image has no pixels (a zero width or height).
   """
   width, height = image.size
-  if width == 0 or height == 0:
-    raise InputError(f"An image of size {width}x{height} has no pixels; it cannot be resized.")
-  if width <= height:
-    new_w, new_h = size, max(1, int(size * height / width))
-  else:
-    new_w, new_h = max(1, int(size * width / height)), size
+  new_w, new_h, left, top = resize_crop_geometry(width, height, size)
   if (new_w, new_h) != (width, height):
     image = image.resize((new_w, new_h), Image.BICUBIC)
-  top = int(round((new_h - size) / 2.0))
-  left = int(round((new_w - size) / 2.0))
   return image.crop((left, top, left + size, top + size))
 
 

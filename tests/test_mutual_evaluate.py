@@ -47,7 +47,7 @@ def test_configs_follow_app_d_and_agree_on_the_number_of_concepts():
   for config in (imagenet, _config()):
     assert config.baselines.n_concepts == config.analysis.n_concepts == 5
     assert config.evaluation.score_scale == 2.5
-    assert set(config.evaluation.protocols) <= {"table2", "ot_entropy", "blur", "bank_quality"}
+    assert set(config.evaluation.protocols) <= set(protocols.PROTOCOLS)
   synthetic = _config()
   assert synthetic.baselines.data.seed != synthetic.data.seed  # training images held apart
 
@@ -150,6 +150,8 @@ def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
     )
     for name in ("table1.md", "table1.json", "curves.png", "protocols.md", "protocols.json"):
       assert (workdir / name).stat().st_size > 200, name
+    for name in ("fig7_pca.png", "fig7_kmeans.png"):  # App. E's Fig. 7, the first image
+      assert (workdir / name).stat().st_size > 5000, name
     # Sections by their names in the paper, never the config's keys ("table2"); every output
     # listed at the end.
     lines = done.stdout.splitlines()
@@ -173,7 +175,8 @@ def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
     assert s["acc_drop"] == pytest.approx(xai.curve_auc(s["curves"]["acc_drop"]), abs=1e-5)
     assert 0 <= s["acc_increase"] <= 5 and 0 <= s["acc_drop"] <= 5, name  # L = 5, accuracy <= 1
   assert a["requires_training"]["MM-CBM"] and not a["requires_training"]["Ours (PCA)"]
-  assert set(a["protocols"]) == {"table2", "ot_entropy", "blur", "bank_quality"}
+  assert set(a["protocols"]) == set(protocols.PROTOCOLS)
+  assert (tmp_path / "a/layer_similarity.png").stat().st_size > 10_000  # App. A.1's Fig. 1
   table = (tmp_path / "a/table1.md").read_text()
   where = [table.index(f"| {row} |") for row in ROWS]
   assert where == sorted(where)  # baselines, the method, the random orders

@@ -7,6 +7,7 @@ import math
 from typing import Mapping
 
 from mutual import paper_config, pipeline
+from mutual.protocols import localization
 
 
 def _f(x, digits: int = 2) -> str:
@@ -83,11 +84,58 @@ def bank_quality_markdown(results: Mapping[str, Mapping]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def corloc_markdown(results: Mapping[str, Mapping]) -> str:
+  """{model: corloc result} -> App. A.1's Table 1 in its layout: one row per facet and
+  decomposition, one column per model (CorLoc %); then the trivial boxes' rows."""
+  models = list(results)
+  lines = [
+    "| Facet (decomposition) | " + " | ".join(models) + " |",
+    "|" + "---|" * (1 + len(models)),
+  ]
+  rows: dict[tuple[str, str], None] = {}
+  for r in results.values():
+    for facet, by_decomposition in r["corloc"].items():
+      for decomposition in by_decomposition:
+        rows.setdefault((facet, decomposition), None)
+  for facet, decomposition in rows:
+    name = (
+      f"{localization.FACET_TITLES.get(facet, facet)} "
+      f"({localization.DECOMPOSITION_TITLES.get(decomposition, decomposition)})"
+    )
+    cells = [_f(r["corloc"].get(facet, {}).get(decomposition), 1) for r in results.values()]
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  for key, name in localization.TRIVIAL_TITLES.items():
+    cells = [_f(r["trivial"].get(key), 1) for r in results.values()]
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def layer_similarity_markdown(results: Mapping[str, Mapping]) -> str:
+  """{model: layer_similarity result} -> the numbers behind App. A.1's Fig. 1: the last
+  layer's mean [CLS] similarity to the earlier layers, and that of two earlier layers."""
+  lines = [
+    "| Model | Layers | Tokens: last vs earlier | Tokens: among earlier | Keys: last vs earlier "
+    "| Keys: among earlier |",
+    "|---|---|---|---|---|---|",
+  ]
+  for model, r in results.items():
+    t, k = r["summary"]["tokens"], r["summary"]["keys"]
+    row = [model, str(r["layers"])]
+    row += [_f(t["last_vs_earlier"], 3), _f(t["among_earlier"], 3)]
+    row += [_f(k["last_vs_earlier"], 3), _f(k["among_earlier"], 3)]
+    lines.append("| " + " | ".join(row) + " |")
+  return "\n".join(lines) + "\n"
+
+
 #: Each protocol's section heading in protocols.md and the evaluation's output (the paper's
 #: table or appendix and what it measures).
 TITLES = {
   "table2": "Table 2 (App. K): zero-shot Top-1 (%) with the mutual concepts added to the class "
   "prompts",
+  "corloc": "App. A.1 (its Table 1): CorLoc (%) of the most prominent region per feature facet "
+  "and decomposition (GDC: graph decomposition)",
+  "layer_similarity": "App. A.1 (its Fig. 1): cosine similarity of the [CLS] token across layers "
+  "(layer_similarity.png)",
   "ot_entropy": "App. A.2: entropy (nats) of the descriptors chosen for an image's concepts, "
   "without and with optimal transport",
   "blur": "App. A.3: zero-shot Top-1 (%) after blurring the non-prominent regions",
@@ -98,6 +146,8 @@ TITLES = {
 
 MARKDOWN = {
   "table2": table2_markdown,
+  "corloc": corloc_markdown,
+  "layer_similarity": layer_similarity_markdown,
   "ot_entropy": ot_entropy_markdown,
   "blur": blur_markdown,
   "bank_quality": bank_quality_markdown,

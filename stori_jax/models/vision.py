@@ -74,18 +74,27 @@ class VisionTransformer(nn.Module):
       patch_tokens: the last block's output without the class token [B, T-1, W]
         (before ln_post);
       keys: the last block's attention keys as the mutual-knowledge reference reads
-        them: ln_1's output times the key projection, without its bias [B, T, W].
+        them: ln_1's output times the key projection, without its bias [B, T, W];
+      class_keys: the class token's key (the same projection) of every block, first block
+        first [B, layers, W] (the mutual-knowledge paper's layer similarity, App. A.1).
     """
     x = self.embed(images)
     hidden = [x]
     keys = None
+    class_keys = []
     for block in self.resblocks:
       x, keys = block(x)
       hidden.append(x)
+      class_keys.append(keys[:, 0])
     pooled = self.ln_post(x[:, 0])
     # pooled is fp32 (ln_post); the product keeps the compute dtype's precision.
     features = jnp.matmul(pooled, self.proj, precision=matmul_precision(self.dtype))
     features = features.astype(jnp.float32)
     if not return_hidden:
       return features
-    return features, {"hidden_states": hidden, "patch_tokens": x[:, 1:], "keys": keys}
+    return features, {
+      "hidden_states": hidden,
+      "patch_tokens": x[:, 1:],
+      "keys": keys,
+      "class_keys": jnp.stack(class_keys, axis=1),
+    }
