@@ -30,7 +30,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 import stori_jax
-from mutual import data, pipeline
+from mutual import data, paper_config, pipeline
 from stori_jax import jsonio, run_identity
 from stori_jax.config_files import ConfigError
 from stori_jax.data.files import read_json
@@ -105,10 +105,10 @@ def check_output(output: str, overwrite: bool) -> str:
 
 def _check_prompts(analysis) -> None:
   """config.analysis's class-prompt settings, checked before the model loads."""
-  mode = analysis.get("class_prompts", "descriptors")
+  mode = paper_config.analysis_value(analysis, "class_prompts")
   if mode not in CLASSIFIERS:
     raise ConfigError(f"config.analysis.class_prompts must be one of {CLASSIFIERS}, got {mode!r}.")
-  templates = tuple(analysis.get("templates", ()))
+  templates = tuple(paper_config.analysis_value(analysis, "templates"))
   if not templates:
     raise ConfigError(
       "config.analysis.templates is empty; give at least one, e.g. 'a photo of a {c}.'."
