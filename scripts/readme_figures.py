@@ -27,13 +27,25 @@ Sections:
                    table and the base model's slopes (configs/retrieval_synthetic.py's probe set)
   ablations        `python -m stori_jax.train` on the demo's two-colour task with
                    tiny-synthetic-base: Fig. 10 (start blocks 1-6) and Table 1 (rare tokens)
+  grid             `python -m stori_jax.run_grid --config configs/grid_synthetic.py`: its tables
+  grid_ablations   `python -m stori_jax.run_grid` on configs/table1.py:synthetic and
+                   configs/fig10.py:synthetic: both tables, a sentence each against the paper,
+                   and docs/images/fig10_synthetic.png
+  contrast         `python -m stori_jax.contrast --config configs/pairwise_synthetic.py` (Fig. 3):
+                   the pairings' accuracies, the anchor's words' mean trained weights, and
+                   docs/images/fig3_pairwise.png
   mutual_analyze   mutual.analyze on configs/mutual_synthetic.py, plus the concept pixels on
                    objects and descriptors naming attributes (a second pass, as the test does)
   mutual_modes     Table 3's row of configs/mutual_synthetic.py in both analysis modes, and
                    reference mode's per-image agreement with stori_jax/reference/mutual_knowledge.py
   mutual_precision the images whose MI or AUC change with bfloat16 towers (both modes;
                    scripts/mutual_precision.py)
-  mutual_evaluate  mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1 and protocols
+  mutual_evaluate  mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1, Table 5 and the
+                   concept labeler, the protocols (App. A.1's CorLoc and layer similarity,
+                   A.2-A.4, Table 2)
+
+A section may also draw images (docs/images/...; `--list` names them), written beside the README
+with it; --check reports a differing image but compares only the text.
 """
 
 from __future__ import annotations
@@ -131,14 +143,20 @@ def unified_diff(old: str, new: str, path: str) -> str:
   )
 
 
-def write_atomic(path: str, text: str) -> None:
-  """Replaces the file in one step: a reader (or another editor) never sees half of it."""
+def write_atomic(path: str, content: str | bytes) -> None:
+  """Replaces (or creates) the file in one step: a reader (or another editor) never sees half
+  of it. Text is written as UTF-8, bytes as they are."""
   folder = os.path.dirname(os.path.abspath(path))
+  mode = os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o644
   fd, tmp = tempfile.mkstemp(dir=folder, prefix=".readme_figures.", suffix=".tmp")
   try:
-    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-      f.write(text)
-    os.chmod(tmp, os.stat(path).st_mode & 0o777)
+    if isinstance(content, bytes):
+      with os.fdopen(fd, "wb") as f:
+        f.write(content)
+    else:
+      with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        f.write(content)
+    os.chmod(tmp, mode)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
@@ -717,16 +735,131 @@ def mutual_evaluate_figures(config_path: str = MUTUAL_EVAL_CONFIG) -> dict[str, 
     f"{percent2(bank['top1'])}, top-5 {percent2(bank['top5'])}, InterDiv "
     f"{bank['inter_div']:.3f}, IntraDiv {bank['intra_div']:.3f}. " + _table2(p["table2"])
   )
-  return {"mutual_evaluate": "\n".join(lines) + "\n\n" + fill(prose)}
+  parts = ["\n".join(lines), fill(prose), _table5(run["printed"], results["table5"])]
+  parts += _app_a1(p["corloc"], p["layer_similarity"])
+  return {"mutual_evaluate": "\n\n".join(parts)}
+
+
+def _first_table(text: str) -> list[str]:
+  """The lines of the first markdown table in `text` (header and separator included)."""
+  lines = text.splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+  end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+  return lines[start:end]
+
+
+#: Table 5's rows in the paper's order of top-1 on ImageNet, best first (bottlenecks.PAPER).
+TABLE5_ORDER = ("MM-ProtoSim", "MM-CBM", "Standard", "LF-CBM")
+
+
+def _table5(printed: str, table5: Mapping[str, Any]) -> str:
+  """Table 5 as mutual.evaluate prints it (table1.md), without its Vis. / Lan. / MMB columns,
+  then a sentence on the paper's order and the concept labeler (table1.json)."""
+  table = _first_table(printed.split("## Table 5", 1)[1])
+  head = [c.strip() for c in table[0].split("|")[1:-1]]
+  keep = [i for i, c in enumerate(head) if c not in ("Vis.", "Lan.", "MMB")]
+  lines = []
+  for line in table[:1] + table[2:]:  # the separator is rebuilt for the kept columns
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    lines.append("| " + " | ".join(cells[i] for i in keep) + " |")
+  lines.insert(1, "|" + "---|" * len(keep))
+  rows = table5["rows"]
+  order = [n for n in TABLE5_ORDER if n in rows]
+  measured = sorted(order, key=lambda n: -rows[n]["top1"])
+  ranked = " > ".join(f"{n} {rows[n]['top1']:.2f}" for n in measured)
+  if measured == order:
+    text = f"The paper's ImageNet order of Table 5 holds here ({ranked} top-1)."
+  else:
+    text = (
+      f"The paper's ImageNet order of Table 5 ({' > '.join(order)}) does not reproduce on the "
+      f"tiny model: {ranked} top-1."
+    )
+  labeler = table5.get("labeler")
+  if labeler:
+    top = next(key for key in labeler if key.startswith("top_") and key[4:].isdigit())
+    text += (
+      f" The concept labeler (App. D.2) ranks every descriptor of an image's class among its K "
+      f"best-scored (K the class's count) on {labeler['top_all']:.2f}% of the "
+      f"{labeler['images']} images (top-all; paper {labeler['paper_top_all']:.2f}) and among its "
+      f"best max(K, {top[4:]}) on "
+      f"{labeler[top]:.2f}% ({top.replace('_', '-')}; paper {labeler['paper_' + top]:.2f})."
+    )
+  title = fill(
+    f"Table 5 (App. D) on the same images, as `table1.md` gives it ({table5['images']} images; "
+    "the paper's columns: ImageNet val, CLIP ViT-B/16):"
+  )
+  return title + "\n\n" + "\n".join(lines) + "\n\n" + fill(text)
+
+
+def _app_a1(corloc: Mapping[str, Any], layers: Mapping[str, Any]) -> list[str]:
+  """App. A.1 from protocols.json: CorLoc per facet (rows) and decomposition (columns), with
+  the trivial boxes' floors and the paper's GDC-over-PCA reading; the [CLS] layer similarity's
+  summary against the paper's reading."""
+  from mutual.protocols import localization  # pylint: disable=import-outside-toplevel
+
+  table = corloc["corloc"]
+  decompositions = list(next(iter(table.values())))
+  titles = [localization.DECOMPOSITION_TITLES.get(d, d) for d in decompositions]
+  lines = [
+    fill(
+      f"App. A.1, CorLoc (%) of the box round the most prominent region (IoU > "
+      f"{corloc['iou_threshold']:g} with the object's box, {corloc['images']} images, "
+      "`protocols.md`):"
+    ),
+    "",
+    "| Facet | " + " | ".join(titles) + " |",
+    "|---|" + "---|" * len(titles),
+  ]
+  facets = [f for f in localization.FACETS if f in table] + [
+    f for f in table if f not in localization.FACETS
+  ]  # the paper's order (protocols.json sorts its keys)
+  for facet in facets:
+    row = table[facet]
+    cells = ["-" if row[d] is None else f"{row[d]:.1f}" for d in decompositions]
+    lines.append(f"| {localization.FACET_TITLES.get(facet, facet)} | " + " | ".join(cells) + " |")
+  scored = {f: table[f] for f in facets if None not in table[f].values()}
+  pca_wins = [f for f, r in scored.items() if r.get("pca", 0) > r.get("gdc", 0)]
+  trivial = corloc["trivial"]
+  if len(pca_wins) == len(scored):
+    reading = (
+      "PCA localises better than GDC on every facet, the reverse of the paper's ImageNet finding "
+      "(GDC well ahead of PCA, hence the pipeline's graph split)"
+    )
+  elif pca_wins:
+    facets = listed([localization.FACET_TITLES.get(f, f) for f in pca_wins])
+    reading = (
+      f"PCA localises better than GDC on the {facets} facet{'s' if len(pca_wins) > 1 else ''}, "
+      "against the paper's ImageNet finding (GDC ahead of PCA everywhere)"
+    )
+  else:
+    reading = "GDC localises better than PCA on every facet, as on ImageNet in the paper"
+  floors = (
+    f"{reading}; the boxes that look at no feature score {trivial['whole_image']:.1f}% (the whole "
+    f"image) and {trivial['centre']:.1f}% (the centred half-side box)."
+  )
+  t, k = layers["summary"]["tokens"], layers["summary"]["keys"]
+  cos = lambda x: f"{x:.3f}".replace("-", MINUS)  # noqa: E731
+  shows = t["last_vs_earlier"] < t["among_earlier"] and k["last_vs_earlier"] > t["last_vs_earlier"]
+  similarity = (
+    f"The [CLS] similarity across the {layers['layers']} layers (`layer_similarity.png`): the last "
+    f"layer's token has cosine {cos(t['last_vs_earlier'])} with the earlier layers' (which have "
+    f"{cos(t['among_earlier'])} among themselves), its key {cos(k['last_vs_earlier'])} "
+    f"({cos(k['among_earlier'])}); the paper's reading on ViT-B/16 (the last token unlike the "
+    f"earlier ones, the keys alike across layers) {'shows' if shows else 'does not show'} here."
+  )
+  return ["\n".join(lines), fill(floors + " " + similarity)]
 
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-  """A measurement and the README regions it rewrites."""
+  """A measurement, the README regions it rewrites, and the images it draws (paths relative to
+  the README's folder, shown in those regions). `measure` returns {region: markdown} and
+  {image path: PNG bytes}."""
 
-  measure: Callable[[], dict[str, str]]
+  measure: Callable[[], dict[str, Any]]
   regions: tuple[str, ...]
   what: str
+  images: tuple[str, ...] = ()
 
 
 def grid_figures() -> dict[str, str]:
@@ -742,6 +875,170 @@ def grid_figures() -> dict[str, str]:
     seconds = time.perf_counter() - start
   intro = f"On the shipped tiny CLIP ({machine()}, {about(seconds)} in all):"
   return {"grid": intro + "\n\n" + tables.markdown(result).strip() + "\n"}
+
+
+def listed(items: Sequence[Any]) -> str:
+  """'1-4' for a run of 3 or more consecutive integers, else 'a, b and c'."""
+  items = list(items)
+  if len(items) > 2 and all(isinstance(i, int) for i in items):
+    if items == list(range(items[0], items[0] + len(items))):
+      return f"{items[0]}-{items[-1]}"
+  return ", ".join(map(str, items[:-1])) + (" and " if len(items) > 1 else "") + str(items[-1])
+
+
+#: The paper's Table 1 (16 shots): {dataset: (CuPL, CuPL + nonsensical tokens)}.
+PAPER_TABLE1 = {"Caltech101": (97.42, 97.30), "SUN397": (79.54, 79.11)}
+FIG10_IMAGE = "docs/images/fig10_synthetic.png"
+
+
+def _grid_run(argument: str, name: str) -> tuple[dict[str, Any], float, bytes | None]:
+  """`python -m stori_jax.run_grid --config configs/<name>.py:<argument>`, run in this process as
+  grid_figures runs it, in a temporary workdir: its tables' data, its time in seconds, and its
+  figure's PNG (a grid with a sweep) or None."""
+  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.grid import figure, runner  # pylint: disable=import-outside-toplevel
+
+  config = load_config(os.path.join(CONFIGS, f"{name}.py"), argument)
+  with tempfile.TemporaryDirectory() as workdir, contextlib.chdir(ROOT):
+    start = time.perf_counter()
+    result = runner.run(config, workdir)
+    seconds = time.perf_counter() - start
+    png = None
+    if result["sweep"]:
+      with open(os.path.join(workdir, figure.file_name(result)), "rb") as f:
+        png = f.read()
+  return result, seconds, png
+
+
+def grid_ablation_figures() -> dict[str, Any]:
+  """`python -m stori_jax.run_grid --config configs/table1.py:synthetic`, then
+  `--config configs/fig10.py:synthetic`, run in this process (each timed): the tables as the
+  command prints them, a sentence on each against the paper, and Fig. 10's
+  accuracy_by_start_block.png (FIG10_IMAGE)."""
+  from stori_jax.grid import tables  # pylint: disable=import-outside-toplevel
+
+  table1, table1_seconds, _ = _grid_run("synthetic", "table1")
+  fig10, fig10_seconds, png = _grid_run("synthetic", "fig10")
+  dataset = table1["datasets"][0]
+  (shots,) = table1["tables"]
+  mean = {r["method"]: r["cells"][dataset]["mean"] for r in table1["tables"][shots]}
+  plain, rare = mean["cupl"], mean["cupl_rare_tokens"]
+  paper = ", ".join(f"{d} {a:.2f} → {b:.2f}" for d, (a, b) in PAPER_TABLE1.items())
+  if rare <= plain:
+    table1_text = (
+      f"As in the paper's Table 1 ({paper}), the nonsensical tokens do not raise accuracy "
+      f"({plain:.2f}% → {rare:.2f}%)."
+    )
+  else:
+    table1_text = (
+      f"Unlike the paper's Table 1 ({paper}), the nonsensical tokens raise accuracy here "
+      f"({plain:.2f}% → {rare:.2f}%)."
+    )
+  (fig10_shots,) = fig10["tables"]
+  rows = {r["sweep_value"]: r["cells"][dataset] for r in fig10["tables"][fig10_shots]}
+  best = max(rows, key=lambda b: rows[b]["mean"])
+  floor = rows[best]["mean"] - rows[best]["std"]
+  within = [b for b, e in rows.items() if e["mean"] >= floor]
+  outside = [b for b in rows if b not in within]
+  fig10_text = (
+    "The paper sees no significant difference between intermediate first blocks; here blocks "
+    f"{listed(within)} lie within one std of the best mean ({rows[best]['mean']:.2f}%, block "
+    f"{best})"
+  )
+  if outside:
+    below = ", ".join(f"{rows[b]['mean']:.2f}%" for b in outside)
+    plural = "s" if len(outside) > 1 else ""
+    fig10_text += f", block{plural} {listed(outside)} below it ({below})"
+  fig10_text += "."
+  text = "\n\n".join(
+    [
+      f"On the shipped tiny CLIP ({machine()}), `configs/table1.py:synthetic` "
+      f"({about(table1_seconds)}):",
+      tables.markdown(table1).strip(),
+      fill(table1_text),
+      f"`configs/fig10.py:synthetic` ({about(fig10_seconds)}):",
+      tables.markdown(fig10).strip(),
+      fill(fig10_text),
+      f"![Fig. 10, embedded world: accuracy by first reweighted block]({FIG10_IMAGE})",
+    ]
+  )
+  return {"grid.table1_fig10": text + "\n", FIG10_IMAGE: png}
+
+
+CONTRAST_CONFIG = "configs/pairwise_synthetic.py"
+CONTRAST_IMAGE = "docs/images/fig3_pairwise.png"
+FIG3_ALT = "Fig. 3 on the embedded world: the prompts shaded by trained weight"
+
+
+def anchor_weight(pairing: Mapping[str, Any], anchor: str, word: str) -> float:
+  """The mean trained (raw) weight of `word` over its occurrences in the anchor's prompts of a
+  pairing of pairwise.json."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  weights = [
+    w for p in pairing["prompts"] if p["class"] == anchor for x, w in p["words"] if x == word
+  ]
+  return float(np.mean(weights))
+
+
+def contrast_figures() -> dict[str, Any]:
+  """`python -m stori_jax.contrast --config configs/pairwise_synthetic.py` (the command, run in
+  this process; timed): each pairing's accuracies and the anchor's name words' mean trained
+  weight from the pairwise.json it writes, and its fig3_pairwise.png (CONTRAST_IMAGE)."""
+  import json  # pylint: disable=import-outside-toplevel
+
+  from stori_jax import contrast  # pylint: disable=import-outside-toplevel
+
+  ewf = _ewf()
+  with tempfile.TemporaryDirectory() as workdir:
+    start = time.perf_counter()
+    ewf.run_command(contrast, ["--config", CONTRAST_CONFIG, "--workdir", workdir])
+    seconds = time.perf_counter() - start
+    with open(os.path.join(workdir, "pairwise.json"), encoding="utf-8") as f:
+      results = json.load(f)
+    with open(os.path.join(workdir, "fig3_pairwise.png"), "rb") as f:
+      png = f.read()
+  anchor, pairings = results["anchor"], results["pairings"]
+  others = [p["classes"][1] for p in pairings]
+  words = anchor.split()
+  weight = {w: [anchor_weight(p, anchor, w) for p in pairings] for w in words}
+  accuracies = "; ".join(
+    f"against the {p['classes'][1]}: test accuracy {100 * p['trained']['accuracy']:.1f}% "
+    f"(zero-shot {100 * p['zero_shot']['accuracy']:.1f}%)"
+    for p in pairings
+  )
+  lines = [
+    fill(
+      f"On the shipped tiny CLIP ({machine()}, {about(seconds)}), the {anchor} {accuracies}. "
+      "The anchor's "
+      "words, trained weight (1 = untouched) averaged over their places in its prompts "
+      "(`pairwise.json`):"
+    ),
+    "",
+    "| word of the " + anchor + " | " + " | ".join(f"vs {o}" for o in others) + " |",
+    "|---|" + "---|" * len(others),
+  ]
+  lines += [f"| {w} | " + " | ".join(f"{x:.2f}" for x in weight[w]) + " |" for w in words]
+  # In each pairing, the anchor's words that the other class's name lacks tell the two apart.
+  telling = [(i, w) for i, o in enumerate(others) for w in words if w not in o.split()]
+  shown = ", ".join(
+    f"'{w}' {weight[w][i]:.2f} against the {others[i]} and "
+    + " / ".join(f"{x:.2f}" for j, x in enumerate(weight[w]) if j != i)
+    + " otherwise"
+    for i, w in telling
+  )
+  holds = all(weight[w][i] > max(x for j, x in enumerate(weight[w]) if j != i) for i, w in telling)
+  paper = (
+    "the paper's figure ('striped' weighs high against the Warbling Vireo and low against the "
+    "White-eyed Vireo, which also has stripes)"
+  )
+  if holds:
+    reading = f"As in {paper}, the anchor's word that tells a pair apart weighs more there: "
+  else:
+    reading = f"Unlike {paper}, the anchor's word that tells a pair apart does not always weigh "
+    reading += "more there: "
+  lines += ["", fill(reading + shown + "."), "", f"![{FIG3_ALT}]({CONTRAST_IMAGE})"]
+  return {"contrast": "\n".join(lines) + "\n", CONTRAST_IMAGE: png}
 
 
 SECTIONS: dict[str, Section] = {
@@ -770,6 +1067,18 @@ SECTIONS: dict[str, Section] = {
     ("grid",),
     "python -m stori_jax.run_grid --config configs/grid_synthetic.py (3 seeds, 1 and 16 shots)",
   ),
+  "grid_ablations": Section(
+    grid_ablation_figures,
+    ("grid.table1_fig10",),
+    "python -m stori_jax.run_grid on configs/table1.py:synthetic and configs/fig10.py:synthetic",
+    images=(FIG10_IMAGE,),
+  ),
+  "contrast": Section(
+    contrast_figures,
+    ("contrast",),
+    "python -m stori_jax.contrast --config configs/pairwise_synthetic.py (Fig. 3)",
+    images=(CONTRAST_IMAGE,),
+  ),
   "mutual_analyze": Section(
     mutual_analyze_figures,
     ("mutual_analyze",),
@@ -788,7 +1097,7 @@ SECTIONS: dict[str, Section] = {
   "mutual_evaluate": Section(
     mutual_evaluate_figures,
     ("mutual_evaluate",),
-    "mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1, protocols",
+    "mutual.evaluate on configs/mutual_eval_synthetic.py: Tables 1 and 5, protocols",
   ),
 }
 
@@ -817,6 +1126,14 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string("readme", README, "The README to rewrite.", flag_values=values)
 
 
+def _holds(path: str, content: bytes) -> bool:
+  """Whether the file at `path` exists and holds exactly `content`."""
+  if not os.path.exists(path):
+    return False
+  with open(path, "rb") as f:
+    return f.read() == content
+
+
 def selected(only: Sequence[str]) -> list[str]:
   """The sections named by --only (all when empty), in SECTIONS' order."""
   unknown = [name for name in only if name not in SECTIONS]
@@ -832,12 +1149,14 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   names = selected(values.only)
   if values.list:
     for name, section in SECTIONS.items():
-      print(f"{name:16s} regions {', '.join(section.regions)}: {section.what}")
+      images = f"; images {', '.join(section.images)}" if section.images else ""
+      print(f"{name:16s} regions {', '.join(section.regions)}{images}: {section.what}")
     return
   path = values.readme
   with open(path, encoding="utf-8") as f:
     check_regions(f.read(), [r for n in names for r in SECTIONS[n].regions])  # before any work
   bodies: dict[str, str] = {}
+  images: dict[str, bytes] = {}
   total = time.perf_counter()
   for i, name in enumerate(names, 1):
     section = SECTIONS[name]
@@ -845,9 +1164,12 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     start = time.perf_counter()
     with quiet():
       measured = section.measure()
-    if set(measured) != set(section.regions):
-      raise AssertionError(f"section {name} returned {sorted(measured)}, not {section.regions}")
-    bodies.update(measured)
+    if set(measured) != {*section.regions, *section.images}:
+      raise AssertionError(
+        f"section {name} returned {sorted(measured)}, not {section.regions + section.images}"
+      )
+    bodies.update({r: measured[r] for r in section.regions})
+    images.update({i: measured[i] for i in section.images})
     print(f" {time.perf_counter() - start:.0f} s", flush=True)
   # Read again: the README may have been edited meanwhile, and only the regions are ours.
   with open(path, encoding="utf-8") as f:
@@ -857,7 +1179,15 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   sys.stdout.write(diff)
   changed = sum(replace_region(old, r, b) != old for r, b in bodies.items())
   summary = f"{changed} of {len(bodies)} regions differ ({time.perf_counter() - total:.0f} s)"
+  drawn = {
+    os.path.join(os.path.dirname(os.path.abspath(path)), i): png for i, png in images.items()
+  }
+  redrawn = [f for f, png in drawn.items() if not _holds(f, png)]
+  for f in redrawn:
+    print(f"{os.path.relpath(f)}: the measured image differs", flush=True)
   if values.check:
+    if redrawn:  # drawn from the regions' numbers; bytes also change with matplotlib's version
+      print(f"--check: {len(redrawn)} images not written and not compared beyond their bytes.")
     print(f"{summary}; --check: nothing written.")
     if without_timings(old) != without_timings(new):
       sys.exit(1)
@@ -866,7 +1196,11 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     return
   if diff:
     write_atomic(path, new)
-  print(f"{summary}; {'rewrote' if diff else 'left'} {os.path.relpath(path)}.")
+  for f in redrawn:
+    os.makedirs(os.path.dirname(f), exist_ok=True)
+    write_atomic(f, drawn[f])
+  rewrote = f" and {len(redrawn)} images" if redrawn else ""
+  print(f"{summary}; {'rewrote' if diff else 'left'} {os.path.relpath(path)}{rewrote}.")
 
 
 if __name__ == "__main__":

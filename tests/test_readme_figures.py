@@ -104,6 +104,30 @@ def test_check_passes_when_only_a_timing_differs(figures, tmp_path, monkeypatch,
   assert figures.without_timings("about 150 s, about 11 minutes") == "about ? s, about ? s"
 
 
+def test_a_section_s_images_are_written_beside_the_readme(figures, tmp_path, monkeypatch, capsys):
+  readme = tmp_path / "README.md"
+  readme.write_text(TEXT, encoding="utf-8")
+  image, png = "docs/images/measured.png", b"\x89PNG\r\n\x1a\nmeasured"
+  stub = figures.Section(
+    lambda: {"words": "old words", image: png}, ("words",), "a stub", images=(image,)
+  )
+  monkeypatch.setattr(figures, "SECTIONS", {"stub": stub})
+  args = ["--readme", str(readme)]
+  # --check reports the image and writes nothing; the text is unchanged, so it passes.
+  assert cli.run_in_process(figures, [*args, "--check"]) == 0
+  assert "measured.png: the measured image differs" in capsys.readouterr().out
+  assert not (tmp_path / "docs").exists()
+  assert cli.run_in_process(figures, args) == 0
+  assert (tmp_path / image).read_bytes() == png and readme.read_text(encoding="utf-8") == TEXT
+  assert "and 1 images" in capsys.readouterr().out
+  assert cli.run_in_process(figures, args) == 0  # the same image again: left as it is
+  assert "differs" not in capsys.readouterr().out
+  missing = figures.Section(lambda: {"words": "w"}, ("words",), "a stub", images=(image,))
+  monkeypatch.setattr(figures, "SECTIONS", {"stub": missing})
+  with pytest.raises(AssertionError, match="measured.png"):  # the script's own bug
+    cli.run_in_process(figures, args)
+
+
 def test_a_readme_without_the_markers_stops_before_measuring(
   figures, tmp_path, monkeypatch, capsys
 ):
@@ -145,6 +169,102 @@ def test_fill_never_starts_a_line_with_a_markdown_block(figures):
   lines = figures.fill(text).splitlines()
   assert " ".join(lines) == " ".join(text.split()) and max(map(len, lines)) <= 100
   assert not any(figures._BLOCK_START.match(line) for line in lines)
+
+
+def test_listed_names_runs_and_lists(figures):
+  assert figures.listed([1, 2, 3, 4]) == "1-4"
+  assert figures.listed([5, 6]) == "5 and 6" and figures.listed([6]) == "6"
+  assert figures.listed([1, 3, 4]) == "1, 3 and 4"
+  assert figures.listed(["Keys", "Tokens", "Ensemble"]) == "Keys, Tokens and Ensemble"
+
+
+def _table5(top1):
+  """Table 5's results (bottlenecks.table5's layout) with the given top-1 per row and a labeler."""
+  from mutual.protocols import bottlenecks  # pylint: disable=import-outside-toplevel
+
+  rows = {}
+  for name, value in top1.items():
+    flags = bottlenecks.ROWS.get(name, (None, None, None))
+    paper = bottlenecks.PAPER.get(name, (None, None))
+    rows[name] = dict(
+      top1=value,
+      top5=min(100.0, value + 10),
+      vision=flags[0],
+      language=flags[1],
+      multimodal_bottleneck=flags[2],
+      paper_top1=paper[0],
+      paper_top5=paper[1],
+    )
+  labeler = dict(
+    top_all=12.5,
+    top_10=40.0,
+    top_all_recall=50.0,
+    top_10_recall=70.0,
+    images=192,
+    images_without_descriptors=0,
+    paper_top_all=65.76,
+    paper_top_10=83.84,
+  )
+  return dict(rows=rows, images=192, labeler=labeler)
+
+
+def test_table5_is_the_printed_table_without_its_flag_columns(figures):
+  from mutual.protocols import bottlenecks  # pylint: disable=import-outside-toplevel
+
+  top1 = {"Standard": 80.0, "LF-CBM": 50.0, "MM-CBM": 39.0, "MM-ProtoSim": 73.0, "zero-shot": 99.0}
+  result = _table5(top1)
+  printed = "## Table 1\n\n| a |\n\n## Table 5 (App. D): x\n\n"
+  printed += bottlenecks.table5_markdown(result, "tiny")
+  text = figures._table5(printed, result)
+  table = [line for line in text.splitlines() if line.startswith("|")]
+  assert table[0] == "| Model | Top-1 | Top-5 | Paper Top-1 | Paper Top-5 |"
+  assert table[2] == "| Standard | 80.00 | 90.00 | 73.36 | 92.75 |"
+  assert table[-1].startswith("| Zero-shot CLIP (untrained reference) | 99.00 | 100.00 |")
+  assert len(table) == 2 + len(top1)  # the labeler's table is left to the sentence
+  prose = " ".join(text.split())
+  assert "does not reproduce" in prose and "Standard 80.00 > MM-ProtoSim 73.00" in prose
+  assert "on 12.50% of the 192 images (top-all; paper 65.76)" in prose
+  assert "on 40.00% (top-10; paper 83.84)" in prose
+  paper_order = {"MM-ProtoSim": 79.0, "MM-CBM": 78.0, "Standard": 74.0, "LF-CBM": 72.0}
+  result = _table5(paper_order)
+  text = figures._table5("## Table 5\n\n" + bottlenecks.table5_markdown(result, "m"), result)
+  assert "order of Table 5 holds here" in " ".join(text.split())
+
+
+def _corloc(gdc, pca):
+  return dict(
+    corloc={f: {"gdc": g, "pca": p} for f, g, p in zip(("ensemble", "keys", "tokens"), gdc, pca)},
+    trivial={"centre": 14.0625, "whole_image": 0.0},
+    images=192,
+    iou_threshold=0.5,
+  )
+
+
+def _layers(tokens, keys):
+  summary = lambda pair: dict(last_vs_earlier=pair[0], among_earlier=pair[1])  # noqa: E731
+  return dict(layers=4, summary={"tokens": summary(tokens), "keys": summary(keys)})
+
+
+def test_app_a1_reads_corloc_and_the_layer_similarity_against_the_paper(figures):
+  table, prose = figures._app_a1(
+    _corloc((13.0, 5.2, 21.4), (78.6, 72.9, 75.0)), _layers((0.7, 0.75), (-0.04, -0.04))
+  )
+  rows = [line for line in table.splitlines() if line.startswith("| ")]
+  assert rows == [  # the paper's facet order, though protocols.json sorts its keys
+    "| Facet | GDC | PCA |",
+    "| Keys | 5.2 | 72.9 |",
+    "| Tokens | 21.4 | 75.0 |",
+    "| Ensemble | 13.0 | 78.6 |",
+  ]
+  prose = " ".join(prose.split())
+  assert "PCA localises better than GDC on every facet, the reverse" in prose
+  assert "0.0% (the whole image) and 14.1% (the centred half-side box)" in prose
+  assert "its key \u22120.040" in prose and "does not show here" in prose
+  _, prose = figures._app_a1(
+    _corloc((60.0, 70.0, 65.0), (30.0, 20.0, 70.0)), _layers((0.2, 0.8), (0.9, 0.9))
+  )
+  prose = " ".join(prose.split())
+  assert "better than GDC on the Tokens facet, against" in prose and prose.endswith("shows here.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,6 +359,8 @@ def test_the_world_section_is_what_evaluate_world_prints(figures, run_command, t
 COVERED = (
   ("## The embedded synthetic world", "## Preference retrieval"),  # world, start_block
   ("The paper's ablations, on the demo's", "What matters ("),  # ablations (Fig. 10, Table 1)
+  ("### Paper tables as one command", "### One class against others"),  # grid, grid_ablations
+  ("### One class against others", "## Numerics parity"),  # contrast
   ("### Evaluation protocols", "## Model zoo"),  # mutual_evaluate
   ("Done: CLIP towers", "The few-shot demo beats"),  # world.status
 )
