@@ -28,7 +28,9 @@ with at least 15 s of it left):
                bf16 under autocast, as benchmarks/mutual_throughput.py runs it at equal work;
                SimpleCRF's CRF when it is installed) on a few images of the same class;
   train_ours   the few-shot SToRI train step at ImageNet size (100 classes x 10 CuPL-like
-               prompts, 256 images, ViT-B/16; benchmarks/train_step.py's `ours_runner`);
+               prompts, 256 images, ViT-B/16; benchmarks/train_step.py's `ours_runner`
+               without its agreement check): set-up, prefix cache, image features and first
+               step (one compiled program) apart, then steps until the budget;
   train_torch  the same step in PyTorch eager on the same GPU (`torch_runner`);
   reweight     the weighted / plain text-tower time ratio of ViT-L/14 at batch 256, fp32 and
                bf16 (benchmarks/reweight_overhead.py's `measure`);
@@ -42,6 +44,22 @@ overall budget was spent). `--smoke` runs every part at tiny sizes (the tiny-syn
 test-tiny configs, a few images, few descriptors) in this process (threads joined with a
 timeout), on whatever device JAX has. The JSON holds the device, JAX and torch versions, the
 date, the sizes, each part's figures and a summary; a table is printed at the end.
+
+Where the time goes: every part records its XLA compilations so far (`part_compiles`: count,
+seconds, and per jitted function's name), its XLA_FLAGS and autotune level; the train and
+mutual parts their set-up seconds and compilations, the train part each phase's seconds and
+compilations (`phases`: prefix, image, state, first_call) as the phase ends, the mutual part
+the programs its first class compiles (`compile_programs_first_class`).
+
+GEMM autotuning: the children of --gpu_autotune_parts (crf, train_ours, reweight, features) run
+with --xla_gpu_autotune_level=--gpu_autotune_level, 0 by default. XLA then takes cuBLAS's and
+cuDNN's heuristic kernels instead of compiling and timing candidates for every distinct GEMM
+shape (the lead for the train step's compile time on the H200: seven length buckets, each with
+its own forward and backward shapes), which those parts, timing a few steps within a short
+budget, cannot earn back; PyTorch eager, their baseline, uses the heuristics too. The mutual
+part keeps XLA's default (4): its figure is a projection over 50,000 images.
+--gpu_autotune_level=-1 leaves XLA_FLAGS alone for every part; an XLA_FLAGS that sets the level
+wins.
 """
 
 from __future__ import annotations
@@ -66,6 +84,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch allocat
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
+
+from stori_jax import profiling  # noqa: E402
 
 #: The figures at ImageNet size, and at smoke size (CPU, about a minute).
 FULL = dict(
@@ -123,6 +143,13 @@ PARTS = tuple(BUDGETS)
 MIN_START_S = 15.0
 GRACE_S = 5.0
 IMAGENET_VAL = 50_000
+#: The parts run (in child processes) with --xla_gpu_autotune_level=--gpu_autotune_level: those
+#: timing a few repetitions within a short budget, where the autotuner's compile time (it
+#: compiles and times candidate kernels for every distinct GEMM and convolution shape: the train
+#: step's length buckets alone make dozens) cannot pay off. The mutual part keeps XLA's default:
+#: its figure is a projection over 50,000 images, where tuned kernels can.
+AUTOTUNE_PARTS = ("crf", "train_ours", "reweight", "features")
+AUTOTUNE_FLAG = "--xla_gpu_autotune_level"
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
@@ -138,6 +165,21 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
     "isolate",
     None,
     "Each part in a child process killed at its budget (default: on, off with --smoke).",
+    flag_values=values,
+  )
+  flags.DEFINE_integer(
+    "gpu_autotune_level",
+    0,
+    "XLA's --xla_gpu_autotune_level for the --gpu_autotune_parts (added to their child "
+    "processes' XLA_FLAGS, unless XLA_FLAGS sets it already): 0 takes cuBLAS's and cuDNN's "
+    "heuristic kernels without compiling and timing candidates (XLA's default, 4, also checks "
+    "each candidate's results); -1 leaves XLA's default. Recorded in the JSON.",
+    flag_values=values,
+  )
+  flags.DEFINE_list(
+    "gpu_autotune_parts",
+    list(AUTOTUNE_PARTS),
+    "The parts --gpu_autotune_level applies to (isolated runs only).",
     flag_values=values,
   )
   flags.DEFINE_string("part", None, "Internal: run this one part here.", flag_values=values)
@@ -158,13 +200,30 @@ class Context:
     self.deadline = time.time() + budget_s - GRACE_S
     self.record: dict = {}
     self._lock = threading.Lock()
+    #: The part's compilations so far (`run`), written with every put: a part killed at its
+    #: budget still shows what it compiled, and for how long.
+    self.compiles: profiling.Compilations | None = None
 
   def left(self) -> float:
     return self.deadline - time.time()
 
+  def run(self, name: str) -> None:
+    """Runs part `name`, counting its XLA compilations (any thread's) and recording the
+    XLA_FLAGS it runs under."""
+    self.put(
+      xla_flags=os.environ.get("XLA_FLAGS", ""),
+      xla_gpu_autotune_level=_autotune_level(os.environ.get("XLA_FLAGS", "")),
+    )
+    with profiling.compilations() as compiled:
+      self.compiles = compiled
+      PART_FUNCTIONS[name](self)
+    self.put()
+
   def put(self, **figures) -> None:
     with self._lock:
       self.record.update(_jsonable(figures))
+      if self.compiles is not None:
+        self.record["part_compiles"] = self.compiles.as_dict(programs=True)
       if self.out:
         partial = self.out + ".tmp"
         with open(partial, "w", encoding="utf-8") as f:
@@ -182,6 +241,24 @@ def _jsonable(value):
   if isinstance(value, (np.floating, float)):
     return float(value) if math.isfinite(float(value)) else None
   return value
+
+
+def _autotune_level(xla_flags: str) -> int | None:
+  """The --xla_gpu_autotune_level XLA_FLAGS sets (the last one), or None (XLA's default, 4)."""
+  level = None
+  for flag in xla_flags.split():
+    if flag.startswith(AUTOTUNE_FLAG + "="):
+      level = int(flag.split("=", 1)[1])
+  return level
+
+
+def _child_xla_flags(name: str, level: int, parts) -> str:
+  """The XLA_FLAGS of part `name`'s child: this process's, plus the autotune level for the
+  `parts` (level -1, or XLA_FLAGS setting it already: unchanged)."""
+  xla_flags = os.environ.get("XLA_FLAGS", "")
+  if level < 0 or name not in parts or _autotune_level(xla_flags) is not None:
+    return xla_flags
+  return f"{xla_flags} {AUTOTUNE_FLAG}={level}".strip()
 
 
 def _config(name: str):
@@ -231,7 +308,6 @@ def _class_images(sizes, size: int, index: int) -> np.ndarray:
 def part_mutual(ctx: Context) -> None:
   """First-visit and steady-state seconds per class, host / device split, compilations."""
   from mutual import pipeline  # pylint: disable=import-outside-toplevel
-  from stori_jax import profiling  # pylint: disable=import-outside-toplevel
   from stori_jax.bundle import CLIPBundle  # pylint: disable=import-outside-toplevel
   from stori_jax.models import init_params  # pylint: disable=import-outside-toplevel
 
@@ -239,8 +315,9 @@ def part_mutual(ctx: Context) -> None:
   config = _config(sizes["arch"])
   ctx.put(device=_device(), arch=sizes["arch"], images=sizes["images"])
   start = time.perf_counter()
-  params = jax.block_until_ready(init_params(config))
-  ctx.put(init_params_seconds=time.perf_counter() - start)
+  with profiling.compilations() as compiled:
+    params = jax.block_until_ready(init_params(config))
+  ctx.put(init_params_seconds=time.perf_counter() - start, setup_compiles=compiled.as_dict())
   bundle = CLIPBundle(config=config, params=params)
   rng = np.random.default_rng(0)
   embed = int(config.embed_dim)
@@ -276,6 +353,8 @@ def part_mutual(ctx: Context) -> None:
     compiles_first_class=compiled.count,
     compile_seconds_first_class=compiled.seconds,
   )
+  # Which programs the first class compiles, and for how long (by jitted function's name).
+  ctx.put(compile_programs_first_class=compiled.by_name())
   ctx.put(**first)
   walls, hosts, compiles, compile_seconds = [], [], 0, 0.0
   for index in range(1, 1 + sizes["steady_classes"]):
@@ -407,32 +486,54 @@ def _time_steps(ctx: Context, run, steps: int) -> None:
 
 
 def part_train_ours(ctx: Context) -> None:
-  """This implementation's few-shot train step at ImageNet size."""
+  """This implementation's few-shot train step at ImageNet size: set-up (random weights,
+  prompts, images), then ours_runner's phases (prefix cache, image features, the state, the
+  first step: one compiled program), each with its seconds and compilations as it ends (an
+  H200 run once spent its 100 s before the first step finished), then the timed steps. The
+  runner's agreement check (a value_and_grad program of its own) is left out: only the step
+  is timed here."""
   train_step, opts = _train_options(ctx, with_torch=False)
   start = time.perf_counter()
-  s = train_step.setup(opts, with_torch=False)
+  with profiling.compilations() as compiled:
+    s = train_step.setup(opts, with_torch=False)
   ctx.put(
     device=_device(),
     arch=opts.arch,
     prompts=len(s.bank.texts),
     batch=opts.batch,
-    # Where an overrun went (an H200 run spent over 100 s before the first step finished).
+    buckets=[[b.length, b.num_prompts] for b in s.bank.buckets],
     setup_seconds=time.perf_counter() - start,
+    setup_compiles=compiled.as_dict(),
   )
-  ours = train_step.ours_runner(s)
+  phases = {}
+
+  def on_phase(name, figures):
+    phases[name] = figures
+    ctx.put(phases=phases)
+
+  ours = train_step.ours_runner(s, check=False, on_phase=on_phase)
   ctx.put(
     first_call_seconds=ours["first_call_s"],
     prefix_cache_seconds=ours["prefix_s"],
     image_features_seconds=ours["image_s"],
+    first_call_compiles=ours["phases"]["first_call"]["compiles"]["count"],
   )
-  _time_steps(ctx, ours["run"], ctx.sizes["train_steps"])
+  with profiling.compilations() as compiled:
+    _time_steps(ctx, ours["run"], ctx.sizes["train_steps"])
+  ctx.put(compiles_in_timed_steps=compiled.count)
 
 
 def part_train_torch(ctx: Context) -> None:
   """The same step in PyTorch eager (on CUDA when there is one)."""
   train_step, opts = _train_options(ctx, with_torch=True)
+  start = time.perf_counter()
   s = train_step.setup(opts, with_torch=True)
-  ctx.put(arch=opts.arch, prompts=len(s.bank.texts), batch=opts.batch)
+  ctx.put(
+    arch=opts.arch,
+    prompts=len(s.bank.texts),
+    batch=opts.batch,
+    setup_seconds=time.perf_counter() - start,
+  )
   reference = train_step.torch_runner(s)
   ctx.put(device=reference["device"], first_call_seconds=reference["first_call_s"])
   _time_steps(ctx, reference["run"], ctx.sizes["train_steps"])
@@ -567,7 +668,7 @@ def _run_thread(name: str, sizes: dict, smoke: bool, budget: float) -> tuple[dic
 
   def target():
     try:
-      PART_FUNCTIONS[name](ctx)
+      ctx.run(name)
     except Exception:  # pylint: disable=broad-except
       errors.append(traceback.format_exc())
 
@@ -585,13 +686,14 @@ def _run_thread(name: str, sizes: dict, smoke: bool, budget: float) -> tuple[dic
   return record, "ok"
 
 
-def _run_child(name: str, smoke: bool, budget: float) -> tuple[dict, str]:
-  """The part in a child process, killed at its budget; its figures as far as it got."""
+def _run_child(name: str, smoke: bool, budget: float, xla_flags: str) -> tuple[dict, str]:
+  """The part in a child process (with these XLA_FLAGS), killed at its budget; its figures as
+  far as it got."""
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "part.json")
     command = [sys.executable, os.path.abspath(__file__), f"--part={name}", f"--part_out={out}"]
     command += [f"--part_budget_s={budget}"] + (["--smoke"] if smoke else [])
-    child = subprocess.Popen(command)
+    child = subprocess.Popen(command, env=dict(os.environ, XLA_FLAGS=xla_flags))
     try:
       code = child.wait(timeout=budget + GRACE_S)
       status = "ok" if code == 0 else "error"
@@ -611,8 +713,16 @@ def _run_child(name: str, smoke: bool, budget: float) -> tuple[dict, str]:
   return record, status
 
 
-def run_parts(names, smoke: bool, budget_s: float, isolate: bool) -> dict:
-  """{part: figures with status, seconds, budget_s}, in order, within budget_s overall."""
+def run_parts(
+  names,
+  smoke: bool,
+  budget_s: float,
+  isolate: bool,
+  autotune_level: int = -1,
+  autotune_parts=AUTOTUNE_PARTS,
+) -> dict:
+  """{part: figures with status, seconds, budget_s}, in order, within budget_s overall; isolated
+  parts in `autotune_parts` run with --xla_gpu_autotune_level=autotune_level (unless -1)."""
   sizes = SMOKE if smoke else FULL
   budgets = SMOKE_BUDGETS if smoke else BUDGETS
   if not isolate:  # parts set these globals (train_step.setup): put back for the caller
@@ -628,7 +738,8 @@ def run_parts(names, smoke: bool, budget_s: float, isolate: bool) -> dict:
     print(f"gpu_check: {name} (budget {budget:.0f} s)", flush=True)
     start = time.time()
     if isolate:
-      record, status = _run_child(name, smoke, budget)
+      xla_flags = _child_xla_flags(name, autotune_level, autotune_parts)
+      record, status = _run_child(name, smoke, budget, xla_flags)
     else:
       record, status = _run_thread(name, sizes, smoke, budget)
     record.update(status=status, seconds=time.time() - start, budget_s=budget)
@@ -681,6 +792,9 @@ def summary(parts: dict) -> dict:
     reference_ms_per_image=_ms(ref_image),
     mutual_speedup_over_reference=ref_image / jax_image if ref_image and jax_image else None,
     train_step_ours_seconds=ours_step,
+    train_step_ours_setup_seconds=ours.get("setup_seconds"),
+    train_step_ours_first_call_seconds=ours.get("first_call_seconds"),
+    train_step_ours_first_call_compiles=ours.get("first_call_compiles"),
     train_step_torch_seconds=torch_s,
     train_step_speedup_over_torch=torch_s / ours_step if ours_step and torch_s else None,
     reweight_ratio_fp32=reweight.get("float32", {}).get("time_ratio_weighted_over_plain"),
@@ -699,15 +813,20 @@ def table(result: dict) -> str:
   lines = [
     f"gpu_check on {result['device']} (jax {result['jax_version']}, torch "
     f"{result['torch_version']}), {result['date']}{' [smoke sizes]' if result['smoke'] else ''}",
-    f"{'part':12s} {'status':8s} {'seconds':>8s} {'budget':>7s}",
+    f"{'part':12s} {'status':8s} {'seconds':>8s} {'budget':>7s} {'compiles':>8s} "
+    f"{'compile s':>9s} {'autotune':>8s}",
   ]
   for name, part in result["parts"].items():
     seconds = part.get("seconds")
     took = "-" if seconds is None else f"{seconds:.1f}"
     budget = part.get("budget_s")
+    compiles = part.get("part_compiles", {})
+    count, compile_s = compiles.get("count"), compiles.get("seconds")
+    level = part.get("xla_gpu_autotune_level")
     lines.append(
       f"{name:12s} {part['status']:8s} {took:>8s} {'-' if budget is None else f'{budget:.0f}':>7s}"
-      + (f"  {part['error']}" if "error" in part else "")
+      f" {'-' if count is None else count:>8} {'-' if compile_s is None else f'{compile_s:.1f}':>9}"
+      f" {'xla' if level is None else level:>8}" + (f"  {part['error']}" if "error" in part else "")
     )
   lines.append("")
   for key, value in result["summary"].items():
@@ -733,7 +852,7 @@ def main(argv, values: flags.FlagValues = flags.FLAGS):
   if values.part:  # a child: one part, its figures to --part_out
     ctx = Context(SMOKE if smoke else FULL, smoke, values.part_budget_s, values.part_out)
     try:
-      PART_FUNCTIONS[values.part](ctx)
+      ctx.run(values.part)
     except Exception as error:  # pylint: disable=broad-except
       traceback.print_exc()
       ctx.put(error=f"{type(error).__name__}: {error}")
@@ -748,8 +867,18 @@ def main(argv, values: flags.FlagValues = flags.FLAGS):
     raise app.UsageError(f"unknown parts {unknown}; known: {', '.join(PARTS)}")
   budget_s = values.budget_s or (750.0 if smoke else 360.0)
   isolate = (not smoke) if values.isolate is None else bool(values.isolate)
+  unknown = [p for p in values.gpu_autotune_parts if p not in PART_FUNCTIONS]
+  if unknown:
+    raise app.UsageError(f"unknown --gpu_autotune_parts {unknown}; known: {', '.join(PARTS)}")
   start = time.time()
-  parts = run_parts(values.parts, smoke, budget_s, isolate)
+  parts = run_parts(
+    values.parts,
+    smoke,
+    budget_s,
+    isolate,
+    values.gpu_autotune_level,
+    tuple(values.gpu_autotune_parts),
+  )
   devices = [p["device"] for p in parts.values() if str(p.get("device", "")).count(":")]
   result = dict(
     device=devices[0] if devices else None,
@@ -759,6 +888,10 @@ def main(argv, values: flags.FlagValues = flags.FLAGS):
     smoke=smoke,
     isolated=isolate,
     budget_s=budget_s,
+    # What the parts ran under: the autotune setting asked for (applied to isolated parts;
+    # each part records its own XLA_FLAGS and level as xla_flags, xla_gpu_autotune_level).
+    gpu_autotune_level=values.gpu_autotune_level,
+    gpu_autotune_parts=list(values.gpu_autotune_parts) if isolate else [],
     total_seconds=time.time() - start,
     sizes=SMOKE if smoke else FULL,
     summary=summary(parts),

@@ -68,6 +68,7 @@ def _prepare_environment():
 
 _prepare_environment()
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -81,8 +82,9 @@ import optax
 from absl import app, flags
 from jax.sharding import NamedSharding, PartitionSpec
 
+from stori_jax import profiling
 from stori_jax.bundle import CLIPBundle
-from stori_jax.encoding import l2_normalize_jax
+from stori_jax.encoding import l2_normalize, l2_normalize_jax
 from stori_jax.fewshot import prompts as prompt_lib
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
 from stori_jax.fewshot.text_classifier import (
@@ -91,7 +93,7 @@ from stori_jax.fewshot.text_classifier import (
   cross_entropy_loss,
   prompt_mesh,
 )
-from stori_jax.fewshot.trainer import make_train_step, stori_method
+from stori_jax.fewshot.trainer import init_train_state, make_train_step, stori_method
 from stori_jax.models import (
   CLIP,
   get_architecture,
@@ -516,40 +518,63 @@ def setup(opts, with_torch: bool) -> Setup:
   )
 
 
-def ours_runner(s: Setup) -> dict:
+def ours_runner(s: Setup, check: bool = True, on_phase=None) -> dict:
   """This implementation's step, ready to run: run() takes one step (blocked on) and returns its
-  metrics; first_call_s (two warm-up steps: compilation, and the retrace on the step's own
-  output shardings), prefix_s and image_s (the one-time prefix cache and image features, both
-  with their compilation), the step-0 loss; check_loss, embeddings float32 [C, E] and grads
-  float32 [P, 77] at the check point; cache_size() counts the step's compiled programs."""
+  metrics; first_call_s (the first step, with its compilation), prefix_s and image_s (the
+  one-time prefix cache and image features, both with their compilation), the step-0 loss;
+  with `check`, check_loss, embeddings float32 [C, E] and grads float32 [P, 77] at the check
+  point (a value_and_grad program of its own, compiled before the first step: leave it out
+  where only the step is timed); phases:
+  {phase: {"seconds", "compiles": profiling.Compilations.as_dict(programs=True)}} for prefix,
+  image, state, check (with `check`) and first_call (the step: one program), each also passed
+  to on_phase(name, figures) as it ends (a caller that may be stopped keeps what it got)."""
   bundle, bank, opts = s.bundle, s.bank, s.opts
+  phases = {}
+
+  @contextlib.contextmanager
+  def phase(name):
+    start = time.perf_counter()
+    with profiling.compilations() as compiled:
+      yield
+    phases[name] = dict(
+      seconds=time.perf_counter() - start, compiles=compiled.as_dict(programs=True)
+    )
+    if on_phase is not None:
+      on_phase(name, phases[name])
+
   # 1. Ours: the prefix cache and image features are computed once, before the steps.
-  start = time.perf_counter()
-  classifier = WeightedTextClassifier(bundle, bank, opts.start_block, s.mesh)
-  jax.block_until_ready(classifier.prefix)
-  prefix_s = time.perf_counter() - start
-  start = time.perf_counter()
-  features = np.asarray(l2_normalize_jax(bundle.encode_image(s.pixels)))
-  image_s = time.perf_counter() - start
+  with phase("prefix"):
+    classifier = WeightedTextClassifier(bundle, bank, opts.start_block, s.mesh)
+    jax.block_until_ready(classifier.prefix)
+  with phase("image"):
+    # Normalised on the host: eager jnp ops would compile a program each.
+    features = l2_normalize(np.asarray(bundle.encode_image(s.pixels)))
   opt_config = ml_collections.ConfigDict({"optim": {"lr": opts.lr}})
   method = stori_method(opt_config, classifier, s.total_steps)
   train_step = make_train_step(method, bundle.logit_scale)
   features_d, labels_d = classifier.replicate(features), classifier.replicate(s.labels)
   check_parts = [classifier._shard(p) for p in to_buckets(bank, s.check_full)]
-  state = {
-    "params": check_parts,
-    "opt_state": method.optimizer.init(check_parts),
-    "step": jnp.zeros((), jnp.int32),
-  }
+  with phase("state"):
+    # Placed as the step's outputs are: the step compiles once (trainer.init_train_state).
+    state = init_train_state(method, check_parts, NamedSharding(s.mesh, PartitionSpec()))
+  figures = {}
+  if check:
 
-  def ours_loss(log_w, context, features, labels):
-    embeddings = classifier.class_embeddings(log_w, context)
-    loss, _ = cross_entropy_loss(embeddings, features, labels, bundle.logit_scale)
-    return loss, embeddings
+    def ours_loss(log_w, context, features, labels):
+      embeddings = classifier.class_embeddings(log_w, context)
+      loss, _ = cross_entropy_loss(embeddings, features, labels, bundle.logit_scale)
+      return loss, embeddings
 
-  ours_check = jax.jit(jax.value_and_grad(ours_loss, has_aux=True))
-  (check_loss, embeddings), grads = ours_check(check_parts, method.context, features_d, labels_d)
-  grads = from_buckets(bank, [np.asarray(g) for g in grads])
+    with phase("check"):
+      ours_check = jax.jit(jax.value_and_grad(ours_loss, has_aux=True))
+      (check_loss, embeddings), grads = ours_check(
+        check_parts, method.context, features_d, labels_d
+      )
+      figures.update(
+        check_loss=float(check_loss),
+        embeddings=np.asarray(embeddings),
+        grads=from_buckets(bank, [np.asarray(g) for g in grads]),
+      )
 
   def run():
     nonlocal state
@@ -557,27 +582,22 @@ def ours_runner(s: Setup) -> dict:
     jax.block_until_ready(state)
     return metrics
 
-  out = {}
-  first_call_s = _timed(lambda: out.__setitem__("loss", float(run()["loss"])))
-  # The step's outputs may carry other (equivalent) shardings than our initial state, which
-  # retraces once: warm up until the input shardings are the step's own.
-  first_call_s += _timed(run)
+  with phase("first_call"):
+    loss = float(run()["loss"])
   return dict(
     run=run,
-    first_call_s=first_call_s,
-    prefix_s=prefix_s,
-    image_s=image_s,
-    loss=out["loss"],
-    check_loss=float(check_loss),
-    embeddings=np.asarray(embeddings),
-    grads=grads,
-    cache_size=train_step._cache_size,
+    first_call_s=phases["first_call"]["seconds"],
+    prefix_s=phases["prefix"]["seconds"],
+    image_s=phases["image"]["seconds"],
+    loss=loss,
+    phases=phases,
+    **figures,
   )
 
 
 def naive_runner(s: Setup) -> dict:
   """The naive JAX step at the check point, ready to run: run(details) takes one step; also
-  first_call_s, the step-0 loss, embeddings, grads and cache_size (as ours_runner)."""
+  first_call_s, the step-0 loss, embeddings and grads (as ours_runner)."""
   naive_optimizer = optax.adam(_schedule(s.opts.lr, s.total_steps))
   naive_step = make_naive_step(
     s.bundle.model, s.blocks, s.opts.num_classes, s.bundle.logit_scale, naive_optimizer
@@ -600,7 +620,6 @@ def naive_runner(s: Setup) -> dict:
     loss=float(naive["loss"]),
     embeddings=np.asarray(naive["embeddings"]),
     grads=np.asarray(naive["grads"]) * s.trainable,
-    cache_size=naive_step._cache_size,
   )
 
 
@@ -682,13 +701,17 @@ def benchmark(opts):
   print(f"  agreement within 1e-4 (loss and class embeddings): {'yes' if agree else 'NO'}")
 
   # Timed rounds: one step of each implementation per round, alternating.
-  cached = {n: impl["cache_size"] for n, impl in implementations.items() if "cache_size" in impl}
-  cache_sizes = {n: size() for n, size in cached.items()}
-  rounds = []
-  for _ in range(opts.repeats):
-    rounds.append({name: _timed(run) for name, run in runners.items()})
-  if {n: size() for n, size in cached.items()} != cache_sizes:
-    print("WARNING: a JAX step compiled again during the timed rounds; the figures include it.")
+  # Compilations during the timed rounds: none once each step has run (JAX's dispatch cache
+  # may add an entry for the outputs' equivalent shardings, which compiles nothing).
+  with profiling.compilations() as timed_compiles:
+    rounds = []
+    for _ in range(opts.repeats):
+      rounds.append({name: _timed(run) for name, run in runners.items()})
+  if timed_compiles.count:
+    print(
+      f"WARNING: {timed_compiles.count} programs compiled during the timed rounds "
+      f"({', '.join(timed_compiles.by_name())}); the figures include them."
+    )
   median = {name: float(np.median([r[name] for r in rounds])) for name in runners}
   flops = expected_flops(config, bank, s.blocks, len(bank.texts), opts.batch)
   speedup = {
@@ -719,6 +742,9 @@ def benchmark(opts):
     "expected_speedup_from_flops": flops["naive"] / flops["ours"],
     "first_call_s": compile_s,
     "ours_one_time_s": {"prefix_cache": ours["prefix_s"], "image_features": ours["image_s"]},
+    # Seconds and XLA compilations of ours by phase (the step: one program), with names.
+    "ours_phases": ours["phases"],
+    "compiles_in_timed_rounds": timed_compiles.count,
     "step0_losses": losses,
     "checks_vs_ours": checks,
     "agree_1e-4": agree,

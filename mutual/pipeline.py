@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mutual import concepts, crf, descriptors, features, foreground, information, transport
-from mutual import paper_config, visual_prompts
+from mutual import ellipse, paper_config, visual_prompts
 from stori_jax.data import synthetic_tasks
 from stori_jax.encoding import encode_texts, l2_normalize
 from stori_jax.preprocess import normalize
@@ -252,12 +252,19 @@ def concept_maps(
   if method == "pca":
     return concepts.pca_concepts(features_, mask, n_concepts=n_concepts, sign_rule=pca_sign_rule)
   if method == "kmeans":
-    return concepts.kmeans_concepts(
-      features_, mask, n_concepts=n_concepts, seed=seed, init=kmeans_init
-    )
+    return _kmeans_maps(features_, mask, n_concepts, seed, kmeans_init)
   raise ValueError(f"concept method must be one of {METHODS}, got {method!r}.")
 
 
+# One program per class shape: eagerly, K-means' flattening, normalisation and start draws
+# compiled about 20 small programs of their own. (PCA's few eager ops stay: its SVD measured
+# slower inlined into a larger program on XLA:CPU.)
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _kmeans_maps(features_, mask, n_concepts: int, seed: int, init: str) -> jax.Array:
+  return concepts.kmeans_concepts(features_, mask, n_concepts=n_concepts, seed=seed, init=init)
+
+
+@jax.jit  # one program, not the ~11 of its eager index arithmetic
 def pixel_concepts(maps: jax.Array, pixel_mask: jax.Array) -> jax.Array:
   """Patch concept maps [B, h, w] -> pixel maps int32 [B, H, W] (nearest), -1 outside the
   refined foreground (the reference blanks concept pixels the CRF calls background)."""
@@ -266,6 +273,44 @@ def pixel_concepts(maps: jax.Array, pixel_mask: jax.Array) -> jax.Array:
   cols = (jnp.arange(width) * maps.shape[2]) // width
   upsampled = maps[:, rows][:, :, cols]
   return jnp.where(pixel_mask, upsampled, -1)
+
+
+# The glue between the stages in a few programs: eager jnp ops outside jit compile a program each
+# (per op and shape, once: about 100 small programs for a class seen first).
+
+
+@jax.jit
+def _float32(image_embeddings, patch):
+  """The tower outputs as float32 (exact), in one program."""
+  return image_embeddings.astype(jnp.float32), patch.astype(jnp.float32)
+
+
+@jax.jit
+def _scores(image_embeddings, class_embeddings_t):
+  """Class scores float32 [B, C] of float32 [B, E] and [E, C] (the classes' rows transposed on
+  the host: a product of materialised fp32 operands at full precision, as the eager product
+  was, bit for bit; a transpose or convert fused into it changes XLA's kernel and the last
+  bits), and the predicted class int32 [B]."""
+  class_scores = jnp.matmul(
+    image_embeddings, class_embeddings_t, precision=jax.lax.Precision.HIGHEST
+  )
+  return class_scores, jnp.argmax(class_scores, axis=-1)
+
+
+_upsample_mask = jax.jit(foreground.upsample_mask, static_argnums=1)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _reference_uint8(images, mean: tuple, std: tuple):
+  """The reference's uint8 round trip of uint8 images (ellipse.reference_uint8) as one program;
+  crf.refine(round_trip=...) runs it eagerly (some 14 small programs)."""
+  return ellipse.reference_uint8(images, mean, std)
+
+
+@jax.jit
+def _keep_nonempty(refined, coarse):
+  """refined bool [B, H, W], or coarse for an image whose refined foreground is empty."""
+  return jnp.where(jnp.any(refined, axis=(1, 2), keepdims=True), refined, coarse)
 
 
 def tower_bundle(bundle, analysis):
@@ -306,29 +351,33 @@ def vision_side(
     bundle, x, kind=analysis.feature_kind, per_pass=per_pass
   )
   # The splits and fits run in float32 whatever the towers' compute dtype.
-  image_embeddings, patch = image_embeddings.astype(jnp.float32), patch.astype(jnp.float32)
-  class_scores = jnp.matmul(
-    image_embeddings, jnp.asarray(bank.class_embeddings).T, precision=jax.lax.Precision.HIGHEST
+  image_embeddings, patch = _float32(image_embeddings, patch)
+  class_scores, predicted = _scores(
+    image_embeddings, np.ascontiguousarray(np.asarray(bank.class_embeddings).T)
   )
-  predicted = jnp.argmax(class_scores, axis=-1)
   fg = foreground.prominent_patches(
     patch, joint=bool(analysis.joint_foreground), center=bool(analysis.center_features)
   )
   size = images.shape[1]
-  coarse = foreground.upsample_mask(fg, size)
+  coarse = _upsample_mask(fg, size)
   confidence = stages["crf_confidence"]
   if analysis.crf:
-    # The reference's CRF ("lattice") refines the uint8 image it draws on (the round trip).
-    lattice = stages["crf_filter"] == "lattice"
-    trip = (bundle.preprocess_config.mean, bundle.preprocess_config.std) if lattice else None
-    refined = crf.refine(
-      images, coarse, confidence=confidence, filter=stages["crf_filter"], round_trip=trip
-    )
+    # The reference's CRF ("lattice") refines the uint8 image it draws on (the round trip,
+    # which crf.refine(round_trip=...) would run op by op).
+    drawn = images
+    if stages["crf_filter"] == "lattice":
+      preprocess = bundle.preprocess_config
+      drawn = _reference_uint8(
+        jax.device_put(images),
+        tuple(map(float, preprocess.mean)),
+        tuple(map(float, preprocess.std)),
+      )
+    refined = crf.refine(drawn, coarse, confidence=confidence, filter=stages["crf_filter"])
   else:
     refined = coarse
   # Where the CRF removes a whole foreground, keep the unrefined one (the reference would fail
   # to fit an ellipse there).
-  refined = jnp.where(jnp.any(refined, axis=(1, 2), keepdims=True), refined, coarse)
+  refined = _keep_nonempty(refined, coarse)
   out: dict[str, Any] = dict(
     image_embeddings=np.asarray(image_embeddings),
     predicted=np.asarray(predicted),
@@ -394,14 +443,18 @@ def analyze_class(
   out: dict[str, Any] = {
     k: vision[k] for k in ("predicted", "class_scores", "foreground", "refined")
   }
+  # Transferred once for both methods (device_put compiles nothing; jnp.asarray would).
+  descriptor_embeddings, class_embeddings = jax.device_put(
+    (np.asarray(bank.descriptor_embeddings), np.asarray(bank.class_embeddings))
+  )
   for method in methods:
     v = vision[method]
     stages = language_stages(
       v["concept_embeddings"],
       v["concept_valid"],
       vision["image_embeddings"],
-      jnp.asarray(bank.descriptor_embeddings),
-      jnp.asarray(bank.class_embeddings),
+      descriptor_embeddings,
+      class_embeddings,
       vision["predicted"],
       **options,
     )

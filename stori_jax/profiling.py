@@ -50,20 +50,38 @@ class Compilations:
 
   count: XLA backend compilations (int); seconds: their total duration (float). Also the
   seconds spent lowering (jaxpr to MLIR) and tracing (Python to jaxpr), whose work precedes a
-  compilation but also happens alone (a retrace that hits the compilation cache)."""
+  compilation but also happens alone (a retrace that hits the compilation cache). programs:
+  (name, seconds) of each compilation in order, the name being the jitted function's (`jit(f)`;
+  an eager op outside jit compiles a program named after the op, e.g. `jit(broadcast_in_dim)`;
+  "?" where the JAX release does not pass the name with the event)."""
 
   count: int = 0
   seconds: float = 0.0
   lowering_seconds: float = 0.0
   tracing_seconds: float = 0.0
+  programs: list[tuple[str, float]] = dataclasses.field(default_factory=list)
 
-  def as_dict(self) -> dict:
-    return dict(
+  def by_name(self) -> dict[str, dict]:
+    """{program name: {"count", "seconds"}}, the most compiled first."""
+    out: dict[str, dict] = {}
+    for name, seconds in self.programs:
+      entry = out.setdefault(name, {"count": 0, "seconds": 0.0})
+      entry["count"] += 1
+      entry["seconds"] += seconds
+    ordered = sorted(out.items(), key=lambda item: (-item[1]["count"], -item[1]["seconds"]))
+    return {name: dict(count=e["count"], seconds=round(e["seconds"], 4)) for name, e in ordered}
+
+  def as_dict(self, programs: bool = False) -> dict:
+    """The totals; with `programs`, also `by_name()` under "programs"."""
+    out = dict(
       count=self.count,
       seconds=round(self.seconds, 4),
       lowering_seconds=round(self.lowering_seconds, 4),
       tracing_seconds=round(self.tracing_seconds, 4),
     )
+    if programs:
+      out["programs"] = self.by_name()
+    return out
 
 
 _lock = threading.Lock()
@@ -72,7 +90,7 @@ _registered = False
 
 
 def _listener(event: str, duration: float, *args, **kwargs) -> None:
-  del args, kwargs  # newer JAX passes event tags
+  del args  # JAX passes event tags as keywords (fun_name: the program's name)
   if event not in (BACKEND_COMPILE_EVENT, LOWERING_EVENT, TRACING_EVENT):
     return
   with _lock:
@@ -80,6 +98,7 @@ def _listener(event: str, duration: float, *args, **kwargs) -> None:
       if event == BACKEND_COMPILE_EVENT:
         counter.count += 1
         counter.seconds += float(duration)
+        counter.programs.append((str(kwargs.get("fun_name", "?")), float(duration)))
       elif event == LOWERING_EVENT:
         counter.lowering_seconds += float(duration)
       else:

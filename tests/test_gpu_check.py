@@ -31,13 +31,22 @@ FIELDS = {
     "projected_imagenet_val_minutes",
   ),
   "reference": ("seconds_per_image", "images"),
-  "train_ours": ("seconds_per_step", "first_call_seconds", "prompts"),
+  "train_ours": (
+    "seconds_per_step",
+    "first_call_seconds",
+    "prompts",
+    "setup_seconds",
+    "first_call_compiles",
+    "compiles_in_timed_steps",
+  ),
   "train_torch": ("seconds_per_step", "first_call_seconds", "prompts"),
   "reweight": ("float32", "bfloat16"),
   "features": ("image_max_rel_error", "text_max_rel_error"),
 }
 COUNTS = (
   "compiles",
+  "first_call_compiles",
+  "compiles_in_timed_steps",
   "compiles_first_class",
   "compiles_after_first_class",
   "images",
@@ -91,6 +100,20 @@ def test_smoke_writes_every_field(tmp_path):
   for key, value in result["summary"].items():
     assert _finite(value), (key, value)
   assert isinstance(result["summary"]["mutual_compiles"], int)
+  # Every part records its compilations (named) and the XLA_FLAGS it ran under.
+  for name, part in result["parts"].items():
+    compiles = part["part_compiles"]
+    assert isinstance(compiles["count"], int) and _finite(compiles["seconds"]), name
+    assert sum(p["count"] for p in compiles["programs"].values()) == compiles["count"], name
+    assert "xla_flags" in part and "xla_gpu_autotune_level" in part, name
+  assert mutual["compile_programs_first_class"]  # which programs the first class compiles
+  # The train step: one program on its first call, none after; its phases one by one, and no
+  # agreement check compiled in the timed part.
+  ours = result["parts"]["train_ours"]
+  assert ours["first_call_compiles"] == 1 and ours["compiles_in_timed_steps"] == 0
+  assert list(ours["phases"]["first_call"]["compiles"]["programs"]) == ["jit(train_step)"]
+  assert set(ours["phases"]) == {"prefix", "image", "state", "first_call"}
+  assert result["gpu_autotune_level"] == 0 and result["gpu_autotune_parts"] == []
 
 
 def test_a_part_over_its_budget_is_recorded_and_the_rest_skipped(monkeypatch):
@@ -122,3 +145,20 @@ def test_a_part_over_its_budget_is_recorded_and_the_rest_skipped(monkeypatch):
     )
   )
   assert "overran" in table and "skipped" in table
+
+
+def test_the_autotune_level_goes_to_the_chosen_parts_only(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+  flags_of = gpu_check._child_xla_flags  # pylint: disable=protected-access
+  level_of = gpu_check._autotune_level  # pylint: disable=protected-access
+  assert flags_of("train_ours", 0, gpu_check.AUTOTUNE_PARTS) == (
+    "--xla_dump_to=/tmp/x --xla_gpu_autotune_level=0"
+  )
+  assert level_of(flags_of("train_ours", 2, ("train_ours",))) == 2
+  # The mutual part keeps XLA's default; -1 leaves every part alone.
+  assert flags_of("mutual", 0, gpu_check.AUTOTUNE_PARTS) == "--xla_dump_to=/tmp/x"
+  assert flags_of("train_ours", -1, gpu_check.AUTOTUNE_PARTS) == "--xla_dump_to=/tmp/x"
+  assert level_of("--xla_dump_to=/tmp/x") is None
+  # A level XLA_FLAGS sets already wins.
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=3")
+  assert level_of(flags_of("train_ours", 0, gpu_check.AUTOTUNE_PARTS)) == 3

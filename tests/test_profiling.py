@@ -59,3 +59,20 @@ def test_host_clock_excludes_a_long_device_execution():
     with clocks.split():
       pass
   assert clocks.wall_seconds >= 0.0 and clocks.host_seconds >= 0.0
+
+
+def test_compilations_are_named_after_their_programs():
+  @jax.jit
+  def triple(x):
+    return 3.0 * x
+
+  host = np.ones((7, 3), np.float32)
+  with profiling.compilations() as compiled:
+    jax.block_until_ready(triple(host))
+    jax.block_until_ready(jnp.sin(jax.device_put(host)))  # an eager op: a program of its own
+  names = compiled.by_name()
+  assert names["jit(triple)"]["count"] == 1 and names["jit(sin)"]["count"] == 1
+  assert sum(entry["count"] for entry in names.values()) == compiled.count
+  assert [name for name, _ in compiled.programs] == ["jit(triple)", "jit(sin)"]
+  assert compiled.as_dict(programs=True)["programs"] == names
+  assert "programs" not in compiled.as_dict()

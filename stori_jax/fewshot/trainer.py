@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from stori_jax import encoding, jsonio, multihost, run_identity
@@ -540,6 +540,44 @@ def make_train_step(method: Method, logit_scale: float):
   return jax.jit(train_step, donate_argnums=0)
 
 
+def init_train_state(method: Method, params: Any, replicated: jax.sharding.Sharding) -> dict:
+  """The state {"params", "opt_state", "step"} of `make_train_step`'s step, placed as the
+  step's outputs are, so that its second call reuses the first call's program.
+
+  params: `method.init()` (leaves that are not on a mesh are put on `replicated`, as their
+  copies in the step's outputs are);
+  replicated: the prompt mesh's replicated sharding. The optimiser's state is built in one
+  compiled program whose outputs carry the step's shardings (a copy of the params tree takes
+  the params' shardings, counts are replicated): eager `optimizer.init` compiled a small
+  program per op and bucket shape (7 for 5 buckets), and its replicated scalars, or a jitted
+  init's default placement, made the step compile a second time for its own outputs.
+  """
+
+  def place(x):
+    if isinstance(getattr(x, "sharding", None), NamedSharding):
+      return x
+    # The same host value on every process (multi-host safe, as classifier.replicate).
+    value = np.asarray(x)
+    return jax.make_array_from_callback(value.shape, replicated, lambda index: value[index])
+
+  params = jax.tree_util.tree_map(place, params)
+  shapes = jax.eval_shape(method.optimizer.init, params)
+  opt_shardings = optax.tree_map_params(
+    # Abstractly: optax calls init on a placeholder, whose eager counts would compile.
+    lambda placeholder: jax.eval_shape(method.optimizer.init, placeholder),
+    lambda _, sharding: sharding,
+    shapes,
+    jax.tree_util.tree_map(lambda x: x.sharding, params),
+    transform_non_params=lambda _: replicated,
+  )
+  init = jax.jit(
+    lambda p: (method.optimizer.init(p), jnp.zeros((), jnp.int32)),
+    out_shardings=(opt_shardings, replicated),
+  )
+  opt_state, step = init(params)
+  return {"params": params, "opt_state": opt_state, "step": step}
+
+
 def accuracy_report(
   class_embeddings, features: np.ndarray, labels: np.ndarray, class_names: Sequence[str]
 ) -> dict[str, Any]:
@@ -628,17 +666,7 @@ def run(
   )
   train_step = make_train_step(method, bundle.logit_scale)
   embed = jax.jit(method.class_embeddings)
-  params = method.init()
-  state = {
-    "params": params,
-    "opt_state": method.optimizer.init(params),
-    "step": jnp.zeros((), jnp.int32),
-  }
-  # Scalars (step, Adam's count) on the prompt mesh, as the step's outputs are: otherwise the
-  # second step sees other input shardings and compiles the step a second time.
-  state = jax.tree_util.tree_map(
-    lambda x: x if isinstance(x.sharding, NamedSharding) else classifier.replicate(x), state
-  )
+  state = init_train_state(method, method.init(), NamedSharding(mesh, PartitionSpec()))
   lr_key = "optim.lr" if method.name == "stori" else "taskres.lr"
   lr = config.optim.lr if method.name == "stori" else config.taskres.lr
   watch = NonFiniteWatch(
