@@ -171,7 +171,8 @@ def render_prompts(
     ellipse: "moments" (the moment ellipse, anti-aliased stroke, float blur) or "reference"
       (mutual.ellipse: OpenCV's contour, fitEllipse and drawing, in uint8; it always uses the
       largest outer contour, whatever largest_region, and a 1-pixel stroke at any size, as
-      cv2.ellipse(..., thickness=1) draws, so thickness must be 1).
+      cv2.ellipse(..., thickness=1) draws, so thickness must be 1; the reference's seeding
+      protocol with seed 0: mutual.ellipse.reference_prompts).
     round_trip: with "reference", (mean, std) of the normalisation the reference's image went
       through before it was turned back to uint8 by truncation (mutual.ellipse.reference_uint8);
       None takes the pixels as they are (rounded to uint8).
@@ -214,6 +215,30 @@ def render_prompts(
   )
 
 
+# Small jitted pieces: eager jnp ops outside jit compile one program each (per op and shape).
+
+
+@jax.jit
+def _unit_from_uint8(images):
+  """uint8 [...] -> float32 in [0, 1] (x / 255)."""
+  return images.astype(jnp.float32) / 255.0
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _reference_pixels(pixels, mean: tuple, std: tuple):
+  """float32 [0, 1] pixels -> the reference's uint8 image (8-bit values, then
+  reference_ellipse.reference_uint8's round trip)."""
+  pixels = jnp.round(jnp.clip(pixels, 0.0, 1.0) * 255).astype(jnp.uint8)
+  return reference_ellipse.reference_uint8(pixels, mean, std)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _rows_per_map(table, index, maps: int):
+  """_take_rows of index int32 [M, ...], split into M arrays (one program)."""
+  out = _take_rows(table, index)
+  return tuple(out[m] for m in range(maps))
+
+
 def _unit_pixels(bundle, images, normalized: bool) -> jax.Array:
   """Images (uint8, [0, 1] floats, or bundle-normalised floats with normalized=True) ->
   float32 [B, S, S, 3] in [0, 1]."""
@@ -221,7 +246,7 @@ def _unit_pixels(bundle, images, normalized: bool) -> jax.Array:
   if images.ndim == 3:
     images = images[None]
   if images.dtype == np.uint8:
-    return jnp.asarray(images, jnp.float32) / 255.0
+    return _unit_from_uint8(images)
   images = images.astype(np.float32)
   if normalized:
     mean = np.asarray(bundle.preprocess_config.mean, np.float32)
@@ -404,7 +429,8 @@ def concept_embeddings_of_maps(
       are replicated on them); default this process's devices. The result does not depend on
       them beyond float32 summation order.
     ellipse_seed: with ellipse="reference", the seed of the reference's random padding of
-      contours under 5 points (config.analysis.ellipse_seed; mutual.ellipse.padded_ellipses).
+      contours under 5 points and of OpenCV's cv::theRNG() (config.analysis.ellipse_seed;
+      mutual.ellipse.padded_ellipses: both seeded anew per image and method).
       The reference's ellipses differ by method there, so equal regions of two maps are not
       shared in that mode.
     per_pass: on one device, images per tower pass inside a call (mutual.features.
@@ -431,9 +457,8 @@ def concept_embeddings_of_maps(
       f"concept maps must be int [B, h, w] with B = {batch}, got {[m.shape for m in maps]}."
     )
   if ellipse == "reference":
-    pixels = jnp.round(jnp.clip(pixels, 0.0, 1.0) * 255).astype(jnp.uint8)
     mean, std = bundle.preprocess_config.mean, bundle.preprocess_config.std
-    pixels = reference_ellipse.reference_uint8(pixels, mean, std)
+    pixels = _reference_pixels(pixels, tuple(map(float, mean)), tuple(map(float, std)))
     if maps.shape[2:] != (height, width):
       # Nearest upsampling, indexed as cv2.resize(INTER_NEAREST) and pipeline.pixel_concepts do.
       rows = (jnp.arange(height) * maps.shape[2]) // height
@@ -459,22 +484,23 @@ def concept_embeddings_of_maps(
     blur_size=blur_size,
     largest_region=largest_region,
   )
-  mean = jnp.asarray(bundle.preprocess_config.mean, jnp.float32)
-  std = jnp.asarray(bundle.preprocess_config.std, jnp.float32)
+  # Host arrays placed with device_put (jnp.asarray and jnp.zeros would compile a program each).
+  mean = jax.device_put(np.asarray(bundle.preprocess_config.mean, np.float32))
+  std = jax.device_put(np.asarray(bundle.preprocess_config.std, np.float32))
   # Every call has `chunk` regions: one compiled program whatever the images hold.
   per_call = _regions_per_pass(chunk, per_pass if shard is None else None)
   # The distinct regions' embeddings, written call by call into a table of fixed size (so the
   # writes and the final gather compile once too); a call's padding rows are overwritten by
   # the next call's or never read.
-  table = jnp.zeros((present.size + chunk, bundle.config.embed_dim), jnp.float32)
+  table = jax.device_put(np.zeros((present.size + chunk, bundle.config.embed_dim), np.float32))
   for start in _chunk_starts(len(pairs), chunk):
     real = min(chunk, len(pairs) - start)
     # Padding repeats the last region.
     index = pairs[np.minimum(np.arange(start, start + chunk), start + real - 1)]
-    index = jax.device_put(index, shard) if shard is not None else jnp.asarray(index)
+    index = jax.device_put(index, shard) if shard is not None else jax.device_put(index)
     ellipses = None
     if ellipse == "reference":
-      # The reference's padding of short contours (Python's `random`, seed 0 per map).
+      # The reference's protocol: Python's `random` and cv::theRNG() seeded anew per map.
       found = reference_ellipse.padded_ellipses(maps, index, n_concepts, seed=ellipse_seed)
       ellipses = (found["stroke"], found["filled"])
     embedded = _region_embeddings(
@@ -492,8 +518,8 @@ def concept_embeddings_of_maps(
     table = _put_rows(table, embedded, np.int32(start))
   rows = np.full(present.shape, -1, np.int32)
   rows[tuple(every_pair.T)] = copies
-  out = _take_rows(table, jnp.asarray(rows))
-  return [(out[m], jnp.asarray(present[m])) for m in range(len(maps_per_method))]
+  out = _rows_per_map(table, jax.device_put(rows), len(maps_per_method))
+  return [(out[m], jax.device_put(present[m])) for m in range(len(maps_per_method))]
 
 
 def concept_embeddings(

@@ -22,13 +22,15 @@ Where the reference is random or undefined, both sides share one deterministic r
 design.md, "Analysis modes"):
   * K-means start: the reference draws it with numpy's unseeded generator; here it is the
     project's seeded draw (mutual.concepts.random_start), handed to kmeans_pytorch;
-  * contours under 5 points are padded as utils.py pads them, from Python's `random` seeded
-    with `ellipse_seed` anew before each image's concepts of each method (the reference draws
-    from the unseeded global generator); where OpenCV's fit is itself random (its 5-point direct
-    fit or a degenerate least-squares fit, both redone with cv::theRNG(), whose state depends on
-    every earlier fit of the process: two calls then disagree) or the padding raises
-    (randint(0, -1) on a last point with a 0 coordinate): a zero-size ellipse at the centroid of
-    the contour points (mutual.ellipse's rule);
+  * contours under 5 points are padded as utils.py pads them, from Python's `random`, and
+    OpenCV's fits that move points by cv::theRNG() (a 5-point direct fit whose determinant is
+    round-off, a degenerate least-squares fit) draw from theRNG: both generators are seeded with
+    `ellipse_seed` (random.seed, cv2.setRNGSeed) anew before each image's concepts of each
+    method (the reference draws from the unseeded global generator and from theRNG's state of
+    the moment, which every earlier fit of the process moves). Where the reference raises (the
+    padding's randint(0, -1) on a last point with a 0 coordinate, which reads no word here, or
+    a box whose size is not a number, which cv2.ellipse refuses): a zero-size ellipse at the
+    centroid of the contour points (mutual.ellipse's rule);
   * PCA: the exact SVD (svd_solver="full"); scikit-learn before 1.5 switched to an unseeded
     randomized SVD above 500 x 500 inputs, whose axes agree with the exact ones;
   * ties in the transport plan (e.g. the uniform row of a single concept): the entries of a row
@@ -278,9 +280,11 @@ def crf_mask(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def ellipse_box(region: np.ndarray, rng: random.Random | None = None):
   """The reference's ellipse of a concept region: fitEllipse on the outer contour of largest
   contourArea, a contour under 5 points first padded with rng.randint(0, last - 1) per
-  coordinate of each missing point (`rng`: the reference's `random`, seeded; None: no padding);
-  the shared rule (a zero-size ellipse at the contour points' centroid) where OpenCV's fit is
-  random (two calls disagree), the padding raises, or there is no padding."""
+  coordinate of each missing point (`rng`: the reference's `random`, seeded; None: no padding).
+  fitEllipse is called once, as the reference calls it: where it moves points, it draws from
+  cv::theRNG() (the caller seeds it). The shared rule (a zero-size ellipse at the contour
+  points' centroid) where the padding raises (no word read), there is no padding, or the box's
+  size is not a number."""
   contours, _ = cv2.findContours(region.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
   contour = max(contours, key=cv2.contourArea)
   points = contour[:, 0]
@@ -290,17 +294,14 @@ def ellipse_box(region: np.ndarray, rng: random.Random | None = None):
     if rng is None:
       return zero
     last_x, last_y = (int(v) for v in points[-1])
-    try:
-      extra = [
-        [rng.randint(0, last_x - 1), rng.randint(0, last_y - 1)] for _ in range(5 - len(points))
-      ]
-    except ValueError:  # randint(0, -1): the reference stops here
+    if min(last_x, last_y) < 1:  # randint(0, -1): the reference stops here
       return zero
+    extra = [
+      [rng.randint(0, last_x - 1), rng.randint(0, last_y - 1)] for _ in range(5 - len(points))
+    ]
     contour = np.concatenate([contour, np.asarray(extra, np.int32)[:, None]])
   box = cv2.fitEllipse(contour)
-  # OpenCV redraws random offsets (cv::theRNG) only on its random paths, so a second call
-  # gives another box exactly there.
-  if cv2.fitEllipse(contour) != box or not np.all(np.isfinite(np.ravel(box[:2]))):
+  if np.isnan(box[1]).any():  # cv2.ellipse refuses it: the reference stops here
     return zero
   return box
 
@@ -504,8 +505,9 @@ def analyze_class(
       (`numpy.random.choice` without replacement, seeded with kmeans_seed); the checks pass
       `mutual.concepts.kmeans_start_indices` so that both sides start from the same rows.
     pca_sign_rule: "sklearn<1.5" (the reference's) or "sklearn>=1.5".
-    ellipse_seed: Python's `random` is seeded with it before each image's concepts of each
-      method are prompted (the padding of contours under 5 points; ellipse_box).
+    ellipse_seed: Python's `random` and OpenCV's cv::theRNG() are seeded with it
+      (random.seed, cv2.setRNGSeed) before each image's concepts of each method are prompted
+      (the padding of contours under 5 points and OpenCV's moved points; ellipse_box).
     offset, top: the relevance offset and the descriptors per concept.
     desc_tokens: int [D, context], the descriptors' token ids: when given, the image scores
       re-encode the image and the scored descriptors each time, as the reference's code does
@@ -576,7 +578,9 @@ def analyze_class(
       pixels = np.where(refined[i], pixels, -1).astype(np.int64)
       result["pixel_maps"][i] = pixels
       present = concept_order(pixels)
-      rng = random.Random(ellipse_seed)  # random.seed(ellipse_seed), once per image and method
+      # random.seed(ellipse_seed) and cv2.setRNGSeed(ellipse_seed), once per image and method.
+      rng = random.Random(ellipse_seed)
+      cv2.setRNGSeed(ellipse_seed)
       rendered = [prompts(shown[i], ellipse_box(pixels == c, rng)) for c in present]
       language = torch.topk(weights[predicted[i]], u).indices.tolist()
       candidates, per_concept, ordered = [], [], []
