@@ -11,7 +11,7 @@ from sklearn.decomposition import PCA
 from sklearn.preprocessing import MinMaxScaler
 from sklearn.utils.extmath import svd_flip
 
-from mutual import concepts, paper_config, pipeline
+from mutual import concepts, ellipse, paper_config, pipeline
 from stori_jax.config_files import ConfigError
 
 STAGES = ("ellipse", "crf_confidence", "pca_sign_rule", "kmeans_init", "crf_filter")
@@ -95,8 +95,11 @@ def test_vision_side_passes_each_stage_on(tiny_synthetic, monkeypatch):
   """The resolved stages reach the CRF, the concept fits and the visual prompts."""
   seen = {}
 
+  drawn = {}
+
   def refine(images, mask, **kwargs):
     seen["crf"] = kwargs
+    drawn["images"] = np.asarray(images)
     return jnp.asarray(mask)
 
   def embeddings(bundle, images, maps_per_method, n_concepts, **kwargs):
@@ -125,11 +128,14 @@ def test_vision_side_passes_each_stage_on(tiny_synthetic, monkeypatch):
     seen.clear()
     analysis = paper_config.analysis_config(mode=mode, joint_foreground=False)
     pipeline.vision_side(bundle, images, bank, analysis)
-    trip = None
+    expected = images
     if stages["crf_filter"] == "lattice":  # the reference's CRF: on its uint8 round trip
-      trip = (bundle.preprocess_config.mean, bundle.preprocess_config.std)
+      mean, std = bundle.preprocess_config.mean, bundle.preprocess_config.std
+      expected = np.asarray(ellipse.reference_uint8(images, tuple(mean), tuple(std)))
+      assert not np.array_equal(expected, images)  # the round trip changes pixels
+    np.testing.assert_array_equal(drawn["images"], expected)
     assert seen == dict(
-      crf=dict(confidence=stages["crf_confidence"], filter=stages["crf_filter"], round_trip=trip),
+      crf=dict(confidence=stages["crf_confidence"], filter=stages["crf_filter"]),
       prompts=dict(ellipse=stages["ellipse"]),
       pca=stages["pca_sign_rule"],
       kmeans=stages["kmeans_init"],
