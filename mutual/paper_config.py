@@ -73,8 +73,9 @@ ANALYSIS_DEFAULTS = dict(
   center_features=False,  # centre the patch features before the split (not in the reference)
   n_concepts=5,  # L
   kmeans_seed=0,
-  # Reference mode's padding of contours under 5 points: Python's `random` seeded with it
-  # before each image's concepts of each method (mutual.ellipse.padded_ellipses).
+  # Reference mode's seeding protocol: Python's `random` (the padding of contours under 5
+  # points) and OpenCV's cv::theRNG() (cv2.setRNGSeed: the points its fitEllipse moves) seeded
+  # with it before each image's concepts of each method (mutual.ellipse.padded_ellipses).
   ellipse_seed=0,
   compute_dtype="float32",  # the vision towers' ("bfloat16" on GPU / TPU); language stages fp32
   # Concept regions (3 prompts each) per vision-tower call: the library's own call shape.
@@ -204,6 +205,12 @@ def check_analysis(analysis) -> dict:
       raise ConfigError(
         f"config.analysis.{key} ({meaning}) must be an integer >= {lowest}, got {value!r}."
       )
+  # cv2.setRNGSeed takes a 32-bit int: a larger seed could not be given to the authors' code.
+  if analysis_value(analysis, "ellipse_seed") >= 2**31:
+    raise ConfigError(
+      "config.analysis.ellipse_seed must be below 2**31 (2147483648): OpenCV's cv2.setRNGSeed, "
+      f"which the reference seeds with it, takes a 32-bit int; got {analysis.ellipse_seed}."
+    )
   return stages
 
 

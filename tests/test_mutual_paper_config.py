@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("--config.analysis.u=-1", "config.analysis.u"),
     ("--config.analysis.n_concepts=0", "config.analysis.n_concepts"),
     ("--config.analysis.ellipse_seed=-2", "config.analysis.ellipse_seed"),
+    ("--config.analysis.ellipse_seed=2147483648", "cv2.setRNGSeed"),
     ("--config.analysis.methods=()", "config.analysis.methods"),
     ("--config.analysis.methods=('pca','pca')", "config.analysis.methods"),
     ("--config.data.classes=(2,2)", "names [2] more than once"),
