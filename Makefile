@@ -21,7 +21,7 @@ $(CORE_STAMP): setup.py
 $(STAMP): $(CORE_STAMP) setup.py
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e ".[torch,test]"
-	# SimpleCRF, the reference's dense CRF (tests of stori_jax/reference/mutual_knowledge.py), has only a source
+	# SimpleCRF, the reference's dense CRF (tests of mutual/reference.py), has only a source
 	# release, which builds against numpy 2 only with this define (about 2 minutes). Without it
 	# those tests run the reference pipeline with the CRF off and say so.
 	CPPFLAGS="-DNPY_IN_ARRAY=NPY_ARRAY_IN_ARRAY" $(PY) -m pip install -q "SimpleCRF==0.2.1.1" \

@@ -27,11 +27,11 @@ import numpy as np
 from absl import flags
 
 import stori_jax
-from stori_jax import jsonio
-from stori_jax.bundle import CLIPBundle
+from stori_jax.plumbing import jsonio
+from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.data import synthetic
-from stori_jax.encoding import encode_images, l2_normalize
+from stori_jax.clip.encoding import encode_images, l2_normalize
 from stori_jax.explorer.app import create_app
 from stori_jax.explorer.ranking import Explorer
 from stori_jax.models import init_params
@@ -121,6 +121,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from stori_jax.cli import run
+  from stori_jax.plumbing.cli import run
 
   run(main)

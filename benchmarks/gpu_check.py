@@ -22,9 +22,9 @@ with at least 15 s of it left):
                on, bf16 towers. The first class (its programs compile), then classes of new
                images until the budget: seconds per class, host seconds (the calling thread's CPU
                time) and device seconds (wall - host) per image, XLA compilations and their
-               seconds (stori_jax.profiling), the ImageNet-val projection: steady seconds per
+               seconds (stori_jax.plumbing.profiling), the ImageNet-val projection: steady seconds per
                image x 50,000 + every compilation second seen, in minutes;
-  reference    the per-image reference (`stori_jax.reference.mutual_knowledge.analyze_class`, torch on CUDA,
+  reference    the per-image reference (`mutual.reference.analyze_class`, torch on CUDA,
                bf16 under autocast, as benchmarks/mutual_throughput.py runs it at equal work;
                SimpleCRF's CRF when it is installed) on a few images of the same class;
   train_ours   the few-shot SToRI train step at ImageNet size (100 classes x 10 CuPL-like
@@ -85,7 +85,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from stori_jax import profiling  # noqa: E402
+from stori_jax.plumbing import profiling  # noqa: E402
 
 #: The figures at ImageNet size, and at smoke size (CPU, about a minute).
 FULL = dict(
@@ -308,7 +308,7 @@ def _class_images(sizes, size: int, index: int) -> np.ndarray:
 def part_mutual(ctx: Context) -> None:
   """First-visit and steady-state seconds per class, host / device split, compilations."""
   from mutual import pipeline  # pylint: disable=import-outside-toplevel
-  from stori_jax.bundle import CLIPBundle  # pylint: disable=import-outside-toplevel
+  from stori_jax.clip.bundle import CLIPBundle  # pylint: disable=import-outside-toplevel
   from stori_jax.models import init_params  # pylint: disable=import-outside-toplevel
 
   sizes = ctx.sizes
@@ -391,7 +391,7 @@ def part_reference(ctx: Context) -> None:
   import torch  # pylint: disable=import-outside-toplevel
 
   from mutual import concepts  # pylint: disable=import-outside-toplevel
-  from stori_jax.reference import mutual_knowledge as mutual_reference  # pylint: disable=import-outside-toplevel
+  from mutual import reference as mutual_reference  # pylint: disable=import-outside-toplevel
   from stori_jax.reference import clip_towers  # pylint: disable=import-outside-toplevel
 
   sizes = ctx.sizes
@@ -448,7 +448,7 @@ def part_reference(ctx: Context) -> None:
 
 def _preprocess(config):
   """The CLIP normalisation (mean, std) the bundle of `config` uses."""
-  from stori_jax.bundle import CLIPBundle  # pylint: disable=import-outside-toplevel
+  from stori_jax.clip.bundle import CLIPBundle  # pylint: disable=import-outside-toplevel
 
   shapes = {}  # a bundle's preprocess config does not read its params
   preprocess = CLIPBundle(config=config, params=shapes).preprocess_config
@@ -573,8 +573,8 @@ def part_reweight(ctx: Context) -> None:
 
 def part_features(ctx: Context) -> None:
   """fp32 image and text features on the default device against the CPU."""
-  from stori_jax import parity  # pylint: disable=import-outside-toplevel
-  from stori_jax.bundle import CLIPBundle  # pylint: disable=import-outside-toplevel
+  from stori_jax.reference import comparison  # pylint: disable=import-outside-toplevel
+  from stori_jax.clip.bundle import CLIPBundle  # pylint: disable=import-outside-toplevel
   from stori_jax.models import init_params  # pylint: disable=import-outside-toplevel
 
   sizes = ctx.sizes
@@ -582,8 +582,8 @@ def part_features(ctx: Context) -> None:
   cpu = jax.devices("cpu")[0]
   ctx.put(device=_device(), reference_device=f"{cpu.platform}:{cpu.device_kind}")
   params = jax.device_get(init_params(config))
-  images, _ = parity.random_inputs(config, sizes["feature_images"], seed=1)
-  _, ids = parity.random_inputs(config, sizes["feature_texts"], seed=2)
+  images, _ = comparison.random_inputs(config, sizes["feature_images"], seed=1)
+  _, ids = comparison.random_inputs(config, sizes["feature_texts"], seed=2)
   features = {}
   for name, device in (("device", jax.devices()[0]), ("cpu", cpu)):
     with jax.default_device(device):

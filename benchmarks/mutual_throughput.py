@@ -5,11 +5,11 @@ r"""Images per second of the mutual-knowledge analysis: this JAX pipeline vs a p
   python benchmarks/mutual_throughput.py --arch ViT-B-16 --images 16 --timed_classes 3 --crf \
       --json F                                  # host / device split, reference mode, CRF on
 
-Both sides get the same random weights (stori_jax.parity.random_pair: an open_clip model and the
+Both sides get the same random weights (stori_jax.reference.comparison.random_pair: an open_clip model and the
 converted bundle), the same B images of one class, the same descriptor embeddings (D random
 texts encoded by the model's text tower once, outside the timing), class embeddings and settings
 (tokens, joint spectral split, PCA and K-means with L = 5, k, relevance mean - 0.02, Sinkhorn,
-top 3, u). The per-image side is stori_jax.reference.mutual_knowledge, which follows the reference code step
+top 3, u). The per-image side is mutual.reference, which follows the reference code step
 by step with its libraries: PyTorch for the towers, the SVD and the 1,000-round Sinkhorn loop;
 scikit-learn for PCA and MinMaxScaler; kmeans_pytorch for K-means (from the start the JAX side
 draws); OpenCV for connected components, contours, fitEllipse, ellipse drawing, grayscale and
@@ -36,7 +36,7 @@ One run also prints (and `--json` writes):
   * images/s of this pipeline and of the per-image side in both forms, and the ratios;
   * over `--timed_classes N` classes of new images (B each, generated with seeds other than the
     warm-up class's, outside the clocks) after the warm-up: `host_seconds_per_image`, the CPU
-    time of the calling thread (stori_jax.profiling: time.thread_time(); device executions run
+    time of the calling thread (stori_jax.plumbing.profiling: time.thread_time(); device executions run
     on XLA's threads and waiting for them costs the caller none), `device_seconds_per_image`,
     wall minus host (the caller waiting: for the device, for XLA's compiler threads, whose
     seconds are counted apart, or for a core on a busy machine),
@@ -70,15 +70,15 @@ import torch
 from absl import app, flags
 
 import stori_jax
-from stori_jax import profiling
+from stori_jax.plumbing import profiling
 from mutual import concepts, crf, features, foreground, pipeline, report
-from stori_jax.reference import mutual_knowledge as torch_reference
+from mutual import reference as torch_reference
 from mutual import visual_prompts
 from mutual import ellipse as reference_ellipse
 from mutual.paper_config import analysis_config
 from stori_jax.data import synthetic
-from stori_jax.encoding import l2_normalize
-from stori_jax.parity import random_pair
+from stori_jax.clip.encoding import l2_normalize
+from stori_jax.reference.comparison import random_pair
 
 flags.DEFINE_string("arch", "", "open_clip architecture; empty: the tiny-synthetic model's config.")
 flags.DEFINE_integer("images", 16, "B, the images of the class.")

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from stori_jax.bundle import CLIPBundle
+from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.models import CLIPConfig, init_params
 

@@ -82,9 +82,9 @@ import optax
 from absl import app, flags
 from jax.sharding import NamedSharding, PartitionSpec
 
-from stori_jax import profiling
-from stori_jax.bundle import CLIPBundle
-from stori_jax.encoding import l2_normalize, l2_normalize_jax
+from stori_jax.plumbing import profiling
+from stori_jax.clip.bundle import CLIPBundle
+from stori_jax.clip.encoding import l2_normalize, l2_normalize_jax
 from stori_jax.fewshot import prompts as prompt_lib
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
 from stori_jax.fewshot.text_classifier import (

@@ -4,7 +4,7 @@ python -m stori_jax.train --config configs/ablation_rare_tokens.py:dataset=dtd
 python -m stori_jax.train --config configs/ablation_rare_tokens.py:dataset=demo   # synthetic world
 """
 
-from stori_jax.config_files import config_arguments, sibling_config
+from stori_jax.plumbing.config_files import config_arguments, sibling_config
 from stori_jax.fewshot.paper_config import DATASETS, fewshot_config
 
 

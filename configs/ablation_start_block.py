@@ -6,7 +6,7 @@
   done
 """
 
-from stori_jax.config_files import config_arguments
+from stori_jax.plumbing.config_files import config_arguments
 from stori_jax.fewshot.paper_config import DATASETS, fewshot_config
 
 

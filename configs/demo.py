@@ -24,7 +24,7 @@ import itertools
 
 import ml_collections
 
-from stori_jax.config_files import config_arguments
+from stori_jax.plumbing.config_files import config_arguments
 
 CLASSES = {
   "one_colour": tuple(

@@ -21,7 +21,7 @@ x seeds 1-3, 18 runs offline (about 6 CPU-minutes; the table has no average colu
 
 import ml_collections
 
-from stori_jax.config_files import config_arguments, sibling_config
+from stori_jax.plumbing.config_files import config_arguments, sibling_config
 
 
 def get_config(argument=None):

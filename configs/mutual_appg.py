@@ -29,7 +29,7 @@ The argument (`:dataset=NAME`, or just `:NAME`) picks one of:
 """
 
 from mutual.paper_config import sweep_config
-from stori_jax.config_files import config_arguments, sibling_config
+from stori_jax.plumbing.config_files import config_arguments, sibling_config
 
 #: Table 6 (Places365): its two groups, in its order (ViT-B/32 sits in both).
 PLACES365_GROUPS = (

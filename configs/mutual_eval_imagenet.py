@@ -24,7 +24,7 @@ config.protocols.corloc.boxes names.
 """
 
 from mutual.paper_config import baselines_config, evaluation_config, protocols_config
-from stori_jax.config_files import sibling_config
+from stori_jax.plumbing.config_files import sibling_config
 
 
 def get_config():

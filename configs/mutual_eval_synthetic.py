@@ -23,7 +23,7 @@ from mutual.paper_config import (
   evaluation_config,
   protocols_config,
 )
-from stori_jax.config_files import config_arguments
+from stori_jax.plumbing.config_files import config_arguments
 
 
 def get_config(argument=None):

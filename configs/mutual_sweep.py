@@ -54,7 +54,7 @@ The argument (`:variant=NAME`, or just `:NAME`) picks one of:
 """
 
 from mutual.paper_config import sweep_config
-from stori_jax.config_files import config_arguments, sibling_config
+from stori_jax.plumbing.config_files import config_arguments, sibling_config
 
 #: One model per tower kind; shrunk 16x their embedding dims (32 / 64 / 40) and feature dims
 #: (48 / 128 / 64, on one 2 x 2 grid) all differ, so both zero paddings are exercised.

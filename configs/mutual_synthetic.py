@@ -15,7 +15,7 @@ command, quickly (the tests' run).
 import ml_collections
 
 from mutual.paper_config import analysis_config
-from stori_jax.config_files import config_arguments
+from stori_jax.plumbing.config_files import config_arguments
 
 
 def get_config(argument=None):

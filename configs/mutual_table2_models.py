@@ -30,7 +30,7 @@ The argument (`:variant=NAME`, or just `:NAME`) picks one of:
 """
 
 from mutual.paper_config import sweep_config
-from stori_jax.config_files import config_arguments, sibling_config
+from stori_jax.plumbing.config_files import config_arguments, sibling_config
 
 #: Table 2's models in its order: the ResNets (left), then the ViTs (right).
 TABLE2_MODELS = (

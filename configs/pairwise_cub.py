@@ -8,7 +8,7 @@ data.root is the unpacked CUB_200_2011 folder (https://data.caltech.edu/records/
 CUB_200_2011.tgz); without it the command says what to download and where, before any model
 loads. The paper names the classes, CLIP ViT-L/14 and reweighting from block 7; it does not say
 how the prompts are phrased, how many attributes a class states, or the training settings of
-this figure. Here (stori_jax.fewshot.pairwise): the attributes labelled on at least half of a
+this figure. Here (stori_jax.fewshot.pairwise_contrast): the attributes labelled on at least half of a
 class's training images, at most 10, most frequent first, one prompt each, "a photo of
 {a_name}, a type of bird, which has {attribute}." ("a photo of a Warbling Vireo, a type of
 bird, which has grey wing."); all of each class's training images (the official split, ~30),
@@ -18,7 +18,7 @@ augmented views.
 
 import ml_collections
 
-from stori_jax.fewshot.pairwise import CUB_TEMPLATE, base_config
+from stori_jax.fewshot.pairwise_contrast import CUB_TEMPLATE, base_config
 
 
 def get_config():

@@ -15,7 +15,7 @@ cores (most of it compiling).
 
 import ml_collections
 
-from stori_jax.fewshot.pairwise import base_config
+from stori_jax.fewshot.pairwise_contrast import base_config
 
 
 def get_config():

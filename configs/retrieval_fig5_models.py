@@ -28,7 +28,7 @@ The argument (`:variant=NAME`, or just `:NAME`) picks one of:
 
 import ml_collections
 
-from stori_jax.config_files import config_arguments, sibling_config
+from stori_jax.plumbing.config_files import config_arguments, sibling_config
 from stori_jax.retrieval.model_sweep import PAPER_MODELS
 
 

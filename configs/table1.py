@@ -21,7 +21,7 @@ so in its Text column. The rare tokens are drawn per class and seed
 
 import ml_collections
 
-from stori_jax.config_files import config_arguments, sibling_config
+from stori_jax.plumbing.config_files import config_arguments, sibling_config
 
 #: The paper's number of nonsensical tokens appended to each CuPL prompt.
 RARE_TOKENS = 5

@@ -15,7 +15,7 @@ App. A.1) at seed k, its learning rate the paper's rule for its dataset, shots a
 
 import ml_collections
 
-from stori_jax.config_files import config_arguments
+from stori_jax.plumbing.config_files import config_arguments
 from stori_jax.fewshot.paper_config import BACKBONES
 
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 import jax
 from absl import flags
 
-from mutual import analysis, run_flags, report
-from stori_jax import cli as stori_cli
-from stori_jax import multihost
+from mutual.analysis import runner as analysis
+from mutual import run_flags, report
+from stori_jax.plumbing import cli as stori_cli
+from stori_jax.plumbing import multihost
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:

@@ -3,7 +3,7 @@
 All three see the same patch features (config.analysis.feature_kind of the analysed model) and
 the same descriptor bank as the analysis, and are trained with optax (Adam, learning rate decayed
 by a cosine schedule, App. D: batch 64, 1e-4 to 1e-5, q = 512 on ImageNet) in the project's
-training loop (`stori_jax.training.loop`: a diverged fit stops, a stopped one resumes from its
+training loop (`stori_jax.trainloop.loop`: a diverged fit stops, a stopped one resumes from its
 checkpoints). Training is deterministic given the seed: batches are drawn from a numpy Generator
 and Gumbel noise / DropBlock masks from jax PRNG keys folded with the step.
 
@@ -61,10 +61,10 @@ import optax
 from tqdm import tqdm
 
 from mutual import features, paper_config
-from stori_jax.config_files import ConfigError
-from stori_jax.preprocess import normalize
-from stori_jax.training import loop
-from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
+from stori_jax.plumbing.config_files import ConfigError
+from stori_jax.clip.preprocess import normalize
+from stori_jax.trainloop import loop
+from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 
 #: Table 1's trained explanations.
 NAMES = ("MM-CBM", "MM-ProtoSim", "Feature Maps")

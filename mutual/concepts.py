@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stori_jax.encoding import l2_normalize_jax
+from stori_jax.clip.encoding import l2_normalize_jax
 
 _HIGHEST = jax.lax.Precision.HIGHEST  # accelerators would otherwise multiply in bf16 / tf32
 
@@ -193,7 +193,7 @@ def random_start(key, weights, k: int) -> jax.Array:
 def kmeans_start_indices(mask: np.ndarray, n_concepts: int, seed: int = 0) -> np.ndarray:
   """The seeded K-means start of `kmeans_concepts(init="random")` for a foreground bool
   [B, h, w]: int [L] indices into the B*h*w patches. The reference-mode checks hand it to
-  `stori_jax.reference.mutual_knowledge.analyze_class`, whose own start is unseeded, so that
+  `mutual.reference.analyze_class`, whose own start is unseeded, so that
   both sides start from the same rows."""
   start_key, _ = jax.random.split(jax.random.PRNGKey(seed))
   weights = jnp.asarray(np.asarray(mask).reshape(-1))

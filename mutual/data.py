@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 from absl import logging
 
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic, synthetic_tasks
 from stori_jax.data.coop import COOP_LAYOUTS, read_classnames_txt
 from stori_jax.data.download import fetch_json
@@ -53,7 +53,7 @@ from stori_jax.data.files import (
 from stori_jax.data.folders import image_files, subfolders
 from stori_jax.data.images import model_input
 from stori_jax.data.tfds import encoded_examples, import_tfds, label_names, prepared_builder
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 
 DESCRIPTORS_REPOSITORY = "https://github.com/sachit-menon/classify_by_description_release"
 _DESCRIPTORS_RAW = (

@@ -31,8 +31,9 @@ import os
 
 from absl import flags
 
-from mutual import run_flags, evaluation
-from stori_jax import cli as stori_cli
+from mutual import run_flags
+from mutual.evaluation import runner as evaluation
+from stori_jax.plumbing import cli as stori_cli
 
 
 #: Every file the command writes, listed at the end of its output (those a config turns off are

@@ -5,12 +5,12 @@ r"""Exports a model's class-agnostic descriptor bank and its zero-shot text clas
       --config.model.source=openai-vit-b-16 \
       --config.data.descriptors=data/descriptors/descriptors_imagenet.json
 
-Writes to --output (mutual.exported):
+Writes to --output (mutual.text_bank):
   text_bank.safetensors   float32 [D, E] descriptor embeddings and two [C, E] classifiers
                           (descriptor-based and template-based), unit rows
   text_bank.json          the descriptors and class names in row order, the model, the prompt
                           settings, dtype and shapes
-`mutual.exported.load_text_bank(DIR)` reads them back. An --output that already holds a text
+`mutual.text_bank.load_text_bank(DIR)` reads them back. An --output that already holds a text
 bank is refused unless --overwrite is given. No image is read.
 """
 
@@ -19,9 +19,9 @@ from __future__ import annotations
 from absl import flags
 from ml_collections import config_flags
 
-from mutual import exported
-from stori_jax import cli
-from stori_jax.errors import UserError
+from mutual import text_bank
+from stori_jax.plumbing import cli
+from stori_jax.plumbing.errors import UserError
 
 USAGE = "python -m mutual.export --config configs/mutual_synthetic.py --output DIR"
 
@@ -45,14 +45,16 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value: {USAGE}")
   cli.require_flags("config", "output", example=USAGE, values=values)
-  output, bank = exported.export_text_bank(values.config, values.output, overwrite=values.overwrite)
+  output, bank = text_bank.export_text_bank(
+    values.config, values.output, overwrite=values.overwrite
+  )
   d, e = bank.descriptor_embeddings.shape
   print(
     f"text bank of {bank.names['model']['name']}: {d} descriptors, {len(bank.class_names)} "
     f"classes, embedding dim {e}; classifiers {', '.join(bank.classifiers)} (the analysis uses "
     f"{bank.analysis_classifier})"
   )
-  cli.print_outputs(output, list(exported.FILES))
+  cli.print_outputs(output, list(text_bank.FILES))
 
 
 if __name__ == "__main__":

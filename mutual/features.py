@@ -7,7 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from stori_jax.encoding import l2_normalize_jax
+from stori_jax.clip.encoding import l2_normalize_jax
 from stori_jax.models.config import tower_kind
 
 FEATURE_KINDS = ("tokens", "keys")

@@ -19,7 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from stori_jax.encoding import l2_normalize_jax
+from stori_jax.clip.encoding import l2_normalize_jax
 
 
 def _check_features(features) -> jax.Array:

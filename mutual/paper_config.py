@@ -19,7 +19,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from mutual import data, visual_prompts, xai
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.models import registry
 
 #: The paper's protocols run by mutual.evaluate (Table 2, App. A.1-A.4; mutual.protocols).

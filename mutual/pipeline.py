@@ -26,8 +26,8 @@ import numpy as np
 from mutual import concepts, crf, descriptors, features, foreground, information, transport
 from mutual import ellipse, paper_config, visual_prompts
 from stori_jax.data import synthetic_tasks
-from stori_jax.encoding import encode_texts, l2_normalize
-from stori_jax.preprocess import normalize
+from stori_jax.clip.encoding import encode_texts, l2_normalize
+from stori_jax.clip.preprocess import normalize
 
 METHODS = ("pca", "kmeans")
 #: How tables and figures name the concept methods.

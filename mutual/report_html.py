@@ -67,7 +67,7 @@ def concept_colour(concept: int) -> str:
 
 
 def concept_figures(label: int, methods: Sequence[str]) -> dict[str, str]:
-  """{method: the class's concept figure}, relative to the workdir, as mutual.analysis names
+  """{method: the class's concept figure}, relative to the workdir, as mutual.analysis.runner names
   them (its first `figures_per_class` images side by side)."""
   return {method: f"figures/concepts_{method}_{label:04d}.png" for method in methods}
 

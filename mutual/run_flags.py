@@ -1,12 +1,12 @@
 """Command-line plumbing shared by `python -m mutual.analyze / evaluate / sweep`.
 
 Each command module defines its flags with `define_run_flags` in its own `define_flags(values)`
-(the convention of `stori_jax.cli`) and runs through `run_from_flags`.
+(the convention of `stori_jax.plumbing.cli`) and runs through `run_from_flags`.
 
-Each runs under `stori_jax.cli.run`: a user's mistake (a missing or malformed file, classes that
+Each runs under `stori_jax.plumbing.cli.run`: a user's mistake (a missing or malformed file, classes that
 do not match, a bad config value, a workdir made by another run) prints one paragraph and exits
 2; the project's own bugs keep their traceback. A workdir belongs to the run that made it
-(`stori_jax.run_identity`): the same command reruns there, another config stops before any
+(`stori_jax.plumbing.run_identity`): the same command reruns there, another config stops before any
 work unless `--restart` moves the old run aside.
 """
 
@@ -20,9 +20,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from mutual import paper_config
-from stori_jax import run_identity
-from stori_jax.cli import require_flags
-from stori_jax.errors import UserError
+from stori_jax.plumbing import run_identity
+from stori_jax.plumbing.cli import require_flags
+from stori_jax.plumbing.errors import UserError
 
 
 def define_run_flags(kind: str, values: flags.FlagValues) -> None:
@@ -65,7 +65,7 @@ def claim_workdir(
   config: ml_collections.ConfigDict, workdir: str, restart: bool, what: str
 ) -> str | None:
   """Checks config.analysis, once per run, then claims `workdir` for the run's `identity`
-  (`stori_jax.run_identity.claim_run`: on several processes every process checks, then process
+  (`stori_jax.plumbing.run_identity.claim_run`: on several processes every process checks, then process
   0 claims). Prints where an old run went; returns that path (--restart), else None."""
   if config.get("analysis") is not None:
     # A bad analysis mode, stage, dtype or chunk would otherwise surface after the model loads.

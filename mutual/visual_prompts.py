@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mutual import ellipse as reference_ellipse
 from mutual.foreground import main_regions, pixel_coordinates, upsample_mask
-from stori_jax.encoding import l2_normalize_jax
+from stori_jax.clip.encoding import l2_normalize_jax
 
 RED = (1.0, 0.0, 0.0)
 # ITU-R BT.601 luma weights, as cv2's RGB2GRAY uses.

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mutual import visual_prompts
-from stori_jax import encoding
+from stori_jax.clip import encoding
 
 #: CLIPScore's weight (Hessel et al. 2021), which App. E's Fig. 7 applies to the class score.
 SCORE_SCALE = 2.5

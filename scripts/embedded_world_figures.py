@@ -33,8 +33,8 @@ if (
   sys.path.insert(0, ROOT)
 
 import stori_jax  # noqa: E402
-from stori_jax import cli  # noqa: E402
-from stori_jax.config_files import load_config  # noqa: E402
+from stori_jax.plumbing import cli  # noqa: E402
+from stori_jax.plumbing.config_files import load_config  # noqa: E402
 from stori_jax.models import default_start_block  # noqa: E402
 from stori_jax.retrieval import datasets, protocol  # noqa: E402
 from stori_jax.retrieval.index import encode_data  # noqa: E402
@@ -66,7 +66,7 @@ RARE_TOKENS_FLAG = "--config.prompts.rare_tokens=5"
 
 def run_command(module, args: Sequence[str]) -> str:
   """Runs `python -m <module> *args` in this process from the repository root (as the README's
-  commands run; `stori_jax.cli.run_in_process`) and returns what it printed on stdout.
+  commands run; `stori_jax.plumbing.cli.run_in_process`) and returns what it printed on stdout.
   RuntimeError with its output if it exits with another status than 0."""
   out, err = io.StringIO(), io.StringIO()
   with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -23,7 +23,7 @@ if ROOT not in sys.path:  # `python scripts/mutual_precision.py` puts only scrip
 
 import stori_jax  # noqa: E402
 from mutual import data, pipeline  # noqa: E402
-from stori_jax.config_files import load_config  # noqa: E402
+from stori_jax.plumbing.config_files import load_config  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "mutual_synthetic.py")
 TOLERANCE = 1e-6

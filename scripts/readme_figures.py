@@ -37,7 +37,7 @@ Sections:
   mutual_analyze   mutual.analyze on configs/mutual_synthetic.py, plus the concept pixels on
                    objects and descriptors naming attributes (a second pass, as the test does)
   mutual_modes     Table 3's row of configs/mutual_synthetic.py in both analysis modes, and
-                   reference mode's per-image agreement with stori_jax/reference/mutual_knowledge.py
+                   reference mode's per-image agreement with mutual/reference.py
   mutual_precision the images whose MI or AUC change with bfloat16 towers (both modes;
                    scripts/mutual_precision.py)
   mutual_evaluate  mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1, Table 5 and the
@@ -67,8 +67,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `python scripts/readme_figures.py` puts only scripts/ on the path
   sys.path.insert(0, ROOT)
 
-from stori_jax import cli  # noqa: E402
-from stori_jax.errors import UserError  # noqa: E402
+from stori_jax.plumbing import cli  # noqa: E402
+from stori_jax.plumbing.errors import UserError  # noqa: E402
 
 README = os.path.join(ROOT, "README.md")
 CONFIGS = os.path.join(ROOT, "configs")
@@ -502,8 +502,8 @@ def mutual_analyze_figures() -> dict[str, str]:
   and the ground-truth scores of its concepts."""
   import json  # pylint: disable=import-outside-toplevel
 
-  from mutual import analysis  # pylint: disable=import-outside-toplevel
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from mutual.analysis import runner as analysis  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(CONFIGS, "mutual_synthetic.py"))
   run = analysis.run
@@ -533,13 +533,13 @@ def mutual_analyze_figures() -> dict[str, str]:
 def mutual_modes_figures() -> dict[str, str]:
   """Table 3's row of the embedded world in both analysis modes (configs/mutual_synthetic.py
   with config.analysis.mode set; results aggregated as mutual.analyze aggregates them), and the
-  per-image agreement of reference mode with stori_jax/reference/mutual_knowledge.py (the reference's
+  per-image agreement of reference mode with mutual/reference.py (the reference's
   libraries, image by image; SimpleCRF where it is installed) on the same images and settings."""
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   import stori_jax  # pylint: disable=import-outside-toplevel
   from mutual import concepts, data, pipeline, report  # pylint: disable=import-outside-toplevel
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(CONFIGS, "mutual_synthetic.py"))
   dataset = data.prepare(config)
@@ -550,7 +550,7 @@ def mutual_modes_figures() -> dict[str, str]:
   names = list(dataset.names)
   a = config.analysis
   try:
-    from stori_jax.reference import mutual_knowledge as torch_reference  # pylint: disable=import-outside-toplevel
+    from mutual import reference as torch_reference  # pylint: disable=import-outside-toplevel
 
     import kmeans_pytorch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except ImportError:
@@ -595,14 +595,14 @@ def mutual_modes_figures() -> dict[str, str]:
     cells = [f"`{mode}`", f"{ds['top1']:.2f}"] + [f"{ds[m]['mi']:.3f}" for m in methods]
     lines.append("| " + " | ".join(cells + [f"{ds[m]['auc']:.3f}" for m in methods]) + " |")
   if model is None:
-    prose = "(stori_jax/reference/mutual_knowledge.py needs the torch extra and kmeans_pytorch: no agreement "
+    prose = "(mutual/reference.py needs the torch extra and kmeans_pytorch: no agreement "
     prose += "figure measured.)"
   else:
     shares = {m: float(np.concatenate(v).mean()) for m, v in same.items()}
     n_images = sum(len(v) for v in same[methods[0]])
     split = "per-image" if not a.joint_foreground else "joint"
     prose = (
-      f"Reference mode against `stori_jax/reference/mutual_knowledge.py` on the same {n_images} images "
+      f"Reference mode against `mutual/reference.py` on the same {n_images} images "
       f"({split} split, CRF {'on: SimpleCRF' if use_crf else 'off on both sides'}): identical "
       "MI and AUC on "
       + " / ".join(f"{100 * shares[m]:.1f}% ({pipeline.METHOD_TITLES[m]})" for m in methods)
@@ -688,7 +688,7 @@ def mutual_evaluate_figures(config_path: str = MUTUAL_EVAL_CONFIG) -> dict[str, 
   """`python -m mutual.evaluate --config configs/mutual_eval_synthetic.py` (the command, run in
   this process; timed): Table 1's rows as it prints them, the rest from its table1.json and
   protocols.json."""
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(ROOT, config_path))
   start = time.perf_counter()
@@ -865,7 +865,7 @@ class Section:
 def grid_figures() -> dict[str, str]:
   """python -m stori_jax.run_grid --config configs/grid_synthetic.py, run in this process (timed):
   the tables as the command prints them."""
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
   from stori_jax.grid import runner, tables  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(CONFIGS, "grid_synthetic.py"))
@@ -895,7 +895,7 @@ def _grid_run(argument: str, name: str) -> tuple[dict[str, Any], float, bytes | 
   """`python -m stori_jax.run_grid --config configs/<name>.py:<argument>`, run in this process as
   grid_figures runs it, in a temporary workdir: its tables' data, its time in seconds, and its
   figure's PNG (a grid with a sweep) or None."""
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
   from stori_jax.grid import figure, runner  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(CONFIGS, f"{name}.py"), argument)

@@ -5,11 +5,11 @@ encode_prompts, encode_image, preprocess), the model configs, and the
 weighted-prompt helpers `parse_weighted`, `tokenize_weighted`, `word_weights`.
 """
 
-from stori_jax.bundle import CLIPBundle
+from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints import CheckpointError, CheckpointMismatchError
-from stori_jax.loading import load, named_checkpoints, save
+from stori_jax.clip.loading import load, named_checkpoints, save
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, get_architecture
-from stori_jax.preprocess import PreprocessConfig, preprocess
+from stori_jax.clip.preprocess import PreprocessConfig, preprocess
 from stori_jax.tokenizer import (
   Segment,
   Tokenizer,

@@ -7,7 +7,7 @@ interpretable space?").
       --config.data.root=/data/CUB_200_2011 --workdir workdirs/pairwise_cub
 
 For each pairing (the config's anchor against each of data.others) the SToRI weights of both
-classes' attribute prompts are trained on the two classes' images (stori_jax.fewshot.pairwise),
+classes' attribute prompts are trained on the two classes' images (stori_jax.fewshot.pairwise_contrast),
 in <workdir>/vs_<class>/ with a few-shot run's files (weights.json, interpretability.html/.png,
 history.jsonl, training_curve.png, checkpoints/). Writes to the workdir: fig3_pairwise.png (the
 pairings side by side, words shaded by weight normalised to sum to 1 per prompt), pairwise.json
@@ -26,9 +26,9 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from stori_jax import cli
-from stori_jax.errors import UserError
-from stori_jax.fewshot import pairwise
+from stori_jax.plumbing import cli
+from stori_jax.plumbing.errors import UserError
+from stori_jax.fewshot import pairwise_contrast
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
@@ -58,8 +58,8 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if config is None:
     raise UserError("--config is required, e.g. --config configs/pairwise_synthetic.py")
   workdir = values.workdir or os.path.join("workdirs", str(config.get("name") or "pairwise"))
-  results = pairwise.run(config, workdir, restart=values.restart)
-  print(pairwise.summary(results))
+  results = pairwise_contrast.run(config, workdir, restart=values.restart)
+  print(pairwise_contrast.summary(results))
   cli.print_outputs(workdir, ["run.json", "pairwise.json", "fig3_pairwise.png", "vs_*"])
 
 

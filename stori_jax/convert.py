@@ -14,11 +14,11 @@ import os
 
 from absl import flags
 
-from stori_jax import cli
+from stori_jax.plumbing import cli
 from stori_jax.checkpoints import native
-from stori_jax.errors import UserError
+from stori_jax.plumbing.errors import UserError
 
-from stori_jax.loading import load, save
+from stori_jax.clip.loading import load, save
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:

@@ -20,11 +20,11 @@ import tempfile
 import numpy as np
 from absl import flags
 
-from stori_jax import cli
-from stori_jax.bundle import CLIPBundle
+from stori_jax.plumbing import cli
+from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints.open_clip_config import architecture_config
-from stori_jax.errors import InputError, NonFiniteError, UserError
-from stori_jax.loading import load
+from stori_jax.plumbing.errors import InputError, NonFiniteError, UserError
+from stori_jax.clip.loading import load
 from stori_jax.models import init_params
 from stori_jax.models.text import reweighted_block_indices
 from stori_jax.tokenizer import parse_weighted

@@ -1,5 +1,5 @@
 r"""Evaluates a CLIP bundle on the synthetic attribute world: zero-shot accuracy per attribute,
-image-caption retrieval and SToRI's emphasis effect (the measurements of `stori_jax.world_metrics`).
+image-caption retrieval and SToRI's emphasis effect (the measurements of `stori_jax.world_evaluation.metrics`).
 
   python -m stori_jax.evaluate_world --source tiny-synthetic --output_dir workdirs/eval
 
@@ -14,11 +14,12 @@ import numpy as np
 from absl import flags
 
 import stori_jax
-from stori_jax import cli, jsonio, world_metrics
-from stori_jax.bundle import START_BLOCK_NONE, resolve_start_block
-from stori_jax.config_files import ConfigError
-from stori_jax.encoding import BATCH_SIZE
-from stori_jax.errors import UserError
+from stori_jax.plumbing import cli, jsonio
+from stori_jax.world_evaluation import metrics as world_metrics
+from stori_jax.clip.bundle import START_BLOCK_NONE, resolve_start_block
+from stori_jax.plumbing.config_files import ConfigError
+from stori_jax.clip.encoding import BATCH_SIZE
+from stori_jax.plumbing.errors import UserError
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from absl import flags
 
-from stori_jax import cli
-from stori_jax.errors import UserError
+from stori_jax.plumbing import cli
+from stori_jax.plumbing.errors import UserError
 from stori_jax.explorer import server
 
 

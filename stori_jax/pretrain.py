@@ -24,10 +24,10 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from stori_jax import cli
-from stori_jax.training import metrics_log
+from stori_jax.plumbing import cli
+from stori_jax.trainloop import metrics_log
 from stori_jax.pretraining import contrastive, weight_response
-from stori_jax.errors import UserError
+from stori_jax.plumbing.errors import UserError
 
 EXAMPLE = "python -m stori_jax.pretrain --config configs/tiny_clip_pretrain.py"
 

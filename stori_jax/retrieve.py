@@ -25,8 +25,8 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from stori_jax import cli
-from stori_jax.errors import UserError
+from stori_jax.plumbing import cli
+from stori_jax.plumbing.errors import UserError
 from stori_jax.retrieval import model_sweep, runner, tables
 
 

@@ -31,8 +31,8 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from stori_jax import cli, multihost
-from stori_jax.errors import UserError
+from stori_jax.plumbing import cli, multihost
+from stori_jax.plumbing.errors import UserError
 from stori_jax.grid import cells, runner, tables
 
 

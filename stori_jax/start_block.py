@@ -1,5 +1,5 @@
 r"""Measures which text block SToRI should start reweighting at, for any model (the paper's
-App. C.6, generalised; see stori_jax.retrieval.block_sweep).
+App. C.6, generalised; see stori_jax.retrieval.start_block_sweep).
 
   python -m stori_jax.start_block --model tiny-synthetic
   python -m stori_jax.start_block --model checkpoints/clip-vit-base-patch32 \
@@ -18,10 +18,10 @@ import os
 from absl import flags
 
 import stori_jax
-from stori_jax import cli, jsonio, run_identity
-from stori_jax.config_files import load_config
-from stori_jax.errors import UserError
-from stori_jax.retrieval import block_sweep
+from stori_jax.plumbing import cli, jsonio, run_identity
+from stori_jax.plumbing.config_files import load_config
+from stori_jax.plumbing.errors import UserError
+from stori_jax.retrieval import start_block_sweep
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
@@ -61,12 +61,14 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     restart=values.restart,
   )
   bundle = stori_jax.load(values.model)
-  sweep = block_sweep.measure(bundle, data_config.data, cache_dir=data_config.get("cache_dir"))
+  sweep = start_block_sweep.measure(
+    bundle, data_config.data, cache_dir=data_config.get("cache_dir")
+  )
   os.makedirs(values.workdir, exist_ok=True)
   jsonio.write_json(
     os.path.join(values.workdir, "start_block.json"), {"model": values.model, **sweep}, indent=1
   )
-  block_sweep.plot_sweep(
+  start_block_sweep.plot_sweep(
     sweep,
     os.path.join(values.workdir, "start_block.png"),
     f"{values.model}: response to token weights by first reweighted block ({sweep['data']})",
@@ -75,7 +77,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   print(
     f"{values.model} on {sweep['data']} ({sweep['n_tasks']} prompts, {sweep['n_images']} images)"
   )
-  print(block_sweep.format_table(sweep))
+  print(start_block_sweep.format_table(sweep))
   print(f"recommended start block: {sweep['recommended']} (the model's default: {default})")
   cli.print_outputs(values.workdir, ["run.json", "start_block.json", "start_block.png"])
 

@@ -25,8 +25,8 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from stori_jax import cli, multihost
-from stori_jax.errors import UserError
+from stori_jax.plumbing import cli, multihost
+from stori_jax.plumbing.errors import UserError
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:

@@ -13,7 +13,7 @@ import time
 import jax
 import pytest
 
-from stori_jax import run_identity
+from stori_jax.plumbing import run_identity
 from stori_jax.explorer.app import create_app
 from stori_jax.explorer.index import build_explorer
 
@@ -94,10 +94,10 @@ def tiny_random_model(tmp_path_factory, tiny_random_config):
 @pytest.fixture
 def run_command(capsys, monkeypatch):
   """`run_command(module, *args)` runs a command module (or the name `python -m` takes) as
-  `python -m module *args` would, in this process (`stori_jax.cli.run_in_process`, from the
+  `python -m module *args` would, in this process (`stori_jax.plumbing.cli.run_in_process`, from the
   repository root), and returns a CompletedProcess with its exit status and captured stdout /
   stderr."""
-  from stori_jax import cli  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing import cli  # pylint: disable=import-outside-toplevel
 
   def run(module, *args):
     if isinstance(module, str):

@@ -1,4 +1,4 @@
-"""Training checkpoints (stori_jax.training.checkpointer) on the tiny demo run through its command
+"""Training checkpoints (stori_jax.trainloop.checkpointer) on the tiny demo run through its command
 line: a truncated file in the latest checkpoint makes the run resume from the newest intact one,
 with a warning naming the broken one, to the result of an uninterrupted run; a full disk during a
 checkpoint write stops the run with one paragraph and exit status 2, and the same command then

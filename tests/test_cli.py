@@ -1,4 +1,4 @@
-"""stori_jax.cli: one flag convention for every command, and commands run in this process
+"""stori_jax.plumbing.cli: one flag convention for every command, and commands run in this process
 (`run_in_process`) with the handling of `python -m`: exit 2 and one paragraph for a mistake."""
 
 import importlib
@@ -9,7 +9,7 @@ import test_layering
 from absl import flags
 from absl import logging as absl_logging
 
-from stori_jax import cli
+from stori_jax.plumbing import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Every command module (the list docs/design.md's layers name, kept in test_layering).

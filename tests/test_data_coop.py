@@ -5,7 +5,7 @@ import pytest
 
 from stori_jax.data import coop
 from stori_jax.data.files import ClassMismatchError, DatasetMissingError
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 
 
 def test_classnames_txt(tmp_path):

@@ -10,7 +10,7 @@ from stori_jax.data.files import (
   read_json,
   read_text_lines,
 )
-from stori_jax.errors import InputError, UserError
+from stori_jax.plumbing.errors import InputError, UserError
 
 
 def test_a_key_named_twice_is_refused_naming_it(tmp_path):

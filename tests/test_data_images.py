@@ -8,8 +8,8 @@ import pytest
 from PIL import Image
 
 from stori_jax.data import images
-from stori_jax.errors import InputError
-from stori_jax.preprocess import resize_center_crop
+from stori_jax.plumbing.errors import InputError
+from stori_jax.clip.preprocess import resize_center_crop
 
 
 def _png(pixels):

@@ -10,7 +10,7 @@ import pytest
 
 from stori_jax.data import tfds
 from stori_jax.data.files import DatasetMissingError
-from stori_jax.errors import UserError
+from stori_jax.plumbing.errors import UserError
 
 
 class _SkipDecoding:

@@ -13,8 +13,8 @@ import pytest
 from absl import flags
 
 from stori_jax import embed
-from stori_jax.bundle import CLIPBundle
-from stori_jax.errors import InputError, NonFiniteError, UserError
+from stori_jax.clip.bundle import CLIPBundle
+from stori_jax.plumbing.errors import InputError, NonFiniteError, UserError
 from stori_jax.tokenizer import WeightedPromptError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,7 +116,7 @@ def test_huge_layer_count_in_the_checkpoint_config_stops_at_once(tmp_path, measu
   import json
   import shutil
 
-  from stori_jax.loading import ASSETS_DIR
+  from stori_jax.clip.loading import ASSETS_DIR
 
   directory = tmp_path / "ckpt"
   shutil.copytree(os.path.join(ASSETS_DIR, "tiny-synthetic"), directory)

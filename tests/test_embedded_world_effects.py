@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import stori_jax
-from stori_jax.config_files import load_config
-from stori_jax import world_metrics as sw
-from stori_jax.retrieval import datasets, protocol, block_sweep
+from stori_jax.plumbing.config_files import load_config
+from stori_jax.world_evaluation import metrics as sw
+from stori_jax.retrieval import datasets, protocol, start_block_sweep
 from stori_jax.retrieval.index import encode_data
 
 pytestmark = pytest.mark.slow
@@ -57,9 +57,9 @@ def test_fig5_sweep_moves_the_favoured_category(world):
 
 def test_stored_default_start_block_is_the_measured_one(world):
   bundle, embeddings, tasks = world
-  sweep = block_sweep.start_block_sweep(bundle, embeddings, tasks)
-  assert bundle.config.text.default_start_block == sweep["recommended"], block_sweep.format_table(
-    sweep
+  sweep = start_block_sweep.start_block_sweep(bundle, embeddings, tasks)
+  assert bundle.config.text.default_start_block == sweep["recommended"], (
+    start_block_sweep.format_table(sweep)
   )
 
 

@@ -1,4 +1,4 @@
-"""stori_jax.encoding: batched encoders (padding and packing change no row) and normalisation."""
+"""stori_jax.clip.encoding: batched encoders (padding and packing change no row) and normalisation."""
 
 import jax
 import jax.numpy as jnp
@@ -7,10 +7,10 @@ import pytest
 from PIL import Image
 
 import stori_jax
-from stori_jax import encoding
+from stori_jax.clip import encoding
 from stori_jax.data import synthetic
 from stori_jax.fewshot import augment, trainer
-from stori_jax.preprocess import normalize
+from stori_jax.clip.preprocess import normalize
 from stori_jax.retrieval import protocol
 
 

@@ -1,4 +1,4 @@
-"""User errors (stori_jax.errors) from the input readers: datasets matched by name, checkpoints and
+"""User errors (stori_jax.plumbing.errors) from the input readers: datasets matched by name, checkpoints and
 images that cannot be used, and the mutual-knowledge command lines. Every failure is a UserError
 naming the file, key or class and the fix; the command lines exit 2 with one paragraph; a refused
 run leaves the old one intact."""
@@ -20,18 +20,20 @@ import pytest
 from PIL import Image
 
 import stori_jax
-from mutual import analysis, run_flags, data
-from stori_jax import loading, run_identity
+from mutual.analysis import runner as analysis
+from mutual import run_flags, data
+from stori_jax.clip import loading
+from stori_jax.plumbing import run_identity
 from stori_jax.checkpoints import CheckpointError, hub, validate
-from stori_jax.config_files import load_config
+from stori_jax.plumbing.config_files import load_config
 from stori_jax.data.files import ClassMismatchError
-from stori_jax.errors import InputError, NonFiniteError, UserError
+from stori_jax.plumbing.errors import InputError, NonFiniteError, UserError
 from stori_jax.fewshot import datasets as fewshot_datasets
 from stori_jax.fewshot import prompts
 from stori_jax.fewshot.datasets import LabeledImage
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
 from stori_jax.retrieval import datasets as retrieval_datasets
-from stori_jax.run_identity import WorkdirMismatchError
+from stori_jax.plumbing.run_identity import WorkdirMismatchError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(loading.ASSETS_DIR, "tiny-synthetic")

@@ -1,4 +1,4 @@
-"""User errors (stori_jax.errors) on the training side: a workdir belongs to the run that made it,
+"""User errors (stori_jax.plumbing.errors) on the training side: a workdir belongs to the run that made it,
 every config value is checked before any work, a diverged run stops at its first NaN keeping its
 last good checkpoint, and every result file is strict JSON. Command lines answer a user's mistake
 with one paragraph and exit status 2."""
@@ -16,14 +16,15 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from stori_jax import cli, jsonio, train
+from stori_jax.plumbing import cli, jsonio
+from stori_jax import train
 from stori_jax.retrieval import runner as retrieval_runner
-from stori_jax.training import metrics_log
+from stori_jax.trainloop import metrics_log
 from stori_jax.pretraining import contrastive
-from stori_jax.config_files import ConfigChecks, ConfigError, load_config
-from stori_jax.errors import NonFiniteError, UserError
+from stori_jax.plumbing.config_files import ConfigChecks, ConfigError, load_config
+from stori_jax.plumbing.errors import NonFiniteError, UserError
 from stori_jax.fewshot import trainer
-from stori_jax.run_identity import WorkdirMismatchError, claim_workdir, release_workdirs
+from stori_jax.plumbing.run_identity import WorkdirMismatchError, claim_workdir, release_workdirs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.py")
@@ -360,7 +361,7 @@ def test_an_absurd_learning_rate_stops_at_the_first_step_with_the_cause(
 
 
 def test_the_watch_names_the_first_bad_step_and_what_broke(tmp_path):
-  from stori_jax.training.checkpointer import NonFiniteWatch, nonfinite_code
+  from stori_jax.trainloop.checkpointer import NonFiniteWatch, nonfinite_code
 
   watch = NonFiniteWatch("training", "Lower the learning rate.")
   finite = nonfinite_code(jnp.float32(1.0), {"g": jnp.ones(3)}, [jnp.zeros(2)])
@@ -379,7 +380,7 @@ def test_the_watch_names_the_first_bad_step_and_what_broke(tmp_path):
 
 def test_a_checkpoint_holding_nan_is_not_resumed(tmp_path):
   """A NaN checkpoint (written before these checks existed) is refused, not trained on."""
-  from stori_jax.training import checkpointer
+  from stori_jax.trainloop import checkpointer
 
   good = {"params": [jnp.ones((2,))], "step": jnp.int32(2)}
   checkpointer.require_finite_checkpoint(good, 2, str(tmp_path))

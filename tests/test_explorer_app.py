@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 from stori_jax.explorer import folder as explorer_folder
 from stori_jax.explorer.app import create_app, host_is_local
 from stori_jax.explorer.index import build_explorer
@@ -521,7 +521,7 @@ def test_compiled_programs_stay_bounded_over_400_settings():
   compilations and resident memory over 400 distinct settings, every k from 1 to 100."""
   import jax
 
-  from stori_jax.bundle import CLIPBundle
+  from stori_jax.clip.bundle import CLIPBundle
   from stori_jax.explorer.ranking import Explorer, length_buckets
   from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic_tasks
 from stori_jax.fewshot import augment, datasets, prompts
 from stori_jax.fewshot.datasets import DatasetMissingError, LabeledImage
-from stori_jax.preprocess import PreprocessConfig, preprocess
+from stori_jax.clip.preprocess import PreprocessConfig, preprocess
 
 SHARED_DATA = os.environ.get(
   "STORI_SHARED_DATA",
@@ -714,7 +714,7 @@ def test_a_stray_huge_label_is_named_without_building_the_range(tmp_path):
   ],
 )
 def test_split_rows_of_the_wrong_type_are_named(tmp_path, row, match):
-  from stori_jax.errors import InputError
+  from stori_jax.plumbing.errors import InputError
 
   _write_dtd(tmp_path)
   path = tmp_path / "dtd" / "split_zhou_DescribableTextures.json"

@@ -1,4 +1,4 @@
-"""SToRI Fig. 3, the pairwise study (`stori_jax.fewshot.pairwise`, `python -m
+"""SToRI Fig. 3, the pairwise study (`stori_jax.fewshot.pairwise_contrast`, `python -m
 stori_jax.contrast`): prompts from attribute labels (CUB files written here, the embedded
 world), the figure, the refusals, and the study run offline on the embedded world."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from stori_jax import contrast
-from stori_jax.config_files import ConfigError, load_config
+from stori_jax.plumbing.config_files import ConfigError, load_config
 from stori_jax.data.files import ClassMismatchError, DatasetMissingError
-from stori_jax.fewshot import pairwise
+from stori_jax.fewshot import pairwise_contrast
 
 from test_cli import assert_ends_with_outputs
 from test_data_cub import write_cub
@@ -38,7 +38,7 @@ def _vireo_labels(c, i, training):
 
 def test_cub_prompts_come_from_each_classs_attribute_labels(tmp_path):
   root = write_cub(str(tmp_path), _vireo_labels)
-  tasks = pairwise.cub_pairings(
+  tasks = pairwise_contrast.cub_pairings(
     root, "Blue headed Vireo", ["warbling vireo", "White_eyed_Vireo"], min_share=0.5
   )
   assert [t.name for t in tasks] == [
@@ -69,19 +69,19 @@ def test_cub_prompts_come_from_each_classs_attribute_labels(tmp_path):
     "a photo of a White eyed Vireo, a type of bird, which has red eye.",
   ]
   # A stricter share and a cap; a K-shot sample of the training images.
-  (task,) = pairwise.cub_pairings(
+  (task,) = pairwise_contrast.cub_pairings(
     root, "Blue_headed_Vireo", ["Warbling_Vireo"], min_share=0.6, per_class=1, shots=2
   )
   assert task.attributes["Blue_headed_Vireo"] == [("has_wing_pattern::striped", 1.0)]
   assert np.bincount(task.split.train_labels).tolist() == [2, 2]
   with pytest.raises(ClassMismatchError, match="did you mean 'Warbling_Vireo'"):
-    pairwise.cub_pairings(root, "Blue_headed_Vireo", ["Warbling Vireos"])
+    pairwise_contrast.cub_pairings(root, "Blue_headed_Vireo", ["Warbling Vireos"])
   with pytest.raises(ConfigError, match="no attribute labelled"):
-    pairwise.cub_pairings(root, "Blue_headed_Vireo", ["Black_footed_Albatross"])
+    pairwise_contrast.cub_pairings(root, "Blue_headed_Vireo", ["Black_footed_Albatross"])
 
 
 def test_synthetic_pairings_share_the_anchors_images_and_prompts():
-  tasks = pairwise.synthetic_pairings(
+  tasks = pairwise_contrast.synthetic_pairings(
     "red striped star",
     ["red dotted star", "orange striped star"],
     shots=4,
@@ -100,10 +100,10 @@ def test_synthetic_pairings_share_the_anchors_images_and_prompts():
   np.testing.assert_array_equal(first, second)  # the anchor's images, in both pairings
   assert first.shape == (4, 32, 32, 3) and len(tasks[0].split.test) == 6
   # Every image of the class is labelled with its colour, pattern and shape.
-  batch = pairwise.synthetic_class_images(
-    pairwise.synthetic_tasks.class_from_name("orange striped star"), 5, 1, False, 16
+  batch = pairwise_contrast.synthetic_class_images(
+    pairwise_contrast.synthetic_tasks.class_from_name("orange striped star"), 5, 1, False, 16
   )
-  table = pairwise.synthetic_attribute_table(batch)
+  table = pairwise_contrast.synthetic_attribute_table(batch)
   assert table["has_primary_color::orange"].all() and table["has_pattern::striped"].all()
   assert not table["has_shape::circle"].any()
   assert sum(table[f"has_size::{s}"].sum() for s in ("small", "large")) == 5
@@ -111,26 +111,28 @@ def test_synthetic_pairings_share_the_anchors_images_and_prompts():
 
 def test_prompt_builder_and_template_checks():
   names = ["has_shape::duck-like", "has_crown_color::blue", "has_wing_color::grey"]
-  chosen = pairwise.class_attributes(names, np.array([0.5, 0.9, 0.9]), per_class=2, min_share=0.5)
+  chosen = pairwise_contrast.class_attributes(
+    names, np.array([0.5, 0.9, 0.9]), per_class=2, min_share=0.5
+  )
   assert chosen == [("has_crown_color::blue", 0.9), ("has_wing_color::grey", 0.9)]  # stable ties
-  assert pairwise.attribute_prompts(
+  assert pairwise_contrast.attribute_prompts(
     "Black_footed_Albatross", chosen, "{attribute} on a {name}"
   ) == [
     "blue crown on a Black footed Albatross",
     "grey wing on a Black footed Albatross",
   ]
-  assert pairwise.attribute_prompts("American_Crow", chosen[:1], "{a_name}: {attribute}") == [
-    "an American Crow: blue crown"
-  ]
-  assert pairwise.check_template("a {name} with {attribute}") is None
-  assert "{attribute}" in pairwise.check_template("a photo of a {name}")
-  assert pairwise.check_template("a photo of {a_name}, {attribute}") is None
-  assert "only the fields" in pairwise.check_template("a {bird} with {attribute}")
+  assert pairwise_contrast.attribute_prompts(
+    "American_Crow", chosen[:1], "{a_name}: {attribute}"
+  ) == ["an American Crow: blue crown"]
+  assert pairwise_contrast.check_template("a {name} with {attribute}") is None
+  assert "{attribute}" in pairwise_contrast.check_template("a photo of a {name}")
+  assert pairwise_contrast.check_template("a photo of {a_name}, {attribute}") is None
+  assert "only the fields" in pairwise_contrast.check_template("a {bird} with {attribute}")
   config = load_config(os.path.join(ROOT, "configs", "pairwise_synthetic.py"))
   config.prompts.template = "a photo of a {name}"
   config.data.others = ()
   with pytest.raises(ConfigError) as caught:
-    pairwise.validate_config(config)
+    pairwise_contrast.validate_config(config)
   assert "must contain {attribute}" in str(caught.value) and "config.data.others" in str(
     caught.value
   )
@@ -164,12 +166,12 @@ def test_figure_shows_the_pairings_side_by_side(tmp_path, monkeypatch):
   monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
   first = _fake_pairing("dotted", lambda c, k: [("a", 1.0), ("striped", 3.0), ("red", 1.0)])
   second = _fake_pairing("orange", lambda c, k: [("a", 1.0), ("striped", 1.0), ("red", 3.0)])
-  changes = pairwise.anchor_word_changes([first, second])
+  changes = pairwise_contrast.anchor_word_changes([first, second])
   assert {r["word"] for r in changes[:4]} == {"striped", "red"}
   np.testing.assert_allclose([r["spread"] for r in changes], [0.4] * 4 + [0.0] * 2)
   striped = next(r for r in changes if r["word"] == "striped")
   assert striped["shares"] == pytest.approx({"dotted": 0.6, "orange": 0.2})
-  pairwise.pairwise_figure(str(tmp_path / "fig3.png"), [first, second])
+  pairwise_contrast.pairwise_figure(str(tmp_path / "fig3.png"), [first, second])
   (fig,) = closed
   texts = [t.get_text() for t in fig.texts]
   assert "anchor vs dotted" in texts and "anchor vs orange" in texts
@@ -194,7 +196,7 @@ def test_contrast_refuses_a_missing_cub_before_loading_a_model(tmp_path, run_com
   assert "CUB_200_2011.tgz" in done.stderr and "Traceback" not in done.stderr
   assert "image_attribute_labels.txt" in done.stderr
   with pytest.raises(DatasetMissingError):
-    pairwise.build_pairings(load_config(os.path.join(ROOT, "configs", "pairwise_cub.py")))
+    pairwise_contrast.build_pairings(load_config(os.path.join(ROOT, "configs", "pairwise_cub.py")))
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from stori_jax import train
-from stori_jax.config_files import load_config
+from stori_jax.plumbing.config_files import load_config
 from stori_jax.fewshot import datasets, prompts, trainer
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
 

@@ -14,7 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from stori_jax import cli, config_files, train
+from stori_jax.plumbing import cli, config_files
+from stori_jax import train
 from stori_jax.data import synthetic_tasks
 from stori_jax.fewshot import trainer
 from test_cli import assert_ends_with_outputs

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from stori_jax import profiling
+from stori_jax.plumbing import profiling
 from stori_jax.fewshot import trainer
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
 from stori_jax.fewshot.text_classifier import WeightedTextClassifier

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from benchmarks import gpu_check
-from stori_jax import cli
+from stori_jax.plumbing import cli
 
 #: part -> the figures it must report.
 FIELDS = {

@@ -11,7 +11,7 @@ import pytest
 from absl import flags as absl_flags
 
 from stori_jax import run_grid
-from stori_jax.config_files import ConfigError, load_config
+from stori_jax.plumbing.config_files import ConfigError, load_config
 from stori_jax.fewshot import paper_config, report, trainer
 from stori_jax.grid import cells, runner, tables
 from test_cli import assert_ends_with_outputs

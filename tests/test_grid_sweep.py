@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from stori_jax import run_grid
-from stori_jax.config_files import ConfigError, load_config
+from stori_jax.plumbing.config_files import ConfigError, load_config
 from stori_jax.fewshot import paper_config, trainer
 from stori_jax.grid import cells, figure, runner
 from stori_jax.models import get_architecture
-from stori_jax.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot
 from test_cli import assert_ends_with_outputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""Result files (stori_jax.jsonio): a full disk while writing one is a user-facing paragraph
+"""Result files (stori_jax.plumbing.jsonio): a full disk while writing one is a user-facing paragraph
 (exit 2 through the commands), the earlier file kept and no temporary file left."""
 
 import errno
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from stori_jax import jsonio
+from stori_jax.plumbing import jsonio
 
 
 def test_a_full_disk_keeps_the_old_file_and_says_so(tmp_path, monkeypatch):

@@ -17,24 +17,32 @@ PACKAGES = ("stori_jax", "mutual")
 #: The layers of docs/design.md, lowest first. A unit is a top-level module or a subpackage
 #: (`stori_jax.fewshot`, `mutual.pipeline`); it may import units of lower layers only.
 LAYERS = (
-  ("stori_jax.errors", "stori_jax.plotting", "stori_jax.profiling"),
   (
-    "stori_jax.jsonio",
-    "stori_jax.config_files",
-    "stori_jax.preprocess",
+    "stori_jax.plumbing",
+    "stori_jax.clip",
+    "stori_jax.plumbing.errors",
+    "stori_jax.plumbing.plotting",
+    "stori_jax.plumbing.profiling",
+  ),
+  (
+    "stori_jax.plumbing.jsonio",
+    "stori_jax.plumbing.config_files",
+    "stori_jax.clip.preprocess",
     "stori_jax.tokenizer",
     "stori_jax.models",
   ),
-  ("stori_jax.multihost", "stori_jax.data"),
-  ("stori_jax.run_identity", "stori_jax.checkpoints", "stori_jax.bundle"),
-  ("stori_jax.cli", "stori_jax.loading", "stori_jax.training"),
-  ("stori_jax", "stori_jax.encoding", "stori_jax.reference"),
+  ("stori_jax.plumbing.multihost", "stori_jax.data"),
+  ("stori_jax.plumbing.run_identity", "stori_jax.checkpoints", "stori_jax.clip.bundle"),
+  ("stori_jax.plumbing.cli", "stori_jax.clip.loading", "stori_jax.trainloop"),
+  ("stori_jax", "stori_jax.clip.encoding", "stori_jax.reference"),
   ("stori_jax.retrieval", "stori_jax.fewshot"),
-  ("stori_jax.world_metrics", "stori_jax.explorer"),
+  ("stori_jax.world_evaluation", "stori_jax.explorer"),
   ("stori_jax.pretraining",),
   ("stori_jax.grid",),
-  # mutual builds on stori_jax; its stages first, then what runs them.
+  # mutual builds on stori_jax; its stages first, then what runs them. `mutual.reference` (the
+  # authors' pipeline in PyTorch) imports nothing of mutual: it is the independent check.
   (
+    "mutual.reference",
     "mutual.ellipse",
     "mutual.information",
     "mutual.transport",
@@ -48,7 +56,7 @@ LAYERS = (
   ("mutual.paper_config", "mutual.report_html"),
   ("mutual.pipeline", "mutual.baselines"),
   ("mutual.protocols", "mutual.run_flags"),
-  ("mutual", "mutual.analysis", "mutual.evaluation", "mutual.sweep", "mutual.exported"),
+  ("mutual", "mutual.analysis", "mutual.evaluation", "mutual.sweep", "mutual.text_bank"),
   # Commands: thin entries over everything below.
   (
     "stori_jax.train",
@@ -67,15 +75,13 @@ LAYERS = (
     "mutual.evaluate",
     "mutual.export",
   ),
-  # Deprecated paths kept for one release (README, "Moved in this release").
-  ("stori_jax.evaluation",),
 )
 LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 
 #: The modules run with `python -m`: they and only they end with a `__main__` guard.
-COMMANDS = {unit for unit in LAYERS[-2]} | {"mutual.sweep.__main__"}
-#: Deprecated entries (one release): they may import a command to run it.
-SHIMS = {"stori_jax.evaluation.synthetic_world", "stori_jax.models.__main__"}
+COMMANDS = {unit for unit in LAYERS[-1]} | {"mutual.sweep.__main__"}
+#: Packages that group modules of several layers: each of their modules is a unit of its own.
+CONTAINERS = ("stori_jax.plumbing", "stori_jax.clip")
 
 
 def _modules() -> dict[str, str]:
@@ -99,7 +105,7 @@ MODULES = _modules()
 
 def _unit(module: str) -> str:
   parts = module.split(".")
-  return ".".join(parts[:2])
+  return ".".join(parts[:3] if ".".join(parts[:2]) in CONTAINERS else parts[:2])
 
 
 def _imports(module: str, path: str) -> list[tuple[str, int]]:
@@ -139,9 +145,7 @@ def test_imports_point_down_the_layers():
   wrong = [
     f"{MODULES[module]}:{line}: {_unit(module)} -> {_unit(target)}"
     for module, target, line in EDGES
-    if _unit(module) != _unit(target)
-    and module not in SHIMS
-    and LEVEL.get(_unit(target), 0) >= LEVEL.get(_unit(module), 0)
+    if _unit(module) != _unit(target) and LEVEL.get(_unit(target), 0) >= LEVEL.get(_unit(module), 0)
   ]
   assert not wrong, "imports that run up or across the layers:\n" + "\n".join(wrong)
 
@@ -158,7 +162,7 @@ def test_stori_jax_never_imports_mutual():
 def test_no_cycle_between_units():
   graph = collections.defaultdict(set)
   for module, target, _ in EDGES:
-    if _unit(module) != _unit(target) and module not in SHIMS:
+    if _unit(module) != _unit(target):
       graph[_unit(module)].add(_unit(target))
   done, active = set(), []
 
@@ -191,8 +195,8 @@ def _has_main_guard(path: str) -> bool:
 
 def test_only_commands_have_a_main_guard():
   guarded = {module for module, path in MODULES.items() if _has_main_guard(path)}
-  assert guarded - SHIMS == COMMANDS, (
-    f"main guard but not a command: {sorted(guarded - SHIMS - COMMANDS)}; "
+  assert guarded == COMMANDS, (
+    f"main guard but not a command: {sorted(guarded - COMMANDS)}; "
     f"command without one: {sorted(COMMANDS - guarded)}"
   )
 
@@ -201,7 +205,7 @@ def test_no_library_imports_a_command():
   wrong = [
     f"{module}:{line} -> {target}"
     for module, target, line in EDGES
-    if target in COMMANDS and module not in COMMANDS | SHIMS
+    if target in COMMANDS and module not in COMMANDS
   ]
   assert not wrong, wrong
 
@@ -222,14 +226,14 @@ def test_configs_import_no_command():
 def test_no_library_module_shares_a_command_name():
   stems = {command.split(".")[-1] for command in COMMANDS if not command.endswith("__main__")}
   clashes = sorted(
-    module
-    for module in MODULES
-    if module not in COMMANDS | SHIMS and module.split(".")[-1] in stems
+    module for module in MODULES if module not in COMMANDS and module.split(".")[-1] in stems
   )
   assert not clashes, f"library modules named like a command: {clashes}"
 
 
-@pytest.mark.parametrize("unit", ["stori_jax.models", "stori_jax.tokenizer", "stori_jax.errors"])
+@pytest.mark.parametrize(
+  "unit", ["stori_jax.models", "stori_jax.tokenizer", "stori_jax.plumbing.errors"]
+)
 def test_the_bottom_layers_import_nothing_above_them(unit):
   # The rule the layers encode, spelled out for the layers every other one builds on.
   above = [t for m, t, _ in EDGES if _unit(m) == unit and LEVEL[_unit(t)] > LEVEL[unit]]
@@ -261,9 +265,7 @@ def test_function_local_imports_say_why():
     for line, imported, context in _local_imports(path):
       reason = "# optional:" in context or "# lazy:" in context
       own = imported.split(".")[0] in PACKAGES
-      if module in SHIMS or (
-        reason and not (own and "# lazy: after jax.distributed" not in context)
-      ):
+      if reason and not (own and "# lazy: after jax.distributed" not in context):
         continue
       wrong.append(f"{path}:{line}: {imported}")
   assert not wrong, "function-local imports without a reason, or of the project:\n" + "\n".join(

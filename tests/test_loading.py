@@ -12,7 +12,7 @@ from safetensors.numpy import save_file
 
 import stori_jax
 from stori_jax.checkpoints import CheckpointError, CheckpointMismatchError
-from stori_jax.errors import NonFiniteError
+from stori_jax.plumbing.errors import NonFiniteError
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, init_params
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,9 +194,9 @@ def test_hf_directory_loads_without_torch(tmp_path):
   """transformers layout written by hand with safetensors; torch imports are blocked."""
   pytest.importorskip("transformers", reason="writes the HF config with transformers")
   torch = pytest.importorskip("torch", reason="builds the HF checkpoint with torch")
-  from stori_jax import parity
+  from stori_jax.reference import comparison
 
-  model, bundle = parity.random_pair(CONFIG.with_activation("gelu"), "transformers", seed=0)
+  model, bundle = comparison.random_pair(CONFIG.with_activation("gelu"), "transformers", seed=0)
   model.save_pretrained(tmp_path)
   del torch
   code = (

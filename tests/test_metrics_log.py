@@ -1,6 +1,6 @@
 """The JSON-lines metrics log that pretraining and few-shot training share."""
 
-from stori_jax.training import metrics_log
+from stori_jax.trainloop import metrics_log
 
 
 def test_resume_drops_redone_steps_and_a_line_cut_by_a_kill(tmp_path):

@@ -1,4 +1,4 @@
-"""Processes of one multi-process run must run the same run (stori_jax.multihost): started by
+"""Processes of one multi-process run must run the same run (stori_jax.plumbing.multihost): started by
 hand with other flags they all stop at the workdir claim with one paragraph naming the process
 and the keys that differ, before any work; a process that does not come to a barrier is named
 after a timeout of seconds or minutes, not an hour."""
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from stori_jax import multihost
+from stori_jax.plumbing import multihost
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""stori_jax.multihost.claim_on_process_zero: every process checks the workdir before any
+"""stori_jax.plumbing.multihost.claim_on_process_zero: every process checks the workdir before any
 writes it, the processes compare what they checked, then process 0 claims. (The former order,
 process 0 claiming while the others checked, let a process see run.json's temporary file
 without run.json and refuse a good workdir; the multi-process runs themselves are in the slow
@@ -7,7 +7,7 @@ tests.)"""
 import jax
 import pytest
 
-from stori_jax import multihost, run_identity
+from stori_jax.plumbing import multihost, run_identity
 
 
 def _fake_processes(monkeypatch, rank, events, others=None):

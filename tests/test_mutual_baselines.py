@@ -12,9 +12,9 @@ import optax
 import pytest
 
 from mutual import baselines
-from stori_jax.errors import NonFiniteError, UserError
-from stori_jax.training import loop
-from stori_jax.training.checkpointer import NonFiniteWatch
+from stori_jax.plumbing.errors import NonFiniteError, UserError
+from stori_jax.trainloop import loop
+from stori_jax.trainloop.checkpointer import NonFiniteWatch
 
 
 def _toy(n_per_class=24, classes=3, grid=4, channels=8, seed=0):

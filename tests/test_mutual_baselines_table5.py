@@ -14,7 +14,7 @@ from sklearn.metrics import top_k_accuracy_score
 
 from mutual import baselines, paper_config
 from mutual.protocols import bottlenecks
-from stori_jax.config_files import ConfigError, load_config
+from stori_jax.plumbing.config_files import ConfigError, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -337,7 +337,7 @@ def test_standard_and_lf_cbm_beat_chance_on_the_embedded_world():
 def test_evaluation_writes_table5_and_the_labeler_accuracy(tmp_path):
   """configs/mutual_eval_synthetic.py:smoke through `evaluation.run` (no protocols): Table 5's
   four rows and the zero-shot reference in table1.json and table1.md, the labeler's accuracy."""
-  from mutual import evaluation
+  from mutual.evaluation import runner as evaluation
 
   config = load_config(os.path.join(ROOT, "configs/mutual_eval_synthetic.py"), "smoke")
   config.evaluation.protocols = ()

@@ -10,9 +10,10 @@ import pytest
 from PIL import Image
 
 import stori_jax
-from mutual import data, evaluation, protocols
+from mutual import data, protocols
+from mutual.evaluation import runner as evaluation
 from mutual.protocols import localization
-from stori_jax.config_files import ConfigError, load_config
+from stori_jax.plumbing.config_files import ConfigError, load_config
 from stori_jax.data.files import DatasetMissingError
 from stori_jax.data.images import model_input
 
@@ -116,10 +117,10 @@ def test_voc_reader_and_the_resize_crop_geometry(tmp_path):
 def test_voc_reader_names_the_broken_file(tmp_path):
   bad = tmp_path / "bad.xml"
   bad.write_text("<annotation><size><width>ten</width></size></annotation>")
-  with pytest.raises(stori_jax.errors.InputError, match="bad.xml.*<width>"):
+  with pytest.raises(stori_jax.plumbing.errors.InputError, match="bad.xml.*<width>"):
     localization.read_voc_boxes(str(bad))
   (tmp_path / "not.xml").write_text("not xml <")
-  with pytest.raises(stori_jax.errors.InputError, match="not.xml"):
+  with pytest.raises(stori_jax.plumbing.errors.InputError, match="not.xml"):
     localization.read_voc_boxes(str(tmp_path / "not.xml"))
 
 

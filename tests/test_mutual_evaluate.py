@@ -8,9 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from mutual import data, evaluate, evaluation, protocols, xai
+from mutual import data, evaluate, protocols, xai
+from mutual.evaluation import runner as evaluation
 from stori_jax.fewshot.datasets import DatasetMissingError
-from stori_jax.config_files import load_config
+from stori_jax.plumbing.config_files import load_config
 from test_cli import assert_ends_with_outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""mutual.export / mutual.exported: the descriptor bank and the text classifiers as files, read
+"""mutual.export / mutual.text_bank: the descriptor bank and the text classifiers as files, read
 back equal to what the analysis computes; mistakes refused before the model loads."""
 
 import json
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from mutual import data, exported, pipeline
-from stori_jax.config_files import ConfigError, load_config
-from stori_jax.errors import InputError, UserError
+from mutual import data, text_bank, pipeline
+from stori_jax.plumbing.config_files import ConfigError, load_config
+from stori_jax.plumbing.errors import InputError, UserError
 from test_cli import assert_ends_with_outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,8 +23,8 @@ def _config():
 
 def test_exported_arrays_equal_the_pipeline_and_names_keep_their_order(tmp_path, tiny_synthetic):
   config = _config()
-  output, bank = exported.export_text_bank(config, str(tmp_path / "bank"), progress=False)
-  read = exported.load_text_bank(output)
+  output, bank = text_bank.export_text_bank(config, str(tmp_path / "bank"), progress=False)
+  read = text_bank.load_text_bank(output)
   # What mutual.analyze computes for this config (its classifier: config.analysis.class_prompts).
   dataset = data.prepare(config)
   want = pipeline.encode_config_bank(tiny_synthetic, config, dataset, progress=False)
@@ -52,10 +52,10 @@ def test_exported_arrays_equal_the_pipeline_and_names_keep_their_order(tmp_path,
     assert array.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(array, axis=1), 1.0, atol=1e-5)
   # The TextBank the pipeline takes, and the JSON's names and settings.
-  text_bank = read.text_bank()
-  np.testing.assert_array_equal(text_bank.class_embeddings, want.class_embeddings)
-  assert text_bank.descriptors == want.descriptors
-  names = json.loads((tmp_path / "bank" / exported.NAMES_FILE).read_text())
+  loaded_bank = read.text_bank()
+  np.testing.assert_array_equal(loaded_bank.class_embeddings, want.class_embeddings)
+  assert loaded_bank.descriptors == want.descriptors
+  names = json.loads((tmp_path / "bank" / text_bank.NAMES_FILE).read_text())
   assert names["class_descriptors"] == dataset.lists()
   assert names["classifiers"]["descriptors"]["descriptor_template"] == "{c}, which has {d}."
   assert names["classifiers"]["templates"]["templates"] == list(a.templates)
@@ -76,7 +76,7 @@ def test_a_descriptor_file_gives_its_classes_in_file_order(tmp_path, tiny_synthe
   with config.unlocked():
     config.data.source, config.data.descriptors = "folder", str(path)
     config.data.root = str(tmp_path / "no_images_needed")
-  _, bank = exported.export_text_bank(config, str(tmp_path / "bank"), progress=False)
+  _, bank = text_bank.export_text_bank(config, str(tmp_path / "bank"), progress=False)
   assert bank.class_names == ("zebra", "apple")  # the file's order, not sorted
   assert bank.descriptors == ("black and white stripes", "four legs", "red")  # duplicates once
   assert bank.class_descriptors == (tuple(per_class["zebra"]), tuple(per_class["apple"]))
@@ -92,7 +92,7 @@ def _no_model(monkeypatch):
   def refuse(*_, **__):
     raise AssertionError("the model loaded before the input was checked")
 
-  monkeypatch.setattr(exported.stori_jax, "load", refuse)
+  monkeypatch.setattr(text_bank.stori_jax, "load", refuse)
 
 
 def test_mistakes_are_refused_before_the_model_loads(tmp_path, monkeypatch):
@@ -100,47 +100,47 @@ def test_mistakes_are_refused_before_the_model_loads(tmp_path, monkeypatch):
   config = _config()
   taken = tmp_path / "taken"
   taken.mkdir()
-  (taken / exported.ARRAYS_FILE).write_bytes(b"old")
+  (taken / text_bank.ARRAYS_FILE).write_bytes(b"old")
   with pytest.raises(UserError, match="already holds a text bank.*--overwrite"):
-    exported.export_text_bank(config, str(taken))
-  assert (taken / exported.ARRAYS_FILE).read_bytes() == b"old"
+    text_bank.export_text_bank(config, str(taken))
+  assert (taken / text_bank.ARRAYS_FILE).read_bytes() == b"old"
   (tmp_path / "a_file").write_text("x")
   with pytest.raises(UserError, match="is a file"):
-    exported.export_text_bank(config, str(tmp_path / "a_file"))
+    text_bank.export_text_bank(config, str(tmp_path / "a_file"))
   with config.unlocked():
     config.data.source = "folder"
     config.data.descriptors = str(tmp_path / "descriptors_imagenet.json")
     config.data.dataset = "imagenet"
   with pytest.raises(data.DatasetMissingError, match="descriptors_imagenet.json.*does not exist"):
-    exported.export_text_bank(config, str(tmp_path / "out"))
+    text_bank.export_text_bank(config, str(tmp_path / "out"))
   config.data.descriptors = ""
   with pytest.raises(ConfigError, match="config.data.descriptors is empty"):
-    exported.export_text_bank(config, str(tmp_path / "out"))
+    text_bank.export_text_bank(config, str(tmp_path / "out"))
   config = _config()
   config.analysis.templates = ("a photo of a {class}.",)
   with pytest.raises(ConfigError, match=r"write the class as \{c\}"):
-    exported.export_text_bank(config, str(tmp_path / "out"))
+    text_bank.export_text_bank(config, str(tmp_path / "out"))
   config = _config()
   config.analysis.class_prompts = "both"
   with pytest.raises(ConfigError, match="class_prompts must be one of"):
-    exported.export_text_bank(config, str(tmp_path / "out"))
+    text_bank.export_text_bank(config, str(tmp_path / "out"))
   assert not (tmp_path / "out").exists()
 
 
 def test_reading_refuses_missing_or_inconsistent_files(tmp_path, tiny_synthetic):
   with pytest.raises(InputError, match="holds no text bank.*mutual.export"):
-    exported.load_text_bank(tmp_path)
-  output, _ = exported.export_text_bank(_config(), str(tmp_path / "bank"), progress=False)
-  arrays_path = os.path.join(output, exported.ARRAYS_FILE)
+    text_bank.load_text_bank(tmp_path)
+  output, _ = text_bank.export_text_bank(_config(), str(tmp_path / "bank"), progress=False)
+  arrays_path = os.path.join(output, text_bank.ARRAYS_FILE)
   arrays = load_file(arrays_path)
   arrays["class_embeddings_templates"] = arrays["class_embeddings_templates"][:5]
   save_file(arrays, arrays_path)
   with pytest.raises(InputError, match="class_embeddings_templates has shape \\[5, 64\\]"):
-    exported.load_text_bank(output)
+    text_bank.load_text_bank(output)
   with open(arrays_path, "wb") as f:
     f.write(b"\0" * 10)
   with pytest.raises(InputError, match="not a readable safetensors file"):
-    exported.load_text_bank(output)
+    text_bank.load_text_bank(output)
 
 
 def test_command_writes_the_files_and_refuses_to_overwrite(tmp_path, run_command):
@@ -148,12 +148,12 @@ def test_command_writes_the_files_and_refuses_to_overwrite(tmp_path, run_command
   done = run_command("mutual.export", f"--config={CONFIG}", f"--output={output}")
   assert done.returncode == 0, done.stderr[-3000:]
   assert "48 descriptors, 12 classes, embedding dim 64" in done.stdout
-  paths = assert_ends_with_outputs(done.stdout, *exported.FILES)
+  paths = assert_ends_with_outputs(done.stdout, *text_bank.FILES)
   assert len(paths) == 2
-  before = os.stat(output / exported.ARRAYS_FILE).st_mtime_ns
+  before = os.stat(output / text_bank.ARRAYS_FILE).st_mtime_ns
   again = run_command("mutual.export", f"--config={CONFIG}", f"--output={output}")
   assert again.returncode == 2 and "--overwrite" in again.stderr and "Traceback" not in again.stderr
-  assert os.stat(output / exported.ARRAYS_FILE).st_mtime_ns == before
+  assert os.stat(output / text_bank.ARRAYS_FILE).st_mtime_ns == before
   done = run_command("mutual.export", f"--config={CONFIG}", f"--output={output}", "--overwrite")
   assert done.returncode == 0, done.stderr[-3000:]
   missing = run_command("mutual.export", f"--config={CONFIG}")

@@ -10,8 +10,8 @@ import stori_jax
 from mutual import data, features, protocols
 from mutual.paper_config import analysis_config
 from mutual.protocols import layers
-from stori_jax.config_files import ConfigError
-from stori_jax.preprocess import normalize
+from stori_jax.plumbing.config_files import ConfigError
+from stori_jax.clip.preprocess import normalize
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from sklearn.preprocessing import MinMaxScaler
 from sklearn.utils.extmath import svd_flip
 
 from mutual import concepts, ellipse, paper_config, pipeline
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing.config_files import ConfigError
 
 STAGES = ("ellipse", "crf_confidence", "pca_sign_rule", "kmeans_init", "crf_filter")
 

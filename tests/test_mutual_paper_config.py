@@ -11,8 +11,8 @@ import ml_collections
 import pytest
 
 from mutual import paper_config, pipeline, visual_prompts
-from stori_jax.config_files import ConfigError
-from stori_jax.errors import UserError
+from stori_jax.plumbing.config_files import ConfigError
+from stori_jax.plumbing.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mutual import analysis, analyze, data, descriptors, information, pipeline, report, transport
-from stori_jax.config_files import load_config
+from mutual.analysis import runner as analysis
+from mutual import analyze, data, descriptors, information, pipeline, report, transport
+from stori_jax.plumbing.config_files import load_config
 from test_cli import assert_ends_with_outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from mutual import paper_config, pipeline, visual_prompts
-from stori_jax.config_files import ConfigError
-from stori_jax.encoding import encode_images_on_device
+from stori_jax.plumbing.config_files import ConfigError
+from stori_jax.clip.encoding import encode_images_on_device
 
 
 def _maps(rng, batch, grid, concepts, size):

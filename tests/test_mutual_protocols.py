@@ -11,8 +11,8 @@ import pytest
 
 import stori_jax
 from mutual import data, paper_config, pipeline, protocols, visual_prompts
-from stori_jax.encoding import encode_texts
-from stori_jax.config_files import load_config
+from stori_jax.clip.encoding import encode_texts
+from stori_jax.plumbing.config_files import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

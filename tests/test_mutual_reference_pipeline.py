@@ -1,6 +1,6 @@
 """Reference mode against the reference code's own libraries (issue 18): SimpleCRF's lattice CRF
 label for label, the stages that follow config.analysis.mode, and (slow) per-image MI and AUC of
-mutual.pipeline in reference mode against stori_jax.reference.mutual_knowledge on the embedded
+mutual.pipeline in reference mode against mutual.reference on the embedded
 world."""
 
 import numpy as np
@@ -92,7 +92,7 @@ def test_reference_mode_agrees_with_the_torch_reference_per_image(tiny_synthetic
   in reference mode, with the reference's joint spectral split and its CRF (SimpleCRF, or off
   on both sides where it is not installed): identical MI and AUC on >= 95% of the images for
   PCA and for K-means."""
-  torch_reference = pytest.importorskip("stori_jax.reference.mutual_knowledge")
+  torch_reference = pytest.importorskip("mutual.reference")
   pytest.importorskip("kmeans_pytorch")
   from configs import mutual_synthetic  # pylint: disable=import-outside-toplevel
   from mutual import data  # pylint: disable=import-outside-toplevel

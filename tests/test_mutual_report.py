@@ -8,8 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from mutual import analysis, evaluation, information, report, xai
-from stori_jax.config_files import load_config
+from mutual.analysis import runner as analysis
+from mutual.evaluation import runner as evaluation
+from mutual import information, report, xai
+from stori_jax.plumbing.config_files import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,8 +16,9 @@ import urllib.parse
 import pytest
 
 import stori_jax
-from mutual import analysis, report, report_html
-from stori_jax.config_files import load_config
+from mutual.analysis import runner as analysis
+from mutual import report, report_html
+from stori_jax.plumbing.config_files import load_config
 
 # The explorer's headless Chromium (skipped when absent, a failure with CI=true): one helper.
 from test_explore import _need_chromium, _page

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from mutual import data, pipeline, report, sweep
-from stori_jax.bundle import CLIPBundle
+from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints import CheckpointError, hub
-from stori_jax import config_files
-from stori_jax.config_files import ConfigError, load_config
+from stori_jax.plumbing import config_files
+from stori_jax.plumbing.config_files import ConfigError, load_config
 from stori_jax.models import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

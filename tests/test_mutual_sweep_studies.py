@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mutual import data, pipeline, protocols, sweep
-from stori_jax.config_files import ConfigError, load_config
+from stori_jax.plumbing.config_files import ConfigError, load_config
 from stori_jax.models import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

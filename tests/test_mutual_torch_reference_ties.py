@@ -1,5 +1,5 @@
 """Tie order in the language stage: torch.topk's on CPU is no stable rule, so mutual.
-torch_reference and the project share one (stori_jax.reference.mutual_knowledge.top_with_ties)."""
+torch_reference and the project share one (mutual.reference.top_with_ties)."""
 
 import numpy as np
 import pytest
@@ -30,7 +30,7 @@ def test_torch_topk_tie_order_is_not_a_stable_rule():
 
 
 def test_shared_tie_rule_orders_ties_by_raw_score():
-  from stori_jax.reference import mutual_knowledge as torch_reference  # pylint: disable=import-outside-toplevel
+  from mutual import reference as torch_reference  # pylint: disable=import-outside-toplevel
 
   plan = torch.ones(1, 10)
   scores = torch.tensor([[0.1, 0.5, 0.3, 0.9, 0.2, 0.8, 0.0, 0.4, 0.7, 0.6]])

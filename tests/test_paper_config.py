@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from stori_jax.config_files import ConfigError, load_config
+from stori_jax.plumbing.config_files import ConfigError, load_config
 from stori_jax.fewshot.paper_config import (
   DATASETS,
   SHOTS,

@@ -14,7 +14,7 @@ import pytest
 
 import stori_jax
 from mutual import concepts, descriptors
-from stori_jax.bundle import tower_functions
+from stori_jax.clip.bundle import tower_functions
 from stori_jax.models import (
   CLIP,
   CLIPConfig,

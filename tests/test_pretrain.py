@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from stori_jax.training import metrics_log
+from stori_jax.trainloop import metrics_log
 from stori_jax.pretraining import contrastive
-from stori_jax.config_files import load_config
+from stori_jax.plumbing.config_files import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILE = os.path.join(REPO, "configs", "tiny_clip_pretrain.py")
@@ -147,7 +147,7 @@ def test_pattern_groups_differ_only_in_pattern():
 def test_shipped_checkpoint_was_made_by_the_pretraining_config():
   """The shipped tiny CLIP echoes the config that made it; configs/tiny_clip_pretrain.py must
   still say the same (so `python -m stori_jax.pretrain` reproduces it)."""
-  from stori_jax.loading import ASSETS_DIR
+  from stori_jax.clip.loading import ASSETS_DIR
 
   with open(os.path.join(ASSETS_DIR, "tiny-synthetic", "stori_config.json"), encoding="utf-8") as f:
     shipped = json.load(f)

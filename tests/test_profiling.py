@@ -1,10 +1,10 @@
-"""stori_jax.profiling: compilations counted per block, host time apart from device time."""
+"""stori_jax.plumbing.profiling: compilations counted per block, host time apart from device time."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stori_jax import profiling
+from stori_jax.plumbing import profiling
 
 
 def test_a_new_shape_compiles_once_and_a_cached_call_does_not():

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from stori_jax import cli
-from stori_jax.errors import UserError
+from stori_jax.plumbing import cli
+from stori_jax.plumbing.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

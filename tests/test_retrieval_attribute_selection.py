@@ -14,8 +14,8 @@ from sklearn.metrics import roc_auc_score
 
 import stori_jax
 from stori_jax import retrieve
-from stori_jax.config_files import ConfigError, load_config
-from stori_jax.encoding import encode_texts
+from stori_jax.plumbing.config_files import ConfigError, load_config
+from stori_jax.clip.encoding import encode_texts
 from stori_jax.retrieval import attribute_selection as A
 from stori_jax.retrieval import datasets, index, paper_config, runner, tables
 

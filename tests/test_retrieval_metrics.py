@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
-from stori_jax import world_metrics as sw
+from stori_jax.world_evaluation import metrics as sw
 from stori_jax.retrieval import metrics
 
 

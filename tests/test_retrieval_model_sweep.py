@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from stori_jax import loading
-from stori_jax.config_files import ConfigError, load_config
+from stori_jax.clip import loading
+from stori_jax.plumbing.config_files import ConfigError, load_config
 from stori_jax.models import registry
 from stori_jax.retrieval import model_sweep, runner
 

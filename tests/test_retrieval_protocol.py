@@ -11,7 +11,7 @@ from sklearn.metrics import average_precision_score
 
 import stori_jax
 from stori_jax.data import synthetic
-from stori_jax import world_metrics as sw
+from stori_jax.world_evaluation import metrics as sw
 from stori_jax.retrieval import datasets, index, metrics, paper_config
 from stori_jax.retrieval import protocol as P
 
@@ -308,7 +308,7 @@ def test_figure_6_follows_the_papers_category_on_the_celeba_config():
   """configs/retrieval_celeba3.py's sweep ('a photo of a woman with blond hair, wearing
   eyeglasses', w on blond hair): both sweeps, w / 1 - w (Fig. 5, 6a) and w alone (Fig. 6b),
   follow 'female, blonde hair, no eyeglasses' as the paper does."""
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   config = load_config("configs/retrieval_celeba3.py")
   (spec,) = [config.data.prompts[i] for i in config.sweep.tasks]

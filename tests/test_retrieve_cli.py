@@ -10,7 +10,7 @@ import pytest
 
 from stori_jax import retrieve
 from stori_jax.retrieval import runner as retrieval_runner
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.retrieval import paper_config
 
 from test_cli import assert_ends_with_outputs

@@ -1,4 +1,4 @@
-"""A workdir has one owner (stori_jax.run_identity): the claiming process holds its lock until it
+"""A workdir has one owner (stori_jax.plumbing.run_identity): the claiming process holds its lock until it
 exits, a second command on the same workdir stops with one paragraph naming the holder and exit
 status 2, and a crashed holder's lock is released by the system."""
 
@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from stori_jax import run_identity
+from stori_jax.plumbing import run_identity
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HOLD = textwrap.dedent(
   """
   import sys, time
-  from stori_jax import run_identity
+  from stori_jax.plumbing import run_identity
   run_identity.claim_workdir(sys.argv[1], {"config": {"seed": 1}})
   print("claimed", flush=True)
   time.sleep(120)
@@ -231,20 +231,20 @@ class _Claimed(Exception):
 
 def _train(tmp_path):
   from stori_jax.fewshot import trainer  # pylint: disable=import-outside-toplevel
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   trainer.run(load_config(os.path.join(REPO, "configs", "demo.py")), str(tmp_path))
 
 
 def _retrieve(tmp_path):
   from stori_jax.retrieval import runner  # pylint: disable=import-outside-toplevel
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   runner.run(load_config(os.path.join(REPO, "configs", "retrieval_synthetic.py")), str(tmp_path))
 
 
 def _pretrain(tmp_path):
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
   from stori_jax.pretraining import contrastive  # pylint: disable=import-outside-toplevel
 
   contrastive.train(
@@ -253,7 +253,7 @@ def _pretrain(tmp_path):
 
 
 def _weight_response(tmp_path):
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
   from stori_jax.pretraining import weight_response  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(REPO, "configs", "tiny_clip_weight_response.py"))
@@ -262,7 +262,7 @@ def _weight_response(tmp_path):
 
 def _mutual(tmp_path):
   from mutual import run_flags  # pylint: disable=import-outside-toplevel
-  from stori_jax.config_files import load_config  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(REPO, "configs", "mutual_synthetic.py"))
   run_flags.claim_workdir(config, str(tmp_path), False, "mutual-knowledge analysis")
@@ -283,7 +283,7 @@ def test_each_command_reaches_claim_run(command, tmp_path, monkeypatch):
 
 
 def test_the_start_block_command_reaches_claim_run(tmp_path, monkeypatch, run_command):
-  from stori_jax.errors import UserError  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.errors import UserError  # pylint: disable=import-outside-toplevel
 
   class Claimed(UserError):
     pass

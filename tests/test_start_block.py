@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import stori_jax
-from stori_jax.bundle import START_BLOCK_NONE, resolve_start_block
-from stori_jax.config_files import ConfigError, load_config
+from stori_jax.clip.bundle import START_BLOCK_NONE, resolve_start_block
+from stori_jax.plumbing.config_files import ConfigError, load_config
 from stori_jax.models import default_start_block, reweighted_block_indices
 from stori_jax.models.config import TextConfig
-from stori_jax.retrieval import datasets, block_sweep
+from stori_jax.retrieval import datasets, start_block_sweep
 from stori_jax.retrieval.index import encode_data
 
 
@@ -25,10 +25,10 @@ def _response(block, slope):
 
 def test_recommend_picks_the_latest_block_with_half_the_strongest_response():
   responses = [_response(1, 0.10), _response(2, 0.08), _response(3, 0.051), _response(4, 0.049)]
-  assert block_sweep.recommend(responses) == 3
-  assert block_sweep.recommend(responses, fraction=0.9) == 1
+  assert start_block_sweep.recommend(responses) == 3
+  assert start_block_sweep.recommend(responses, fraction=0.9) == 1
   # No response anywhere: the earliest block (reweighting as much of the tower as possible).
-  assert block_sweep.recommend([_response(2, 0.0), _response(3, -0.01)]) == 2
+  assert start_block_sweep.recommend([_response(2, 0.0), _response(3, -0.01)]) == 2
 
 
 def test_stored_default_start_block_is_used_and_checked():
@@ -49,8 +49,8 @@ def probe(tiny_synthetic):
 
 def test_block_response_measures_weights_on_the_word(probe):
   bundle, embeddings, tasks = probe
-  first = block_sweep.block_response(bundle, embeddings, tasks, 1)
-  last = block_sweep.block_response(bundle, embeddings, tasks, bundle.config.text.layers)
+  first = start_block_sweep.block_response(bundle, embeddings, tasks, 1)
+  last = start_block_sweep.block_response(bundle, embeddings, tasks, bundle.config.text.layers)
   assert set(first["by_attribute"]) == {"colour", "pattern", "shape"}
   # Excluding the word (w = 0) lowers its AP at every start block, emphasis raises it.
   assert first["removal"] < -0.1
@@ -67,15 +67,15 @@ def test_block_response_measures_weights_on_the_word(probe):
 
 def test_sweep_table_and_plot(probe, tmp_path):
   bundle, embeddings, tasks = probe
-  sweep = block_sweep.start_block_sweep(bundle, embeddings, tasks, start_blocks=(2, 4, 6))
+  sweep = start_block_sweep.start_block_sweep(bundle, embeddings, tasks, start_blocks=(2, 4, 6))
   assert [r["start_block"] for r in sweep["blocks"]] == [2, 4, 6]
   assert sweep["recommended"] in (2, 4, 6)
-  table = block_sweep.format_table(sweep)
+  table = start_block_sweep.format_table(sweep)
   assert "<- recommended" in table and len(table.splitlines()) == 5
-  block_sweep.plot_sweep(sweep, str(tmp_path / "start_block.png"))
+  start_block_sweep.plot_sweep(sweep, str(tmp_path / "start_block.png"))
   assert (tmp_path / "start_block.png").stat().st_size > 10_000
   with pytest.raises(ValueError, match="1..6"):
-    block_sweep.start_block_sweep(bundle, embeddings, tasks, start_blocks=(0,))
+    start_block_sweep.start_block_sweep(bundle, embeddings, tasks, start_blocks=(0,))
 
 
 def test_cli_refuses_a_missing_probe_config_in_one_paragraph(tmp_path):
@@ -146,7 +146,7 @@ def _retrieval(tmp_path, monkeypatch, run_command):
 
 
 def _evaluate_world(tmp_path, monkeypatch, run_command):
-  from stori_jax import world_metrics  # pylint: disable=import-outside-toplevel
+  from stori_jax.world_evaluation import metrics as world_metrics  # pylint: disable=import-outside-toplevel
 
   monkeypatch.setattr(world_metrics, "evaluate", lambda *a, **k: pytest.fail("run started"))
   done = run_command(

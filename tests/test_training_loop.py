@@ -1,4 +1,4 @@
-"""The training loop shared by the three trainers (stori_jax.training.loop): steps counted on
+"""The training loop shared by the three trainers (stori_jax.trainloop.loop): steps counted on
 the host, the log / eval / checkpoint intervals, the non-finite watch, the compile time kept
 out of the ETA, and a killed run resumed to the same result. Tiny fake steps, no models."""
 
@@ -14,15 +14,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from stori_jax.training import checkpointer, loop
-from stori_jax.training.checkpointer import (
+from stori_jax.trainloop import checkpointer, loop
+from stori_jax.trainloop.checkpointer import (
   CheckpointWriteError,
   NonFiniteWatch,
   TrainCheckpointer,
   UnreadableCheckpointsError,
   nonfinite_code,
 )
-from stori_jax.errors import NonFiniteError
+from stori_jax.plumbing.errors import NonFiniteError
 
 
 class HostOnlyStep:

@@ -13,8 +13,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from stori_jax.pretraining import weight_response
-from stori_jax.config_files import ConfigError, load_config
-from stori_jax.loading import ASSETS_DIR
+from stori_jax.plumbing.config_files import ConfigError, load_config
+from stori_jax.clip.loading import ASSETS_DIR
 from stori_jax.models import (
   CLIP,
   CLIPConfig,

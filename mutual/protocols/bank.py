@@ -12,7 +12,7 @@ import numpy as np
 from mutual import paper_config
 from mutual.protocols.progress import stage_bar
 from mutual.protocols.zero_shot import percent, prompt_sums, topk_hits
-from stori_jax.encoding import l2_normalize
+from stori_jax.clip.encoding import l2_normalize
 
 INTER_MODES = ("centroids", "pairs")
 _SENTENCE_INSTALL = f"pip install {paper_config.SENTENCE_ENCODER}"

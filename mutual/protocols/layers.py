@@ -14,9 +14,9 @@ import numpy as np
 
 from mutual import features, paper_config, pipeline
 from mutual.protocols.progress import stage_bar
-from stori_jax.config_files import ConfigError
-from stori_jax.plotting import pyplot
-from stori_jax.preprocess import normalize
+from stori_jax.plumbing.config_files import ConfigError
+from stori_jax.plumbing.plotting import pyplot
+from stori_jax.clip.preprocess import normalize
 
 #: The two panels of the figure: the features compared, and their titles.
 FEATURES = ("tokens", "keys")

@@ -15,7 +15,7 @@ from mutual import paper_config
 from mutual.protocols.analysis_pass import ConceptPass
 from mutual.protocols.progress import stage_bar
 from mutual.protocols.zero_shot import hits_at_k, percent, prompt_sums, topk_hits
-from stori_jax.encoding import l2_normalize
+from stori_jax.clip.encoding import l2_normalize
 
 RECIPIENTS = ("prediction", "neighbours")
 

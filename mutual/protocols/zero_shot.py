@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mutual import paper_config
-from stori_jax import encoding
+from stori_jax.clip import encoding
 
 AGGREGATES = ("scores", "embedding")
 

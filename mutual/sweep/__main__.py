@@ -11,8 +11,8 @@ from absl import flags
 from mutual import run_flags
 from mutual.sweep.runner import run
 from mutual.sweep.table import fit_equation, markdown_table
-from stori_jax import cli as stori_cli
-from stori_jax import multihost
+from stori_jax.plumbing import cli as stori_cli
+from stori_jax.plumbing import multihost
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from mutual import data, pipeline
 from mutual.sweep.batched import batched_language_stages
 from mutual.sweep.models import ModelPool
-from stori_jax.bundle import CLIPBundle
+from stori_jax.clip.bundle import CLIPBundle
 
 
 def analyze_classes(

@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 import jax.numpy as jnp
 
 import stori_jax
-from stori_jax import loading
-from stori_jax.bundle import CLIPBundle, tower_functions
+from stori_jax.clip import loading
+from stori_jax.clip.bundle import CLIPBundle, tower_functions
 from stori_jax.checkpoints import hub
 from stori_jax.models import CLIP, CLIPConfig, registry
 
@@ -70,7 +70,7 @@ def random_bundle(
   name: str, image_size: int = 64, shrink: int = 1, seed: int = 0, dtype=jnp.float32
 ) -> SweepBundle:
   """A random-weight instance of a registered model's architecture at a small input size (0: the
-  entry's own size), with the entry's mean / std (`stori_jax.loading.random_instance`), sharing
+  entry's own size), with the entry's mean / std (`stori_jax.clip.loading.random_instance`), sharing
   its compiled towers with the other instances of the architecture. The seed mixes in the name,
   so models of one architecture differ."""
   return SweepBundle.of(loading.random_instance(name, image_size, shrink, seed, dtype))

@@ -23,7 +23,7 @@ from mutual.sweep.fits import accuracy_of
 from mutual.sweep.models import FAMILIES
 from mutual.sweep.table import RANDOM_WEIGHTS, fit_equation, table_order
 from stori_jax.models import registry
-from stori_jax.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot
 
 #: Per family, (colour, marker) pairs: blues / purples for ViTs, reds / browns for ResNets,
 #: greens for ConvNeXts, so a family reads as one group; colours and markers each distinct

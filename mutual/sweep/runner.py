@@ -26,10 +26,10 @@ from mutual.sweep.table import (
   table2_paper_tables,
   table_order,
 )
-from stori_jax import multihost
+from stori_jax.plumbing import multihost
 from stori_jax.checkpoints.errors import CheckpointError
-from stori_jax.config_files import ConfigError
-from stori_jax.errors import UserError
+from stori_jax.plumbing.config_files import ConfigError
+from stori_jax.plumbing.errors import UserError
 from stori_jax.models import registry
 
 
@@ -260,7 +260,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   are checked, and the workdir claimed for this config (`restart` moves another run aside),
   before any image is read.
 
-  In a multi-process run (jax.distributed initialised, see stori_jax.multihost) process p
+  In a multi-process run (jax.distributed initialised, see stori_jax.plumbing.multihost) process p
   analyses the class chunks c with c % processes == p through every model and writes their
   slimmed records to workdir/shards; process 0 then reads them back in chunk order (the
   workdir must be on a filesystem all processes share) and writes the same files as one process

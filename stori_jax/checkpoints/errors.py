@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from stori_jax.errors import UserError
+from stori_jax.plumbing.errors import UserError
 
 
 class CheckpointError(UserError, ValueError):

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from stori_jax import jsonio
+from stori_jax.plumbing import jsonio
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.validate import (
   check_float_weights,
@@ -29,7 +29,7 @@ from stori_jax.checkpoints.validate import (
 )
 from stori_jax.data.files import read_json
 from stori_jax.models import CLIPConfig, param_shapes
-from stori_jax.preprocess import PreprocessConfig
+from stori_jax.clip.preprocess import PreprocessConfig
 
 CONFIG_FILE = "stori_config.json"
 SAFETENSORS_FILE = "params.safetensors"

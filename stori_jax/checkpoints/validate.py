@@ -13,8 +13,8 @@ import numpy as np
 from flax import traverse_util
 
 from stori_jax.checkpoints.errors import CheckpointError, CheckpointMismatchError
-from stori_jax.errors import NonFiniteError
-from stori_jax.preprocess import PreprocessConfig
+from stori_jax.plumbing.errors import NonFiniteError
+from stori_jax.clip.preprocess import PreprocessConfig
 from stori_jax.models import (
   CLIPConfig,
   ConvNeXtConfig,

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from stori_jax.data.files import read_text_lines
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 
 
 def read_celeba_attributes(path: str | os.PathLike) -> tuple[list[str], dict[str, np.ndarray]]:

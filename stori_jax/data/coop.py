@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data.files import (
   ClassMismatchError,
   DatasetMissingError,
@@ -33,7 +33,7 @@ from stori_jax.data.files import (
 )
 from stori_jax.data.folders import image_files, subfolders
 from stori_jax.data.splits import FewShotSplit, LabeledImage
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 
 COOP_DATASETS_DOC = "https://github.com/KaiyangZhou/CoOp/blob/main/DATASETS.md"
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from stori_jax.data.attributes import read_cub_attributes
 from stori_jax.data.files import DatasetMissingError, read_text_lines
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 
 CUB_URL = "https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz"
 #: The files `read_cub` needs under the CUB_200_2011 folder (attributes.txt may also sit in

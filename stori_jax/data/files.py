@@ -18,7 +18,7 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
-from stori_jax.errors import InputError, UserError
+from stori_jax.plumbing.errors import InputError, UserError
 
 
 class DatasetMissingError(UserError, FileNotFoundError):

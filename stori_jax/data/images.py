@@ -17,8 +17,8 @@ from typing import Union
 import numpy as np
 from PIL import Image
 
-from stori_jax.errors import InputError, UserError
-from stori_jax.preprocess import resize_center_crop, to_8bit, to_pil
+from stori_jax.plumbing.errors import InputError, UserError
+from stori_jax.clip.preprocess import resize_center_crop, to_8bit, to_pil
 
 ImageSource = Union[str, bytes, np.ndarray]
 

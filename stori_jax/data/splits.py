@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from stori_jax.data.files import ClassMismatchError
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 
 
 class LabeledImage(NamedTuple):

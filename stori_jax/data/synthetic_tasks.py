@@ -449,7 +449,7 @@ def descriptor_attribute(descriptor: str) -> tuple[str, str] | None:
 
 # ---------------------------------------------------------------------------------------------
 # The emphasis experiment's scenes (paper Table 3 in this world; measured by
-# `stori_jax.world_metrics.emphasis_effect`, ranked by `stori_jax.retrieval`).
+# `stori_jax.world_evaluation.metrics.emphasis_effect`, ranked by `stori_jax.retrieval`).
 
 #: The emphasis triples' default seed, disjoint from pretraining's (0, k) namespace.
 EMPHASIS_SEED = (2024, 3)

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from stori_jax.data.files import DatasetMissingError
-from stori_jax.errors import UserError
+from stori_jax.plumbing.errors import UserError
 
 
 class TfdsMissingError(UserError, ImportError):

@@ -36,7 +36,7 @@ import json
 import re
 from urllib.parse import urlsplit
 
-from stori_jax.errors import NonFiniteError, UserError
+from stori_jax.plumbing.errors import NonFiniteError, UserError
 from stori_jax.explorer.limits import (
   MAX_BODY_BYTES,
   MAX_WEIGHT,

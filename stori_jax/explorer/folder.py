@@ -16,9 +16,9 @@ from typing import Callable, Sequence
 import numpy as np
 from absl import logging
 
-from stori_jax import jsonio
-from stori_jax.errors import InputError, UserError
-from stori_jax.preprocess import resize_center_crop, to_pil
+from stori_jax.plumbing import jsonio
+from stori_jax.plumbing.errors import InputError, UserError
+from stori_jax.clip.preprocess import resize_center_crop, to_pil
 from stori_jax.retrieval import datasets
 
 

@@ -9,7 +9,7 @@ encoded (minutes for a large folder).
 from __future__ import annotations
 
 import stori_jax
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 from stori_jax.explorer.folder import image_folder
 from stori_jax.explorer.ranking import Explorer
 from stori_jax.explorer.world import (

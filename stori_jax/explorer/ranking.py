@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
-from stori_jax.errors import NonFiniteError
+from stori_jax.plumbing.errors import NonFiniteError
 from stori_jax.explorer import curves
 from stori_jax.explorer.limits import MAX_K, MAX_PROMPT_CHARS, MAX_WEIGHT, shorten, too_long
 from stori_jax.models.clip import CLIP

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Callable
 
-from stori_jax.errors import UserError
+from stori_jax.plumbing.errors import UserError
 from stori_jax.explorer.app import create_app, require_flask
 from stori_jax.explorer.index import build_explorer
 from stori_jax.explorer.limits import (

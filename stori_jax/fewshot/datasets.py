@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Sequence
 
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic_tasks
 from stori_jax.data.coop import (
   COOP_DATASETS_DOC,
@@ -30,7 +30,7 @@ from stori_jax.data.files import DatasetMissingError
 from stori_jax.data.images import ImageSource, open_image
 from stori_jax.data.splits import FewShotSplit, LabeledImage, sample_k_shot
 from stori_jax.data.tfds import encoded_examples, import_tfds, label_names, prepared_builder
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 
 # The data layer's names that few-shot code and users reach through this module.
 __all__ = [

@@ -12,7 +12,7 @@ import re
 import ml_collections
 from ml_collections import config_dict
 
-from stori_jax.config_files import ConfigError, config_arguments
+from stori_jax.plumbing.config_files import ConfigError, config_arguments
 from stori_jax.fewshot.prompts import CUPL_FILES
 from stori_jax.models import registry
 

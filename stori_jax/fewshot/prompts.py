@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 from stori_jax.data import synthetic_tasks
 from stori_jax.data.download import fetch_json
 from stori_jax.data.files import check_no_problems, nearest, normalise_name, read_json
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 from stori_jax.fewshot.datasets import DatasetMissingError, canonical_name
 
 #: Tip-Adapter's selection from CLIP's 80 ImageNet templates (CoOp's IMAGENET_TEMPLATES_SELECT).

@@ -9,10 +9,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from stori_jax import jsonio
-from stori_jax.training import metrics_log
+from stori_jax.plumbing import jsonio
+from stori_jax.trainloop import metrics_log
 from stori_jax.fewshot.prompt_bank import PromptBank
-from stori_jax.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot
 from stori_jax.tokenizer import Tokenizer, word_weights
 
 HISTORY_FILE = "history.jsonl"

@@ -25,8 +25,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from stori_jax.bundle import CLIPBundle
-from stori_jax.encoding import l2_normalize_jax
+from stori_jax.clip.bundle import CLIPBundle
+from stori_jax.clip.encoding import l2_normalize_jax
 from stori_jax.fewshot.prompt_bank import Bucket, PromptBank
 from stori_jax.models import CLIP, reweighted_block_indices
 

@@ -30,9 +30,10 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from stori_jax import encoding, jsonio, multihost, run_identity
-from stori_jax.bundle import CLIPBundle, resolve_start_block
-from stori_jax.config_files import ConfigChecks, ConfigError
+from stori_jax.clip import encoding
+from stori_jax.plumbing import jsonio, multihost, run_identity
+from stori_jax.clip.bundle import CLIPBundle, resolve_start_block
+from stori_jax.plumbing.config_files import ConfigChecks, ConfigError
 from stori_jax.fewshot import augment, datasets, paper_config, prompts, report, world_scoring
 from stori_jax.fewshot.prompt_bank import PromptBank, build_prompt_bank, gather_token_weights
 from stori_jax.fewshot.text_classifier import (
@@ -42,10 +43,10 @@ from stori_jax.fewshot.text_classifier import (
   prompt_mesh,
   to_host,
 )
-from stori_jax.loading import load
-from stori_jax.preprocess import PreprocessConfig
-from stori_jax.training import loop
-from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
+from stori_jax.clip.loading import load
+from stori_jax.clip.preprocess import PreprocessConfig
+from stori_jax.trainloop import loop
+from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 
 # The rare tokens of the nonsensical-token ablation (paper Table 1, after Ruiz et al.).
 RARE_TOKENS = ("sks", "pll", "ucd")

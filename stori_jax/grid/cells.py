@@ -44,7 +44,7 @@ from typing import Any, Iterator
 import ml_collections
 from absl import logging
 
-from stori_jax.config_files import ConfigChecks, ConfigError, load_config
+from stori_jax.plumbing.config_files import ConfigChecks, ConfigError, load_config
 from stori_jax.fewshot import paper_config, trainer
 
 #: What a row reports from a cell's metrics.json.

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from stori_jax.grid.tables import DISPLAY_NAMES, seeds_text
-from stori_jax.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot
 
 
 def file_name(data: Mapping[str, Any]) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import jax
 import ml_collections
 
-from stori_jax import jsonio, run_identity
+from stori_jax.plumbing import jsonio, run_identity
 from stori_jax.fewshot import trainer
 from stori_jax.grid import cells as cells_lib
 from stori_jax.grid import figure, tables

@@ -2,7 +2,7 @@
 (the mutual-knowledge sweep, SToRI's retrieval across models): the architecture at a small input
 size (`small_image_size`), optionally with shrunk widths (`shrink_config`), and its parameters
 drawn with numpy (`random_params`). The bundle of such an instance is
-`stori_jax.loading.random_instance`."""
+`stori_jax.clip.loading.random_instance`."""
 
 from __future__ import annotations
 

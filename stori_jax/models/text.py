@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from stori_jax.models import initializers
 from stori_jax.models.attention import causal_mask, matmul_precision
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 from stori_jax.models.config import TextConfig
 from stori_jax.models.transformer import ResidualBlock, layer_norm
 

@@ -23,19 +23,19 @@ import optax
 from absl import logging
 from tqdm import tqdm
 
-from stori_jax import jsonio, run_identity
-from stori_jax.bundle import CLIPBundle
+from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints import native
-from stori_jax.config_files import ConfigChecks
+from stori_jax.plumbing.config_files import ConfigChecks
 from stori_jax.data import synthetic
-from stori_jax.encoding import l2_normalize_jax
+from stori_jax.clip.encoding import l2_normalize_jax
 from stori_jax.models import CLIP, CLIPConfig, init_params
-from stori_jax.plotting import pyplot
-from stori_jax.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
+from stori_jax.plumbing.plotting import pyplot
+from stori_jax.clip.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
 from stori_jax.tokenizer import default_tokenizer
-from stori_jax.training import loop, metrics_log
-from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
-from stori_jax.world_metrics import zero_shot_attributes
+from stori_jax.trainloop import loop, metrics_log
+from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
+from stori_jax.world_evaluation.metrics import zero_shot_attributes
 
 EXPORT_DTYPES = ("float32", "float16", "bfloat16")
 

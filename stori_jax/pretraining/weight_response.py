@@ -33,15 +33,15 @@ import ml_collections
 import numpy as np
 import optax
 
-from stori_jax import run_identity
-from stori_jax.training import loop, metrics_log
-from stori_jax.bundle import CLIPBundle, resolve_start_block
-from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
+from stori_jax.plumbing import run_identity
+from stori_jax.trainloop import loop, metrics_log
+from stori_jax.clip.bundle import CLIPBundle, resolve_start_block
+from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 from stori_jax.checkpoints import native
-from stori_jax.config_files import ConfigChecks
+from stori_jax.plumbing.config_files import ConfigChecks
 from stori_jax.data import synthetic
-from stori_jax.encoding import l2_normalize_jax
-from stori_jax.loading import ASSETS_DIR, load, named_checkpoints
+from stori_jax.clip.encoding import l2_normalize_jax
+from stori_jax.clip.loading import ASSETS_DIR, load, named_checkpoints
 from stori_jax.models import CLIP, reweighted_block_indices
 from stori_jax.pretraining.contrastive import export_path
 from stori_jax.tokenizer import default_tokenizer

@@ -45,15 +45,15 @@ import ml_collections
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic
 from stori_jax.data.attributes import celeba_split_rows, read_celeba_attributes
 from stori_jax.data.cub import KOH_ATTRIBUTE_IDS, attribute_text, read_cub
 from stori_jax.data.files import quoted
 from stori_jax.data.images import resize_images
 from stori_jax.data.synthetic_tasks import EMPHASIS_FAMILIES
-from stori_jax.encoding import encode_texts, l2_normalize
-from stori_jax.errors import InputError
+from stori_jax.clip.encoding import encode_texts, l2_normalize
+from stori_jax.plumbing.errors import InputError
 from stori_jax.retrieval import datasets, index, paper_config
 from stori_jax.retrieval.metrics import category_codes
 

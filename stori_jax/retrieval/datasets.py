@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic
 from stori_jax.data import synthetic_tasks as sw
 from stori_jax.data.attributes import celeba_split_rows, read_celeba_attributes, read_cub_attributes
@@ -39,7 +39,7 @@ from stori_jax.data.files import ClassMismatchError, match_names, nearest, quote
 from stori_jax.data.folders import IMAGE_EXTENSIONS, images_under
 from stori_jax.data.images import model_input, resize_images
 from stori_jax.data.tfds import TfdsMissingError, encoded_examples, import_tfds, prepared_builder
-from stori_jax.errors import InputError
+from stori_jax.plumbing.errors import InputError
 from stori_jax.retrieval.metrics import category_codes
 
 #: uint8 images [n, size, size, 3] of the given image indices.

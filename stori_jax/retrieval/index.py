@@ -19,7 +19,7 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from stori_jax.encoding import encode_images
+from stori_jax.clip.encoding import encode_images
 from stori_jax.retrieval.datasets import RetrievalData
 
 #: Images loaded (decoded, resized) per step while building an index.

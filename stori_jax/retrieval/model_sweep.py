@@ -6,7 +6,7 @@ it when the config names `models` (configs/retrieval_fig5_models.py).
 
 A model is anything `stori_jax.load` takes (a registry name, a shipped checkpoint such as
 tiny-synthetic, a path or hub id), or "random:<registry name>": a random-weight instance of that
-architecture (`stori_jax.loading.random_instance`, sized by config.random_models), the offline
+architecture (`stori_jax.clip.loading.random_instance`, sized by config.random_models), the offline
 stand-in. Each model gets its own data at its input size, its own cached index and its own start
 block (config.start_block None: the model's default, block 7 of 12 for the paper's models), and
 the same sweep as `retrieve`'s "stori_pair" sweep for that model alone (tested equal).
@@ -31,13 +31,14 @@ from absl import logging
 from tqdm import tqdm
 
 import stori_jax
-from stori_jax import jsonio, loading, run_identity
-from stori_jax.bundle import resolve_start_block
+from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.clip import loading
+from stori_jax.clip.bundle import resolve_start_block
 from stori_jax.checkpoints import hub
-from stori_jax.config_files import ConfigChecks, ConfigError
-from stori_jax.errors import InputError, UserError
+from stori_jax.plumbing.config_files import ConfigChecks, ConfigError
+from stori_jax.plumbing.errors import InputError, UserError
 from stori_jax.models import registry
-from stori_jax.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot
 from stori_jax.retrieval import datasets, index, plots, protocol, tables
 
 #: The prefix of a random-weight instance's name in config.models.

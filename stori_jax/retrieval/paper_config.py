@@ -121,7 +121,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.pair_weights = (2.0, 1.5)
   c.methods = ("stori", "prompt_weighting")
   # First reweighted text block (1-indexed; prompt weighting acts at its input). None: the
-  # model's default start block (stori_jax.bundle.START_BLOCK_NONE; the paper's 7 of 12).
+  # model's default start block (stori_jax.clip.bundle.START_BLOCK_NONE; the paper's 7 of 12).
   c.start_block = ml_collections.config_dict.placeholder(int)
   c.table_digits = 3  # decimals in retrieval_tables.md (the paper's 3)
   c.figure_weights = (1.5, 0.5)  # Figure 4's weighted panel: (w on a, w on b)

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from stori_jax.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot
 from stori_jax.retrieval.metrics import category_curves, ranking
 from stori_jax.retrieval.tables import weight_label
 

@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from stori_jax import encoding
-from stori_jax.encoding import BATCH_SIZE
+from stori_jax.clip import encoding
+from stori_jax.clip.encoding import BATCH_SIZE
 from stori_jax.retrieval.datasets import RetrievalTask
 from stori_jax.retrieval.metrics import average_precision, category_auc, precision_at_k
 

@@ -12,10 +12,10 @@ import numpy as np
 from absl import logging
 
 import stori_jax
-from stori_jax import jsonio, run_identity
-from stori_jax.bundle import resolve_start_block
-from stori_jax.config_files import ConfigChecks, ConfigError
-from stori_jax.errors import InputError, UserError
+from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.clip.bundle import resolve_start_block
+from stori_jax.plumbing.config_files import ConfigChecks, ConfigError
+from stori_jax.plumbing.errors import InputError, UserError
 from stori_jax.retrieval import attribute_selection, datasets, index, plots, protocol, tables
 
 METHODS = ("stori", "prompt_weighting")

@@ -51,7 +51,7 @@ from typing import Union
 import numpy as np
 import regex
 
-from stori_jax.errors import UserError
+from stori_jax.plumbing.errors import UserError
 
 from .bpe import Tokenizer
 

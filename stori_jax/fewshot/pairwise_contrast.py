@@ -40,9 +40,9 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding
 
-from stori_jax import jsonio, run_identity
-from stori_jax.bundle import resolve_start_block
-from stori_jax.config_files import ConfigChecks, ConfigError
+from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.clip.bundle import resolve_start_block
+from stori_jax.plumbing.config_files import ConfigChecks, ConfigError
 from stori_jax.data import synthetic, synthetic_tasks
 from stori_jax.data.cub import attribute_text, class_attribute_shares, read_cub
 from stori_jax.data.files import ClassMismatchError, nearest, normalise_name, quoted
@@ -51,10 +51,10 @@ from stori_jax.fewshot import prompts as prompt_text
 from stori_jax.fewshot import report, trainer
 from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
 from stori_jax.fewshot.text_classifier import WeightedTextClassifier, prompt_mesh, to_host
-from stori_jax.loading import load
-from stori_jax.plotting import pyplot
-from stori_jax.training import loop
-from stori_jax.training.checkpointer import NonFiniteWatch, TrainCheckpointer
+from stori_jax.clip.loading import load
+from stori_jax.plumbing.plotting import pyplot
+from stori_jax.trainloop import loop
+from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer
 
 SOURCES = ("synthetic", "cub")
 CUB_TEMPLATE = "a photo of {a_name}, a type of bird, which has {attribute}."

@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any
 
-from stori_jax import jsonio
+from stori_jax.plumbing import jsonio
 
 
 def read_records(path: str, up_to_step: int | None = None) -> list[dict[str, Any]]:

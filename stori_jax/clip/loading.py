@@ -10,16 +10,17 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from stori_jax.bundle import CLIPBundle
+from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints import hf, hub, native, openai, validate
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.open_clip_config import architecture_config, config_from_open_clip
 from stori_jax.checkpoints.state_dict import is_torchscript, read_state_dict
 from stori_jax.data.files import read_json
 from stori_jax.models import CLIPConfig, architecture_names, random_weights, registry
-from stori_jax.preprocess import PreprocessConfig
+from stori_jax.clip.preprocess import PreprocessConfig
 
-ASSETS_DIR = os.path.join(os.path.dirname(__file__), "assets")
+# The shipped checkpoints are package data of stori_jax itself (setup.py), one folder up.
+ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
 
 
 def named_checkpoints() -> list[str]:
@@ -36,7 +37,7 @@ def _load_registered(entry: registry.ModelEntry, models_dir, revision):
   if entry.resize_mode != "shortest" or entry.interpolation != "bicubic":
     raise CheckpointError(
       f"{entry.name}: preprocessing {entry.resize_mode}/{entry.interpolation} is not "
-      "implemented; stori_jax.preprocess resizes the shorter side (bicubic) and crops."
+      "implemented; stori_jax.clip.preprocess resizes the shorter side (bicubic) and crops."
     )
   path = hub.fetch_weights(entry.name, entry.hf_repo, entry.weights_files, models_dir, revision)
   config = entry.config

@@ -10,11 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stori_jax.config_files import ConfigError
-from stori_jax.errors import InputError
+from stori_jax.plumbing.config_files import ConfigError
+from stori_jax.plumbing.errors import InputError
 from stori_jax.models import CLIP, CLIPConfig, default_start_block, reweighted_block_indices
 from stori_jax.models.attention import matmul_precision
-from stori_jax.preprocess import ImageLike, PreprocessConfig, preprocess
+from stori_jax.clip.preprocess import ImageLike, PreprocessConfig, preprocess
 from stori_jax.tokenizer import Tokenizer, default_tokenizer, tokenize_weighted
 
 

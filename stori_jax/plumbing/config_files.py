@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
-from stori_jax.errors import UserError
+from stori_jax.plumbing.errors import UserError
 
 _MISSING = object()
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 import jax
 from tqdm import tqdm
 
-from stori_jax.training.checkpointer import (
+from stori_jax.trainloop.checkpointer import (
   NonFiniteWatch,
   TrainCheckpointer,
   require_finite_checkpoint,

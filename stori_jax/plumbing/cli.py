@@ -38,8 +38,8 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections.config_flags import config_flags, config_path
 
-from stori_jax import run_identity
-from stori_jax.errors import UserError
+from stori_jax.plumbing import run_identity
+from stori_jax.plumbing.errors import UserError
 
 EXIT_USER_ERROR = 2
 

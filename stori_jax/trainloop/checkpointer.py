@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from stori_jax import multihost
-from stori_jax.errors import NonFiniteError, UserError
+from stori_jax.plumbing import multihost
+from stori_jax.plumbing.errors import NonFiniteError, UserError
 
 #: The errno values that mean the disk (or the user's quota on it) is full.
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

@@ -25,8 +25,8 @@ from typing import Any, Callable, TypeVar
 import jax
 from absl import flags
 
-from stori_jax import jsonio
-from stori_jax.errors import UserError
+from stori_jax.plumbing import jsonio
+from stori_jax.plumbing.errors import UserError
 
 T = TypeVar("T")
 

@@ -28,10 +28,10 @@ from mutual import (
   xai,
 )
 from mutual.protocols import bottlenecks
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.fewshot.datasets import DatasetMissingError
-from stori_jax.plotting import pyplot
-from stori_jax.preprocess import normalize
+from stori_jax.plumbing.plotting import pyplot
+from stori_jax.clip.preprocess import normalize
 
 # ---------------------------------------------------------------------------------------------
 # Data.

@@ -31,10 +31,10 @@ from safetensors.numpy import load_file, save_file
 
 import stori_jax
 from mutual import data, paper_config, pipeline
-from stori_jax import jsonio, run_identity
-from stori_jax.config_files import ConfigError
+from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data.files import read_json
-from stori_jax.errors import InputError, UserError
+from stori_jax.plumbing.errors import InputError, UserError
 
 ARRAYS_FILE = "text_bank.safetensors"
 NAMES_FILE = "text_bank.json"

@@ -9,7 +9,7 @@ import os
 import uuid
 from typing import Any, Mapping
 
-from stori_jax.errors import NonFiniteError, UserError
+from stori_jax.plumbing.errors import NonFiniteError, UserError
 
 
 class DiskFullError(UserError, OSError):

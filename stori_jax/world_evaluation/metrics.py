@@ -49,7 +49,7 @@ from stori_jax.data.synthetic_tasks import (  # the emphasis scenes, re-exported
 from stori_jax.data.synthetic_tasks import (
   EMPHASIS_PATTERNS as EMPHASIS_PATTERNS,
 )
-from stori_jax.encoding import BATCH_SIZE, encode_images, encode_texts, l2_normalize
+from stori_jax.clip.encoding import BATCH_SIZE, encode_images, encode_texts, l2_normalize
 from stori_jax.retrieval.metrics import precision_at_k
 
 #: Default seeds, disjoint from pretraining's (0, k) namespace.

@@ -15,7 +15,7 @@ from typing import Sequence, Union
 import numpy as np
 from PIL import Image
 
-from stori_jax.errors import InputError, UserError
+from stori_jax.plumbing.errors import InputError, UserError
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -2,7 +2,7 @@
 
 `UserError` is a mistake a user can fix (a bad config value, a missing or malformed file, a
 workdir made by another run, a prompt syntax error): command lines print its message as one
-paragraph and exit 2 (`stori_jax.cli.run`). Any other exception is the project's own bug and
+paragraph and exit 2 (`stori_jax.plumbing.cli.run`). Any other exception is the project's own bug and
 keeps its traceback.
 """
 

@@ -16,9 +16,9 @@ import os
 import socket
 from typing import Any, Iterable, Mapping
 
-from stori_jax import jsonio, multihost
-from stori_jax.jsonio import differences  # the identities' diff, re-exported
-from stori_jax.errors import UserError
+from stori_jax.plumbing import jsonio, multihost
+from stori_jax.plumbing.jsonio import differences  # the identities' diff, re-exported
+from stori_jax.plumbing.errors import UserError
 
 RUN_FILE = "run.json"
 #: Config keys that only choose when a run logs, evaluates or saves, or how many checkpoints it
@@ -99,7 +99,7 @@ def _release(workdir: str) -> None:
 
 def release_workdirs(keep: Iterable[str] = ()) -> None:
   """Releases the workdir locks this process holds (but those in `keep`, real paths): for a
-  process that runs several commands in turn (tests, notebooks; `stori_jax.cli.run_in_process`
+  process that runs several commands in turn (tests, notebooks; `stori_jax.plumbing.cli.run_in_process`
   calls it after each command), where exiting does not end a run."""
   for key in list(_HELD):
     if key not in set(keep):

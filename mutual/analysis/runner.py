@@ -17,8 +17,8 @@ from tqdm import tqdm
 
 import stori_jax
 from mutual import run_flags, data, pipeline, report, report_html
-from stori_jax import jsonio, multihost
-from stori_jax.errors import UserError
+from stori_jax.plumbing import jsonio, multihost
+from stori_jax.plumbing.errors import UserError
 
 
 def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
@@ -28,7 +28,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   workdir claimed for this config (`run_flags.claim_workdir`; `restart` moves another run aside),
   both before the model loads.
 
-  In a multi-process run (jax.distributed initialised, see stori_jax.multihost) process p
+  In a multi-process run (jax.distributed initialised, see stori_jax.plumbing.multihost) process p
   analyses the classes i with i % processes == p and writes their per-image records; process 0
   then reads every record back from the workdir, which must be on a filesystem all processes
   share, and writes the aggregates: the same files as one process writes.

@@ -27,8 +27,8 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from stori_jax.errors import InputError, UserError
-from stori_jax.plotting import pyplot
+from stori_jax.plumbing.errors import InputError, UserError
+from stori_jax.plumbing.plotting import pyplot
 from stori_jax.retrieval import datasets, index, protocol
 from stori_jax.retrieval.datasets import RetrievalTask
 from stori_jax.retrieval.metrics import average_precision, category_auc
