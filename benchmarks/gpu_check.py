@@ -573,7 +573,7 @@ def part_reweight(ctx: Context) -> None:
 
 def part_features(ctx: Context) -> None:
   """fp32 image and text features on the default device against the CPU."""
-  from stori_jax.reference import comparison  # pylint: disable=import-outside-toplevel
+  from stori_jax.reference import parity_report  # pylint: disable=import-outside-toplevel
   from stori_jax.clip.bundle import CLIPBundle  # pylint: disable=import-outside-toplevel
   from stori_jax.models import init_params  # pylint: disable=import-outside-toplevel
 
@@ -582,8 +582,8 @@ def part_features(ctx: Context) -> None:
   cpu = jax.devices("cpu")[0]
   ctx.put(device=_device(), reference_device=f"{cpu.platform}:{cpu.device_kind}")
   params = jax.device_get(init_params(config))
-  images, _ = comparison.random_inputs(config, sizes["feature_images"], seed=1)
-  _, ids = comparison.random_inputs(config, sizes["feature_texts"], seed=2)
+  images, _ = parity_report.random_inputs(config, sizes["feature_images"], seed=1)
+  _, ids = parity_report.random_inputs(config, sizes["feature_texts"], seed=2)
   features = {}
   for name, device in (("device", jax.devices()[0]), ("cpu", cpu)):
     with jax.default_device(device):

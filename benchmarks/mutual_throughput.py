@@ -5,7 +5,7 @@ r"""Images per second of the mutual-knowledge analysis: this JAX pipeline vs a p
   python benchmarks/mutual_throughput.py --arch ViT-B-16 --images 16 --timed_classes 3 --crf \
       --json F                                  # host / device split, reference mode, CRF on
 
-Both sides get the same random weights (stori_jax.reference.comparison.random_pair: an open_clip model and the
+Both sides get the same random weights (stori_jax.reference.parity_report.random_pair: an open_clip model and the
 converted bundle), the same B images of one class, the same descriptor embeddings (D random
 texts encoded by the model's text tower once, outside the timing), class embeddings and settings
 (tokens, joint spectral split, PCA and K-means with L = 5, k, relevance mean - 0.02, Sinkhorn,
@@ -78,7 +78,7 @@ from mutual import ellipse as reference_ellipse
 from mutual.paper_config import analysis_config
 from stori_jax.data import synthetic
 from stori_jax.clip.encoding import l2_normalize
-from stori_jax.reference.comparison import random_pair
+from stori_jax.reference.parity_report import random_pair
 
 flags.DEFINE_string("arch", "", "open_clip architecture; empty: the tiny-synthetic model's config.")
 flags.DEFINE_integer("images", 16, "B, the images of the class.")

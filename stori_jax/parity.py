@@ -6,7 +6,7 @@ r"""JAX vs PyTorch numerics, block by block.
 Builds the PyTorch reference (open_clip or transformers) with the same weights, runs both on the
 same random inputs and prints, for every block of both towers, the max absolute and relative
 error of the hidden states, then the errors of the features and logits
-(`stori_jax.reference.comparison` measures them). Needs the `[torch]` extra.
+(`stori_jax.reference.parity_report` measures them). Needs the `[torch]` extra.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from absl import flags
 from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.plumbing import cli, jsonio
 from stori_jax.plumbing.errors import UserError
-from stori_jax.reference import clip_towers, comparison
+from stori_jax.reference import clip_towers, parity_report
 
 
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
@@ -38,17 +38,17 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
       arch = architecture_config(f.random)
       if f.image_size:
         arch = arch.with_image_size(f.image_size)
-      model, bundle = comparison.random_pair(arch, f.reference, f.seed)
+      model, bundle = parity_report.random_pair(arch, f.reference, f.seed)
     else:
-      model, bundle = comparison.reference_for_source(f.source, f.arch)
-    report = comparison.run_parity(model, bundle, f.batch, f.seed)
-  passed, verdict = comparison.format_verdict(report, comparison.TOLERANCE)
-  label, worst = comparison.worst_error(report)
+      model, bundle = parity_report.reference_for_source(f.source, f.arch)
+    report = parity_report.run_parity(model, bundle, f.batch, f.seed)
+  passed, verdict = parity_report.format_verdict(report, parity_report.TOLERANCE)
+  label, worst = parity_report.worst_error(report)
   report["worst"] = {"tensor": label, "max_rel": worst}
-  report["tolerance"], report["passed"] = comparison.TOLERANCE, passed
-  print(comparison.format_header(bundle, model, f.batch, f.seed))
+  report["tolerance"], report["passed"] = parity_report.TOLERANCE, passed
+  print(parity_report.format_header(bundle, model, f.batch, f.seed))
   print()
-  print(comparison.format_report(report))
+  print(parity_report.format_report(report))
   if f.json:
     jsonio.write_json(f.json, report, indent=2)  # strict: a NaN difference is an error
     cli.print_outputs("", [f.json])

@@ -1,13 +1,15 @@
 """The import graph as docs/design.md draws it ("Naming" and "Layering rules"): every import of
 `stori_jax` and `mutual`, function-local ones included, points down the layers; no cycle; only
 commands end with a `__main__` guard, no library imports a command, and no library shares a
-command's name."""
+command's name; the stori_jax root holds commands only, no two modules of a folder name one idea
+twice, and every command's library is in design.md's table."""
 
 from __future__ import annotations
 
 import ast
 import collections
 import os
+import re
 
 import pytest
 
@@ -271,3 +273,77 @@ def test_function_local_imports_say_why():
   assert not wrong, "function-local imports without a reason, or of the project:\n" + "\n".join(
     wrong
   )
+
+
+#: Endings that make two names one idea ("analyze"/"analysis", "export"/"exported").
+INFLECTIONS = {"", "e", "s", "es", "ed", "er", "or", "ing", "ion", "ions", "ation", "ze", "se"}
+INFLECTIONS |= {"sis", "ive", "ment", "al"}
+
+
+def _same_idea(a: str, b: str) -> bool:
+  common = os.path.commonprefix([a, b])
+  return len(common) >= 4 and {a[len(common) :], b[len(common) :]} <= INFLECTIONS
+
+
+def test_no_two_modules_of_a_folder_differ_by_an_inflection():
+  by_folder = collections.defaultdict(list)
+  for module in MODULES:
+    path = MODULES[module]
+    if not path.endswith("__init__.py"):
+      by_folder[os.path.dirname(path)].append(module.rsplit(".", 1)[-1])
+  clashes = [
+    f"{os.path.relpath(folder, REPO)}: {a}.py / {b}.py"
+    for folder, names in sorted(by_folder.items())
+    for i, a in enumerate(sorted(names))
+    for b in sorted(names)[i + 1 :]
+    if _same_idea(a, b)
+  ]
+  assert not clashes, "modules whose names say the same thing (name the library by its noun):\n" + (
+    "\n".join(clashes)
+  )
+
+
+def test_the_inflection_rule_catches_what_it_should():
+  assert _same_idea("analyze", "analysis") and _same_idea("export", "exported")
+  assert _same_idea("evaluate", "evaluation")
+  assert not _same_idea("report", "report_html") and not _same_idea("data", "datasets")
+
+
+def test_the_stori_jax_root_holds_commands_only():
+  root = [m for m in MODULES if m.count(".") == 1 and m.startswith("stori_jax.")]
+  libraries = [m for m in root if m not in COMMANDS and os.path.isfile(MODULES[m])]
+  libraries = [m for m in libraries if not MODULES[m].endswith("__init__.py")]
+  assert not libraries, (
+    f"library modules in the stori_jax root (move them to a subpackage): {libraries}"
+  )
+
+
+def _command_libraries() -> dict[str, list[str]]:
+  """docs/design.md's "command | library" table: command -> the library paths it names."""
+  with open(os.path.join(REPO, "docs", "design.md"), encoding="utf-8") as f:
+    text = f.read()
+  table = text[text.index("| command | library |") :].split("\n\n", 1)[0]
+  found = {}
+  for row in table.splitlines()[2:]:
+    cells = [c.strip() for c in row.strip("| ").split("|")]
+    commands = [c.strip("` ") for c in cells[0].split(",")]
+    paths = re_paths(cells[1])
+    for command in commands:
+      found[command] = paths
+  return found
+
+
+def re_paths(cell: str) -> list[str]:
+  return re.findall(r"`([\w/]+(?:\.py|/))`", cell)
+
+
+def test_every_command_has_its_library_in_the_design_table():
+  table = _command_libraries()
+  commands = {c.replace("stori_jax.", "").replace(".__main__", "") for c in COMMANDS}
+  assert set(table) == commands, set(table) ^ commands
+  for command, paths in table.items():
+    package = "mutual" if command.startswith("mutual.") else "stori_jax"
+    assert paths, command
+    for path in paths:
+      full = os.path.join(REPO, path if path.startswith("mutual/") else f"{package}/{path}")
+      assert os.path.exists(full.rstrip("/")), f"{command}: {path} does not exist"

@@ -194,9 +194,9 @@ def test_hf_directory_loads_without_torch(tmp_path):
   """transformers layout written by hand with safetensors; torch imports are blocked."""
   pytest.importorskip("transformers", reason="writes the HF config with transformers")
   torch = pytest.importorskip("torch", reason="builds the HF checkpoint with torch")
-  from stori_jax.reference import comparison
+  from stori_jax.reference import parity_report
 
-  model, bundle = comparison.random_pair(CONFIG.with_activation("gelu"), "transformers", seed=0)
+  model, bundle = parity_report.random_pair(CONFIG.with_activation("gelu"), "transformers", seed=0)
   model.save_pretrained(tmp_path)
   del torch
   code = (

@@ -15,7 +15,7 @@ open_clip = pytest.importorskip("open_clip", reason="pip install -e '.[torch]' (
 import stori_jax  # pylint: disable=wrong-import-position
 from stori_jax.plumbing import cli
 from stori_jax import parity
-from stori_jax.reference import comparison  # pylint: disable=wrong-import-position
+from stori_jax.reference import parity_report  # pylint: disable=wrong-import-position
 from stori_jax.reference import clip_towers
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig  # pylint: disable=wrong-import-position
 
@@ -52,8 +52,8 @@ def assert_parity(report, tol=FP32_REL_TOL):
 @pytest.mark.parametrize("activation", ["quick_gelu", "gelu"])
 def test_random_weights_match_reference(reference, activation):
   config = small_config(activation, mlp_ratio=2 if reference == "transformers" else 4)
-  model, bundle = comparison.random_pair(config, reference, seed=1)
-  report = comparison.run_parity(model, bundle, batch=3, seed=2)
+  model, bundle = parity_report.random_pair(config, reference, seed=1)
+  report = parity_report.run_parity(model, bundle, batch=3, seed=2)
   assert_parity(report)
   assert len(report["text_blocks"]) == config.text.layers + 1
   assert len(report["vision_blocks"]) == config.vision.layers + 1
@@ -67,7 +67,7 @@ def test_random_pair_is_the_same_for_the_same_seed(reference):
 
   config = small_config("gelu")
   leaves = lambda seed: jax.tree_util.tree_leaves(
-    comparison.random_pair(config, reference, seed)[1].params
+    parity_report.random_pair(config, reference, seed)[1].params
   )
   first, again, other = leaves(3), leaves(3), leaves(4)
   for a, b in zip(first, again):
@@ -77,11 +77,11 @@ def test_random_pair_is_the_same_for_the_same_seed(reference):
 
 def test_parity_would_catch_a_wrong_activation():
   """The tolerance is tight enough to tell QuickGELU from GELU."""
-  model, bundle = comparison.random_pair(small_config("gelu"), "open_clip", seed=1)
+  model, bundle = parity_report.random_pair(small_config("gelu"), "open_clip", seed=1)
   wrong = stori_jax.CLIPBundle(
     config=bundle.config.with_activation("quick_gelu"), params=bundle.params
   )
-  report = comparison.run_parity(model, wrong, batch=2)
+  report = parity_report.run_parity(model, wrong, batch=2)
   assert report["worst_final_rel"] > 100 * FP32_REL_TOL
 
 
@@ -102,7 +102,7 @@ def test_openai_format_state_dict_infers_architecture(tmp_path):
   assert bundle.config.text.activation == "quick_gelu"
   # With heads as the reference has them, the numbers match.
   exact = stori_jax.load(path, arch=config)
-  assert_parity(comparison.run_parity(model, exact, batch=2))
+  assert_parity(parity_report.run_parity(model, exact, batch=2))
 
 
 def test_openai_jit_archive(tmp_path):
@@ -114,7 +114,7 @@ def test_openai_jit_archive(tmp_path):
     ),
   )
   model = clip_towers.randomize_(clip_towers.build_open_clip(config), 3)
-  images, ids = comparison.random_inputs(config, 2)
+  images, ids = parity_report.random_inputs(config, 2)
   traced = torch.jit.trace(
     model,
     (torch.from_numpy(images.transpose(0, 3, 1, 2)), torch.from_numpy(ids.astype(np.int64))),
@@ -124,14 +124,14 @@ def test_openai_jit_archive(tmp_path):
   torch.jit.save(traced, path)
   bundle = stori_jax.load(path)
   assert bundle.config == config.replace(name="")
-  assert_parity(comparison.run_parity(model, bundle, batch=2))
+  assert_parity(parity_report.run_parity(model, bundle, batch=2))
 
 
 def test_hf_directory_and_open_clip_directory(tmp_path):
   config = small_config("gelu", mlp_ratio=2)
-  model, _ = comparison.random_pair(config, "transformers", seed=4)
+  model, _ = parity_report.random_pair(config, "transformers", seed=4)
   model.save_pretrained(tmp_path / "hf")  # config.json + model.safetensors
-  assert_parity(comparison.run_parity(model, stori_jax.load(tmp_path / "hf"), batch=2))
+  assert_parity(parity_report.run_parity(model, stori_jax.load(tmp_path / "hf"), batch=2))
 
   oc_model = clip_towers.randomize_(clip_towers.build_open_clip(config), 5)
   directory = tmp_path / "oc"
@@ -173,13 +173,13 @@ def test_hf_directory_and_open_clip_directory(tmp_path):
   )
   bundle = stori_jax.load(directory)
   assert bundle.preprocess_config.mean == (0.5, 0.5, 0.5)
-  assert_parity(comparison.run_parity(oc_model, bundle, batch=2))
+  assert_parity(parity_report.run_parity(oc_model, bundle, batch=2))
 
 
 def test_bf16_compute_stays_close_to_fp32():
-  model, bundle = comparison.random_pair(small_config("quick_gelu"), "open_clip", seed=6)
+  model, bundle = parity_report.random_pair(small_config("quick_gelu"), "open_clip", seed=6)
   del model
-  images, ids = comparison.random_inputs(bundle.config, 4, seed=3)
+  images, ids = parity_report.random_inputs(bundle.config, 4, seed=3)
   half = bundle.with_dtype(jnp.bfloat16)
   for fp32, bf16 in (
     (bundle.encode_text(ids), half.encode_text(ids)),
@@ -203,8 +203,8 @@ def test_bf16_compute_stays_close_to_fp32():
   ],
 )
 def test_full_size_architectures(name, reference):
-  model, bundle = comparison.random_pair(name, reference, seed=0)
-  report = comparison.run_parity(model, bundle, batch=2)
+  model, bundle = parity_report.random_pair(name, reference, seed=0)
+  report = parity_report.run_parity(model, bundle, batch=2)
   assert_parity(report)
 
 
@@ -216,7 +216,7 @@ def test_named_open_clip_model_state_dict(tmp_path):
   path = tmp_path / "open_clip_pytorch_model.bin"
   torch.save(model.state_dict(), path)
   bundle = stori_jax.load(path, arch="ViT-B-32-quickgelu")
-  assert_parity(comparison.run_parity(model, bundle, batch=2))
+  assert_parity(parity_report.run_parity(model, bundle, batch=2))
 
 
 def test_command_prints_its_header_and_passes(tmp_path, run_command):
@@ -245,21 +245,21 @@ def test_command_prints_its_header_and_passes(tmp_path, run_command):
 
 def test_command_fails_with_exit_status_1(run_command, monkeypatch):
   """A broken layer (QuickGELU weights read as GELU) or a tolerance nothing meets: FAIL, 1."""
-  right = comparison.random_pair
+  right = parity_report.random_pair
 
   def broken(arch, reference="open_clip", seed=0):
     model, bundle = right(arch, reference, seed)
     wrong = bundle.config.with_activation("quick_gelu")
     return model, stori_jax.CLIPBundle(config=wrong, params=bundle.params, source=bundle.source)
 
-  monkeypatch.setattr(comparison, "random_pair", broken)
+  monkeypatch.setattr(parity_report, "random_pair", broken)
   done = run_command(parity, "--random=test-tiny", "--batch=2")
   assert done.returncode == 1
   verdict = done.stdout.splitlines()[-1]
   assert verdict.startswith("FAIL: worst relative error ") and "> tolerance 1e-05" in verdict
   assert float(verdict.split()[4]) > 100 * FP32_REL_TOL
-  monkeypatch.setattr(comparison, "random_pair", right)
-  monkeypatch.setattr(comparison, "TOLERANCE", 1e-12)
+  monkeypatch.setattr(parity_report, "random_pair", right)
+  monkeypatch.setattr(parity_report, "TOLERANCE", 1e-12)
   done = run_command(parity, "--random=test-tiny", "--batch=2")
   assert done.returncode == 1 and done.stdout.splitlines()[-1].startswith("FAIL: ")
   assert "> tolerance 1e-12" in done.stdout.splitlines()[-1]

@@ -123,9 +123,9 @@ def test_load_from_the_models_dir(offline, monkeypatch):
   bundle = stori_jax.load(entry.name)
   assert bundle.source == entry.name and bundle.config.name == entry.name
   assert bundle.preprocess_config.image_size == 32
-  from stori_jax.reference import comparison
+  from stori_jax.reference import parity_report
 
-  report = comparison.run_parity(model, bundle, batch=2)
+  report = parity_report.run_parity(model, bundle, batch=2)
   assert report["worst_final_rel"] <= 1e-5
 
 

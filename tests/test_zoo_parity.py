@@ -14,7 +14,7 @@ open_clip = pytest.importorskip("open_clip", reason="pip install -e '.[torch]' (
 pytest.importorskip("timm", reason="open_clip's ConvNeXt towers need timm: pip install timm")
 
 import stori_jax  # pylint: disable=wrong-import-position
-from stori_jax.reference import comparison  # pylint: disable=wrong-import-position
+from stori_jax.reference import parity_report  # pylint: disable=wrong-import-position
 from stori_jax.reference import clip_towers
 from stori_jax.checkpoints import CheckpointError  # pylint: disable=wrong-import-position
 from stori_jax.checkpoints.validate import flatten, unflatten  # pylint: disable=wrong-import-position
@@ -57,21 +57,21 @@ def assert_parity(report, tol=FP32_REL_TOL):
 
 @pytest.fixture(scope="module", params=[RESNET, CONVNEXT], ids=["resnet", "convnext"])
 def pair(request):
-  return comparison.random_pair(request.param, seed=1)
+  return parity_report.random_pair(request.param, seed=1)
 
 
 def test_random_weights_match_open_clip(pair):
   model, bundle = pair
-  report = comparison.run_parity(model, bundle, batch=3, seed=2)
+  report = parity_report.run_parity(model, bundle, batch=3, seed=2)
   assert_parity(report)
   # The stem and four stages are compared one by one.
   assert len(report["vision_blocks"]) == 5
-  assert "vision stage 4" in comparison.format_report(report)
+  assert "vision stage 4" in parity_report.format_report(report)
 
 
 def test_feature_map_is_the_last_stage(pair):
   _, bundle = pair
-  images, _ = comparison.random_inputs(bundle.config, 2)
+  images, _ = parity_report.random_inputs(bundle.config, 2)
   features, details = bundle.image_details(images)
   grid, width = bundle.config.vision.grid_size, bundle.config.vision.feature_width
   assert grid == 64 // bundle.config.vision.patch_size == 2
@@ -84,8 +84,8 @@ def test_feature_map_is_the_last_stage(pair):
 
 
 def test_resnet_keys_are_the_attention_pool_keys():
-  _, bundle = comparison.random_pair(RESNET, seed=3)
-  images, _ = comparison.random_inputs(RESNET, 2)
+  _, bundle = parity_report.random_pair(RESNET, seed=3)
+  images, _ = parity_report.random_inputs(RESNET, 2)
   _, details = bundle.image_details(images)
   pool = bundle.params["vision"]["attnpool"]
   tokens = np.asarray(details["patch_tokens"], np.float64)
@@ -97,7 +97,7 @@ def test_resnet_keys_are_the_attention_pool_keys():
 
 def test_parity_would_catch_unused_batch_norm_statistics():
   """Perturbed running statistics matter: ignoring them breaks parity by far."""
-  model, bundle = comparison.random_pair(RESNET, seed=4)
+  model, bundle = parity_report.random_pair(RESNET, seed=4)
   fresh = {"mean": np.zeros_like, "var": np.ones_like}
   flat = {
     key: fresh[key.rsplit("/", 1)[-1]](value) if key.rsplit("/", 1)[-1] in fresh else value
@@ -105,7 +105,7 @@ def test_parity_would_catch_unused_batch_norm_statistics():
   }
   assert sum(key.endswith("/var") for key in flat) == 3 + 3 * 5 + 1 * 4  # Stem, blocks, shortcuts.
   broken = stori_jax.CLIPBundle(config=RESNET, params=unflatten(flat))
-  report = comparison.run_parity(model, broken, batch=2)
+  report = parity_report.run_parity(model, broken, batch=2)
   assert report["image_features"]["max_rel"] > 100 * FP32_REL_TOL, report["image_features"]
 
 
@@ -133,7 +133,7 @@ def test_resnet_state_dict_infers_its_architecture(tmp_path):
   # Text heads are width // 64 (OpenAI's rule); the image tower is fully determined.
   assert bundle.config.vision == RESNET.vision
   assert bundle.config.text.heads == 1
-  assert_parity(comparison.run_parity(model, stori_jax.load(path, arch=RESNET), batch=2))
+  assert_parity(parity_report.run_parity(model, stori_jax.load(path, arch=RESNET), batch=2))
 
 
 def test_convnext_state_dict_needs_its_architecture(tmp_path):
@@ -142,7 +142,7 @@ def test_convnext_state_dict_needs_its_architecture(tmp_path):
   torch.save(model.state_dict(), path)
   with pytest.raises(CheckpointError, match="input size is not stored.*arch='convnext_base'"):
     stori_jax.load(path)
-  assert_parity(comparison.run_parity(model, stori_jax.load(path, arch=CONVNEXT), batch=2))
+  assert_parity(parity_report.run_parity(model, stori_jax.load(path, arch=CONVNEXT), batch=2))
 
 
 def test_open_clip_directory_with_a_resnet_config(tmp_path):
@@ -169,7 +169,7 @@ def test_open_clip_directory_with_a_resnet_config(tmp_path):
   )
   bundle = stori_jax.load(tmp_path)
   assert bundle.config.vision == RESNET.vision
-  assert_parity(comparison.run_parity(model, bundle, batch=2))
+  assert_parity(parity_report.run_parity(model, bundle, batch=2))
 
 
 def test_converted_checkpoint_round_trip(tmp_path, pair):
@@ -185,7 +185,7 @@ def test_converted_checkpoint_round_trip(tmp_path, pair):
 
 def test_bf16_compute_stays_close_to_fp32(pair):
   _, bundle = pair
-  images, _ = comparison.random_inputs(bundle.config, 3, seed=1)
+  images, _ = parity_report.random_inputs(bundle.config, 3, seed=1)
   fp32 = np.asarray(bundle.encode_image(images))
   bf16 = np.asarray(bundle.with_dtype(jnp.bfloat16).encode_image(images))
   cosine = np.sum(fp32 * bf16, -1) / (np.linalg.norm(fp32, axis=-1) * np.linalg.norm(bf16, axis=-1))
@@ -213,4 +213,4 @@ def test_open_clip_named_architectures_at_small_size(tmp_path, name):
   path = tmp_path / "open_clip_pytorch_model.bin"
   torch.save(model.state_dict(), path)
   bundle = stori_jax.load(path, arch=get_architecture(name).with_image_size(64))
-  assert_parity(comparison.run_parity(model, bundle, batch=2))
+  assert_parity(parity_report.run_parity(model, bundle, batch=2))
