@@ -43,6 +43,8 @@ Sections:
   mutual_evaluate  mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1, Table 5 and the
                    concept labeler, the protocols (App. A.1's CorLoc and layer similarity,
                    A.2-A.4, Table 2)
+  suite            `make test`'s suite (pytest -m "not slow"): its time, passed and skipped
+  suite_all        `make test-all`'s suite (slow tests too; tens of minutes): the same
 
 A section may also draw images (docs/images/...; `--list` names them), written beside the README
 with it; --check reports a differing image but compares only the text.
@@ -1041,6 +1043,52 @@ def contrast_figures() -> dict[str, Any]:
   return {"contrast": "\n".join(lines) + "\n", CONTRAST_IMAGE: png}
 
 
+# ---------------------------------------------------------------------------------------------
+# The test suite: its time and counts, as `make test` and `make test-all` run it.
+
+_SUMMARY = re.compile(r"=+ (.*?) in ([\d.]+)s")
+
+
+def suite_run(marks: str | None) -> tuple[dict[str, int], float]:
+  """pytest over tests/ in a subprocess (the suite needs a process of its own: it runs commands
+  with their own flags), as `make test` runs it (`marks` "not slow") or `make test-all` (None),
+  without CI=true (so tests that need Chromium skip here, as on a developer's machine). Returns
+  ({"passed": n, "skipped": n, ...}, seconds)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  env = {k: v for k, v in os.environ.items() if k != "CI"}
+  args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+  args += ["-m", marks] if marks else []
+  done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+  last = [line for line in done.stdout.splitlines() if _SUMMARY.match(line)]
+  if not last:
+    raise AssertionError("pytest printed no summary:\n" + done.stdout[-3000:] + done.stderr[-2000:])
+  words, seconds = _SUMMARY.match(last[-1]).groups()
+  counts = {name: int(n) for n, name in re.findall(r"(\d+) (\w+)", words)}
+  if counts.get("failed") or counts.get("error") or counts.get("errors"):
+    raise AssertionError(f"the suite did not pass ({words}); fix it before measuring:\n" + last[-1])
+  return counts, float(seconds)
+
+
+def _suite_sentence(counts: Mapping[str, int], seconds: float) -> str:
+  skipped = counts.get("skipped", 0)
+  # A suite is read in minutes ("about 6 minutes"), a short one in seconds.
+  took = about(seconds) if seconds < 100 else f"about {round(seconds / 60)} minutes"
+  return f"{took} on {machine()} ({counts.get('passed', 0)} passed, {skipped} skipped)"
+
+
+def suite_figures() -> dict[str, str]:
+  """`make test`'s suite (not slow): its time and counts."""
+  counts, seconds = suite_run("not slow")
+  return {"suite.default": _suite_sentence(counts, seconds)}
+
+
+def suite_all_figures() -> dict[str, str]:
+  """`make test-all`'s suite (the slow tests too, as CI runs it): its time and counts."""
+  counts, seconds = suite_run(None)
+  return {"suite.all": _suite_sentence(counts, seconds)}
+
+
 SECTIONS: dict[str, Section] = {
   "demo": Section(
     demo_figures,
@@ -1098,6 +1146,16 @@ SECTIONS: dict[str, Section] = {
     mutual_evaluate_figures,
     ("mutual_evaluate",),
     "mutual.evaluate on configs/mutual_eval_synthetic.py: Tables 1 and 5, protocols",
+  ),
+  "suite": Section(
+    suite_figures,
+    ("suite.default",),
+    "make test's suite (pytest -m 'not slow'): time, passed, skipped",
+  ),
+  "suite_all": Section(
+    suite_all_figures,
+    ("suite.all",),
+    "make test-all's suite (every test, slow ones too: tens of minutes): time, passed, skipped",
   ),
 }
 

@@ -400,3 +400,40 @@ def test_every_covered_figure_of_the_readme_is_in_a_generated_region(figures):
     i = text.index(start)
     for name in re.findall(r"<!-- figures:([\w.]+) -->", text[i : text.index(end, i)]):
       assert name in regions, name
+
+
+@pytest.mark.parametrize(
+  "summary, want",
+  [
+    (
+      "== 813 passed, 3 skipped, 116 deselected in 374.12s (0:06:14) ==",
+      "about 6 minutes on 2 CPU cores (813 passed, 3 skipped)",
+    ),
+    ("==== 12 passed in 3.20s ====", "about 3 s on 2 CPU cores (12 passed, 0 skipped)"),
+  ],
+)
+def test_the_suite_section_reads_pytest_s_summary(figures, monkeypatch, summary, want):
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  seen = {}
+
+  def fake_run(args, **kwargs):
+    seen["args"], seen["env"] = args, kwargs["env"]
+    return subprocess.CompletedProcess(args, 0, stdout=f"....\n{summary}\n", stderr="")
+
+  monkeypatch.setattr(subprocess, "run", fake_run)
+  monkeypatch.setattr(figures, "machine", lambda: "2 CPU cores")
+  monkeypatch.setenv("CI", "true")
+  assert figures.suite_figures() == {"suite.default": want}
+  assert seen["args"][-2:] == ["-m", "not slow"] and "CI" not in seen["env"]
+
+
+def test_the_suite_section_refuses_a_failing_suite(figures, monkeypatch):
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  failed = "== 1 failed, 800 passed in 300.00s =="
+  monkeypatch.setattr(
+    subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 1, failed, "")
+  )
+  with pytest.raises(AssertionError, match="did not pass"):
+    figures.suite_all_figures()
