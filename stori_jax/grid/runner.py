@@ -113,6 +113,7 @@ def run(
   *,
   restart: bool = False,
   progress: Callable[[dict[str, Any]], None] | None = None,
+  max_cells: int = cells_lib.MAX_CELLS,
 ) -> dict[str, Any]:
   """Runs (or resumes) every cell of the grid, then writes tables.md and tables.json (and with a
   sweep, the figure `figure.file_name`).
@@ -124,18 +125,20 @@ def run(
     restart: move a workdir made by another grid config aside instead of refusing it.
     progress: called after each cell with {"index", "total", "cell", "status" ("skipped",
       "resumed", "trained"), "seconds", "metrics"}.
+    max_cells: a grid of more cells is refused before any is built (`cells.check_size`).
 
   Returns:
     The tables (`tables.build`), as written to tables.json.
 
   Raises:
-    ConfigError: a bad grid value or cell config (before any work).
+    ConfigError: a bad grid value or cell config, or more than `max_cells` cells (before any
+      work).
     WorkdirMismatchError: the workdir holds another grid (before any work), or a cell's folder
       holds another run (`CellMismatchError`, before any training).
     NonFiniteError: a cell diverged; the cells before it are kept, and the same command goes
       on from it once the cause is fixed.
   """
-  cells = cells_lib.expand(grid)
+  cells = cells_lib.expand(grid, max_cells=max_cells)
   methods = cells_lib.grid_methods(grid)
   run_identity.claim_run(
     workdir, identity(grid, cells), what="grid run", restart=restart, ignore=IDENTITY_IGNORED
