@@ -96,6 +96,7 @@ def _print_progress(event) -> None:
   done = {
     "skipped": "finished before, skipped",
     "resumed": f"resumed, {event['seconds']:.0f} s",
+    "redone": f"its metrics.json was damaged: run again, {event['seconds']:.0f} s",
     "trained": f"{event['seconds']:.0f} s",
   }[event["status"]]
   print(

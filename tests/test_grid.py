@@ -326,3 +326,30 @@ def test_the_listing_is_the_cells_of_expand(monkeypatch):
     (c.path, c.lr, c.lr_key, c.lr_source) for c in built
   ]
   assert cells.count(grid) == len(built) == 6
+
+
+@pytest.mark.slow
+def test_a_damaged_metrics_file_makes_its_cell_run_again(tmp_path, tiny_random_model, run_command):
+  """Issue 36 row 6: a finished cell whose metrics.json was cut to 50 bytes or emptied to `{}`
+  is no finished cell: the next run redoes it (from its final checkpoint) and the tables come
+  out whole; the other cells are skipped."""
+  workdir = tmp_path / "grid"
+  flags = [f for f in _tiny(workdir, tiny_random_model) if not f.startswith("--config.shots=")]
+  flags.append("--config.shots=(1,)")
+  first = run_command(run_grid, *flags)
+  assert first.returncode == 0, first.stderr[-3000:]
+  cell = [
+    workdir / "synthetic" / "1shot" / "stori" / f"seed{s}" / "metrics.json" for s in (1, 2, 3)
+  ]
+  whole = [json.loads(p.read_text()) for p in cell]
+  cell[0].write_bytes(cell[0].read_bytes()[:50])
+  cell[1].write_text("{}")
+  again = run_command(run_grid, *flags)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "Traceback" not in again.stderr
+  assert again.stdout.count("its metrics.json was damaged: run again") == 2
+  assert again.stdout.count("finished before, skipped") == 1
+  for path, before in zip(cell, whole):
+    after = json.loads(path.read_text())
+    assert after["trained"] == before["trained"] and after["zero_shot"] == before["zero_shot"]
+  assert (workdir / "tables.md").read_text().strip() in first.stdout
