@@ -17,8 +17,9 @@ PACKAGES = ("stori_jax", "mutual")
 #: The layers of docs/design.md, lowest first. A unit is a top-level module or a subpackage
 #: (`stori_jax.fewshot`, `mutual.pipeline`); it may import units of lower layers only.
 LAYERS = (
-  ("stori_jax.errors", "stori_jax.plotting", "stori_jax.profiling"),
+  ("stori_jax.errors", "stori_jax.profiling"),
   (
+    "stori_jax.plotting",
     "stori_jax.jsonio",
     "stori_jax.config_files",
     "stori_jax.preprocess",

@@ -12,7 +12,7 @@ import numpy as np
 from stori_jax import jsonio
 from stori_jax.training import metrics_log
 from stori_jax.fewshot.prompt_bank import PromptBank
-from stori_jax.plotting import pyplot
+from stori_jax.plotting import pyplot, save_figure
 from stori_jax.tokenizer import Tokenizer, word_weights
 
 HISTORY_FILE = "history.jsonl"
@@ -250,7 +250,7 @@ def _interpretability_png(path, bank, words, per_class, max_classes):
       fig.text(0.01, y, title, fontsize=10, weight="bold", va="center")
       continue
     draw_shaded_text(fig, 0.03, y, [(word + " ", s) for word, s in prompt_shares], top)
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -274,6 +274,6 @@ def plot_history(workdir: str, history: Sequence[dict[str, Any]], zero_shot_accu
   fig.suptitle(f"Few-shot SToRI training ({name}): loss and accuracy over steps", fontsize=10)
   fig.tight_layout()
   path = os.path.join(workdir, "training_curve.png")
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path

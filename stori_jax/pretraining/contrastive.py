@@ -30,7 +30,7 @@ from stori_jax.config_files import ConfigChecks
 from stori_jax.data import synthetic
 from stori_jax.encoding import l2_normalize_jax
 from stori_jax.models import CLIP, CLIPConfig, init_params
-from stori_jax.plotting import pyplot
+from stori_jax.plotting import pyplot, save_figure
 from stori_jax.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
 from stori_jax.tokenizer import default_tokenizer
 from stori_jax.training import loop, metrics_log
@@ -273,7 +273,7 @@ def plot_curve(records: list[dict[str, float]], path: str) -> None:
   name = os.path.basename(os.path.dirname(os.path.abspath(path)))
   fig.suptitle(f"Contrastive pretraining of the tiny CLIP ({name})", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 

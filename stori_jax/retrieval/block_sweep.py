@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from stori_jax.errors import InputError, UserError
-from stori_jax.plotting import pyplot
+from stori_jax.plotting import pyplot, save_figure
 from stori_jax.retrieval import datasets, index, protocol
 from stori_jax.retrieval.datasets import RetrievalTask
 from stori_jax.retrieval.metrics import average_precision, category_auc
@@ -194,7 +194,7 @@ def plot_sweep(sweep: dict[str, Any], path: str, title: str = "") -> None:
   axes[0].legend(fontsize=8)
   fig.suptitle(title or "Response of retrieval to token weights by first reweighted block")
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
