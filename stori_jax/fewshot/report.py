@@ -134,13 +134,15 @@ def write_interpretability(
     "(1: unchanged). Hover a word for its w and its share.</p>",
   ]
   for c, name in enumerate(bank.class_names):
-    parts.append(f"<h2>{html.escape(name)}</h2>")
+    # <bdi>: a class name or word in another direction, or holding a bidi control character
+    # (U+202E), cannot reorder the words around it.
+    parts.append(f"<h2><bdi>{html.escape(name)}</bdi></h2>")
     for prompt_words, prompt_shares, cls in zip(words, shares, bank.text_class):
       if cls != c:
         continue
       spans = " ".join(
         f"<span class='w' title='w = {w:.3f}, share = {s:.3f}' "
-        f"style='background:{_css(shade(s, top))}'>{html.escape(word)}</span>"
+        f"style='background:{_css(shade(s, top))}'><bdi>{html.escape(word)}</bdi></span>"
         for (word, w), (_, s) in zip(prompt_words, prompt_shares)
       )
       parts.append(f"<p>{spans}</p>")
