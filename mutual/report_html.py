@@ -17,7 +17,10 @@ workdir (30-50 KB each; base64 would add a third and copy every class figure int
 the page opens from disk as long as it stays in its workdir. What only the records hold (the
 concept maps and the MI curves) is drawn as inline SVG: a few hundred bytes per image, and
 present for every image, not only those of the figure classes. Nothing is loaded from the
-network (a Content-Security-Policy forbids it) and every string from the data is escaped.
+network (a Content-Security-Policy forbids it) and every string from the data is escaped and
+isolated (`text`: a `<bdi>` element, or Unicode's isolate marks where no element may go), so
+that a right-to-left name or a bidi control character in one (U+202E, RIGHT-TO-LEFT OVERRIDE)
+cannot reorder the text, cells or links around it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,20 @@ CURVE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")
 def e(value: Any) -> str:
   """Escapes text or an attribute value (quotes included): data strings are user data."""
   return html.escape(str(value), quote=True)
+
+
+def text(value: Any) -> str:
+  """A string from the data (a class, image or descriptor name) as element content: escaped
+  and isolated in `<bdi>`, so that its own direction, or a bidi control character in it
+  (U+202E), stays inside it."""
+  return f"<bdi>{e(value)}</bdi>"
+
+
+def plain(value: Any) -> str:
+  """A string from the data where no element may go (an attribute shown to the user, the
+  page's <title>): escaped and isolated between FIRST STRONG ISOLATE and POP DIRECTIONAL
+  ISOLATE (U+2068 ... U+2069), the marks <bdi> stands for."""
+  return f"\u2068{e(value)}\u2069"
 
 
 def _url(path: str) -> str:
@@ -201,7 +218,7 @@ def _class_table(classes: Mapping[str, Any], methods: Sequence[str]) -> str:
   rows = []
   for name, s in classes.items():
     cells = [
-      f'<td data-value="{e(name)}">{e(name)}</td>',
+      f'<td data-value="{e(name)}">{text(name)}</td>',
       f'<td class="num" data-value="{int(s["images"])}">{int(s["images"])}</td>',
       _cell(s["top1"], 2),
     ]
@@ -228,13 +245,13 @@ def _image_table(records, methods, targets) -> str:
   for n, (record, target) in enumerate(zip(records, targets)):
     search = " ".join([str(record["id"]), record["class_name"], record["predicted_name"]]).lower()
     correct = int(bool(record["correct"]))
-    link = f'<a href="{target}">{e(record["id"])}</a>' if target else e(record["id"])
+    link = f'<a href="{target}">{text(record["id"])}</a>' if target else text(record["id"])
     cells = [
       f'<td class="num" data-value="{n}">{n}</td>',
-      f'<td class="id" data-value="{e(record["id"])}" title="{e(record["id"])}">{link}</td>',
-      f'<td class="name" data-value="{e(record["class_name"])}">{e(record["class_name"])}</td>',
+      f'<td class="id" data-value="{e(record["id"])}" title="{plain(record["id"])}">{link}</td>',
+      f'<td class="name" data-value="{e(record["class_name"])}">{text(record["class_name"])}</td>',
       f'<td class="name" data-value="{e(record["predicted_name"])}">'
-      f"{e(record['predicted_name'])}</td>",
+      f"{text(record['predicted_name'])}</td>",
       f'<td data-value="{correct}" class="{"ok" if correct else "wrong"}">'
       f"{'yes' if correct else 'no'}</td>",
     ]
@@ -261,7 +278,7 @@ def _items(items: Sequence[str], scores: Sequence[float] | None = None) -> str:
   out = []
   for k, item in enumerate(items):
     score = f' <span class="score">{_num(scores[k])}</span>' if scores is not None else ""
-    out.append(f"<li>{e(item)}{score}</li>")
+    out.append(f"<li>{text(item)}{score}</li>")
   return f"<ol>{''.join(out)}</ol>"
 
 
@@ -298,7 +315,8 @@ def _concepts(m: Mapping[str, Any]) -> str:
     swatch = f'<span class="swatch" style="background:{concept_colour(c["concept"])}"></span>'
     rows.append(
       f'<li data-concept="{int(c["concept"])}">{swatch}<b>concept {int(c["concept"])}</b> '
-      f"({int(c['patches'])} patches): {e(', '.join(c['descriptors'])) or 'no descriptor'}</li>"
+      f"({int(c['patches'])} patches): "
+      f"{', '.join(text(d) for d in c['descriptors']) or 'no descriptor'}</li>"
     )
   listed = {int(c["concept"]) for c in m["concepts"]}
   for c in sorted({int(v) for row in m["concept_map"] for v in row} - listed - {-1}):
@@ -323,9 +341,9 @@ def _detail(n, record, position, methods, figures, panels, record_path) -> str:
   json_link = f' · <a href="{_url(record_path)}">per-image JSON</a>' if record_path else ""
   parts = [
     f'<section class="detail" id="img-{n}" data-index="{n}">',
-    f"<h2>{e(record['id'])}</h2>",
-    f'<p>class <b>{e(record["class_name"])}</b> · predicted <b class="{verdict}">'
-    f"{e(record['predicted_name'])}</b> ({verdict}) · "
+    f"<h2>{text(record['id'])}</h2>",
+    f'<p>class <b>{text(record["class_name"])}</b> · predicted <b class="{verdict}">'
+    f"{text(record['predicted_name'])}</b> ({verdict}) · "
     f"{int(record['foreground_patches'])} foreground patches{json_link}</p>",
     '<div class="methods">',
   ]
@@ -344,7 +362,7 @@ def _detail(n, record, position, methods, figures, panels, record_path) -> str:
           concepts,
           f"{e(concepts)}: panel {position + 1} of the class's first {panels} images "
           "(concepts on the CRF-refined pixels)",
-          f"{title} concepts of {record['id']}",
+          f"{title} concepts of \u2068{record['id']}\u2069",  # isolated, as `plain`
         )
       )
     parts.append(
@@ -516,7 +534,7 @@ def render(
   skipped = results.get("skipped_classes")
   skipped_html = ""
   if skipped:
-    items = "".join(f"<li>{e(k)}: {e(v)}</li>" for k, v in dict(skipped).items())
+    items = "".join(f"<li>{text(k)}: {e(v)}</li>" for k, v in dict(skipped).items())
     skipped_html = f"<h3>Skipped classes</h3><ul id='skipped'>{items}</ul>"
   more = (
     f" Sections for the first {detailed}; the other rows link to their per-image JSON."
@@ -535,13 +553,13 @@ def render(
 <meta http-equiv="Content-Security-Policy" content="{e(_CSP)}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,">
-<title>Mutual knowledge: {e(name)} ({e(model)})</title>
+<title>Mutual knowledge: {plain(name)} ({plain(model)})</title>
 <style>{_STYLE}</style>
 </head>
 <body>
-<h1>Mutual knowledge: {e(name)}</h1>
-<p>Model <b>{e(model)}</b> · {int(dataset["images"])} images in {len(results["classes"])} classes
-· Top-1 <b id="top1">{_num(dataset["top1"], 2)}%</b></p>
+<h1>Mutual knowledge: {text(name)}</h1>
+<p>Model <b>{text(model)}</b> · {int(dataset["images"])} images in {len(results["classes"])}
+classes · Top-1 <b id="top1">{_num(dataset["top1"], 2)}%</b></p>
 <div class="summary">
 <div><h3>Dataset</h3>{_dataset_summary(dataset, methods)}</div>
 <div><h3>Dataset MI curves</h3>{curves_svg(dataset_curves)}</div>

@@ -11,7 +11,18 @@ Two files in the output folder:
   text_bank.json          what the rows are: the D descriptors and C class names in row order,
                           each class's descriptors, the model, the prompt settings
                           (descriptor_template, templates), which classifier the config's
-                          analysis uses (config.analysis.class_prompts), dtype and shapes.
+                          analysis uses (config.analysis.class_prompts), dtype and shapes, and
+                          `arrays_sha256`, the digest of the arrays (`arrays_digest`).
+
+The two files are one unit. The arrays are written first (aside, then renamed) and carry in
+their metadata the digest of the row names (`names_digest`: descriptors, class names, each
+class's descriptors); the names file is written last, atomically, with the digest of the
+arrays. An export killed between the two writes, or arrays copied from another export, leave a
+pair whose digests disagree, and `load_text_bank` refuses it. It also refuses a names file
+with a missing or mistyped entry (class names that are not strings, a shape that is not
+[rows, width]), arrays that are not float32, hold a NaN or an infinity, or whose rows are not
+unit (|norm - 1| above `unit_tolerance`, 1,000 units in the last place of the dtype: 1.2e-4
+for float32): each an InputError naming the file and saying to export again.
 
 The arrays are exactly what `mutual.pipeline.encode_bank` computes for the config (a class
 embedding is the re-normalised mean of its unit prompt embeddings). Classes and descriptors come
@@ -23,10 +34,14 @@ is in ImageNet's label order) and its unique descriptors, first seen first, with
 from __future__ import annotations
 
 import dataclasses
+import errno
+import hashlib
+import json
 import os
 from typing import Any, Mapping
 
 import numpy as np
+from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 import stori_jax
@@ -40,7 +55,8 @@ ARRAYS_FILE = "text_bank.safetensors"
 NAMES_FILE = "text_bank.json"
 FILES = (ARRAYS_FILE, NAMES_FILE)
 FORMAT = "stori-jax mutual-knowledge text bank"
-FORMAT_VERSION = 1
+#: 2: the digests (`arrays_sha256` in the names file, `names_sha256` in the arrays' metadata).
+FORMAT_VERSION = 2
 #: The class-embedding modes of mutual.pipeline.class_prompts, each exported as one classifier.
 CLASSIFIERS = ("descriptors", "templates")
 DESCRIPTOR_ARRAY = "descriptor_embeddings"
@@ -209,13 +225,135 @@ def export_text_bank(config, output: str, *, overwrite: bool = False, progress: 
     },
     analysis_classifier=a.get("class_prompts", "descriptors"),
   )
+  record["arrays_sha256"] = arrays_digest(arrays)
+  problem = _values_problem(arrays)
+  if problem:  # a model that gives non-finite or zero embeddings: nothing is written
+    raise InputError(
+      f"the text bank of {config.model.source} cannot be exported: {problem}. Check the "
+      "model's weights (python -m stori_jax.parity) and the descriptor file."
+    )
   os.makedirs(path, exist_ok=True)
-  target = os.path.join(path, ARRAYS_FILE)
-  # Written aside, then renamed: a kill mid-write leaves no half file under the final name.
-  save_file(arrays, target + ".tmp", metadata={"format": FORMAT, "names": NAMES_FILE})
-  os.replace(target + ".tmp", target)
+  # The arrays first, the names last: the names file, with the arrays' digest, completes the pair.
+  _write_arrays(os.path.join(path, ARRAYS_FILE), arrays, names_digest(record))
   jsonio.write_json(os.path.join(path, NAMES_FILE), record, indent=1)
   return path, load_text_bank(path)
+
+
+def arrays_digest(arrays: Mapping[str, np.ndarray]) -> str:
+  """sha256 of a text bank's arrays: each name, dtype, shape and little-endian bytes, in name
+  order (what `arrays_sha256` in the names file records)."""
+  digest = hashlib.sha256()
+  for key in sorted(arrays):
+    array = np.asarray(arrays[key])
+    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    digest.update(json.dumps([key, array.dtype.str, list(array.shape)]).encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def names_digest(record: Mapping[str, Any]) -> str:
+  """sha256 of what the rows are (the descriptors, the class names, each class's descriptors):
+  what the arrays' metadata `names_sha256` records."""
+  rows = {k: record[k] for k in ("descriptors", "class_names", "class_descriptors")}
+  return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
+def unit_tolerance(dtype) -> float:
+  """How far from 1 a unit row's norm may be: 1,000 units in the last place of `dtype`."""
+  return 1000 * float(np.finfo(dtype).eps)
+
+
+def _write_arrays(target: str, arrays: Mapping[str, np.ndarray], names_sha256: str) -> None:
+  """The arrays file, written aside and renamed (a kill mid-write leaves no half file under the
+  final name), readable as a plain open() makes files (the umask's mode, not safetensors'
+  private 0600); a full disk is the user's DiskFullError."""
+  tmp = target + ".tmp"
+  metadata = {"format": FORMAT, "names": NAMES_FILE, "names_sha256": names_sha256}
+  try:
+    save_file(dict(arrays), tmp, metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, target)
+  except BaseException as error:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+    if full or "No space left on device" in str(error):  # safetensors' own error type
+      raise jsonio.DiskFullError(
+        f"cannot write {target}: the disk (or quota) is full. Free some space and export again "
+        "with --overwrite."
+      ) from None
+    raise
+
+
+def _is_strings(value: Any) -> bool:
+  return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _record_problem(record: Mapping[str, Any]) -> str | None:
+  """What is missing or mistyped in a names file's entries, if anything."""
+  for key in ("descriptors", "class_names"):
+    if not _is_strings(record.get(key)) or not record[key]:
+      return f"{key!r} must be a non-empty list of strings, got {_describe(record.get(key))}"
+  per_class = record.get("class_descriptors")
+  if not isinstance(per_class, list) or not all(_is_strings(d) for d in per_class):
+    return f"'class_descriptors' must be a list of lists of strings, got {_describe(per_class)}"
+  if len(per_class) != len(record["class_names"]):
+    return (
+      f"'class_descriptors' has {len(per_class)} lists for {len(record['class_names'])} class names"
+    )
+  classifiers = record.get("classifiers")
+  if (
+    not isinstance(classifiers, dict) or not classifiers or not set(classifiers) <= set(CLASSIFIERS)
+  ):
+    return (
+      f"'classifiers' must map some of {list(CLASSIFIERS)} to their settings, got "
+      f"{_describe(classifiers)}"
+    )
+  if record.get("analysis_classifier") not in classifiers:
+    return (
+      f"'analysis_classifier' must be one of {sorted(classifiers)}, got "
+      f"{_describe(record.get('analysis_classifier'))}"
+    )
+  shapes = record.get("shapes")
+  if not isinstance(shapes, dict) or not all(
+    isinstance(v, list) and len(v) == 2 and all(type(n) is int and n > 0 for n in v)
+    for v in shapes.values()
+  ):
+    return f"'shapes' must map each array to its [rows, width], got {_describe(shapes)}"
+  if record.get("dtype") != "float32":
+    return f"'dtype' must be \"float32\", got {_describe(record.get('dtype'))}"
+  digest = record.get("arrays_sha256")
+  if not isinstance(digest, str) or len(digest) != 64:
+    return f"'arrays_sha256' must be the 64 hex digits of a sha256, got {_describe(digest)}"
+  return None
+
+
+def _describe(value: Any) -> str:
+  """A short rendering of a JSON value for a message."""
+  text = "nothing (the entry is missing)" if value is None else json.dumps(value)
+  return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _values_problem(arrays: Mapping[str, np.ndarray]) -> str | None:
+  """A non-finite value or a row that is not unit, if any (the first array, row, found)."""
+  for key in sorted(arrays):
+    array = arrays[key]
+    bad = ~np.isfinite(array)
+    if bad.any():
+      row = int(np.argwhere(bad)[0][0])
+      return f"{key} holds {int(bad.sum())} NaN or infinite values (the first in row {row})"
+    norms = np.linalg.norm(array.astype(np.float64), axis=-1)
+    off = np.abs(norms - 1.0)
+    tolerance = unit_tolerance(array.dtype)
+    if off.size and off.max() > tolerance:
+      row = int(np.argmax(off))
+      return (
+        f"{key} has rows that are not unit vectors (row {row} has norm {norms[row]:.6g}; "
+        f"|norm - 1| must be at most {tolerance:.2g} for {array.dtype})"
+      )
+  return None
 
 
 def _shape_problem(arrays: Mapping[str, np.ndarray], record: Mapping[str, Any]) -> str | None:
@@ -240,11 +378,12 @@ def load_text_bank(directory: str | os.PathLike) -> ExportedTextBank:
   """Reads a folder `python -m mutual.export` wrote.
 
   Raises:
-    InputError: a file is missing, unreadable, of another format, or the arrays do not match
-      the names (the message says to export again).
+    InputError: a file is missing, unreadable, of another format, has a missing or mistyped
+      entry, the arrays are not finite unit rows, or the two files are not one export (their
+      digests disagree); the message names the file and says to export again.
   """
   directory = os.path.abspath(os.fspath(directory))
-  again = "Export it again with python -m mutual.export --config=... --output=DIR."
+  again = "Export it again with python -m mutual.export --config=... --output=DIR --overwrite."
   missing = [n for n in FILES if not os.path.isfile(os.path.join(directory, n))]
   if missing:
     raise InputError(f"{directory} holds no text bank: {', '.join(missing)} missing. {again}")
@@ -256,16 +395,33 @@ def load_text_bank(directory: str | os.PathLike) -> ExportedTextBank:
       f"{directory}: text bank format version {record.get('format_version')!r}; this version "
       f"reads {FORMAT_VERSION}. {again}"
     )
+  names_path, arrays_path = (os.path.join(directory, n) for n in (NAMES_FILE, ARRAYS_FILE))
+  problem = _record_problem(record)
+  if problem:
+    raise InputError(f"{names_path}: {problem}. {again}")
   try:
-    arrays = load_file(os.path.join(directory, ARRAYS_FILE))
+    arrays = load_file(arrays_path)
+    with safe_open(arrays_path, framework="numpy") as f:
+      metadata = f.metadata() or {}
   except Exception as e:  # safetensors raises its own error types (SafetensorError, ...)
     raise InputError(
-      f"{os.path.join(directory, ARRAYS_FILE)} is not a readable safetensors file "
-      f"({type(e).__name__}: {e}). {again}"
+      f"{arrays_path} is not a readable safetensors file ({type(e).__name__}: {e}). {again}"
     ) from None
-  problem = _shape_problem(arrays, record)
+  used = [DESCRIPTOR_ARRAY] + [classifier_array(m) for m in record["classifiers"]]
+  problem = _shape_problem(arrays, record) or _values_problem({k: arrays[k] for k in used})
   if problem:
-    raise InputError(f"{directory}: {problem}. {again}")
+    raise InputError(f"{arrays_path}: {problem}. {again}")
+  if arrays_digest(arrays) != record["arrays_sha256"]:
+    raise InputError(
+      f"{arrays_path} does not hold the arrays {names_path} was written with (their digest "
+      "differs from its arrays_sha256): the arrays come from another export or were changed "
+      f"since, or an export was stopped between writing the two files. {again}"
+    )
+  if metadata.get("names_sha256") != names_digest(record):
+    raise InputError(
+      f"{names_path}: its descriptors, class names or class descriptors are not the rows "
+      f"{arrays_path} was exported with (reordered or edited since). {again}"
+    )
   return ExportedTextBank(
     descriptors=tuple(record["descriptors"]),
     descriptor_embeddings=arrays[DESCRIPTOR_ARRAY],

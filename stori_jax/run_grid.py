@@ -20,12 +20,15 @@ with a sweep accuracy_by_<key>.png (per dataset the mean over seeds against the 
 the std shaded). Running the same command again skips the finished cells and resumes an
 interrupted one from its checkpoint; another grid config in the same workdir stops before any
 work (pass another --workdir, or --restart to move the old grid aside). A bad config value
-prints one paragraph and exits with status 2.
+prints one paragraph and exits with status 2, and so does a grid of more than --max_cells
+cells (default 10,000; the paper's largest has 270), before any cell is built: each is a whole
+few-shot run. --dry_run lists a grid of millions of cells (with --max_cells raised) in seconds.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import jax
 from absl import flags
@@ -63,6 +66,14 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
     "List the cells, their workdirs and learning rates, and exit: nothing is written.",
     **fv,
   )
+  flags.DEFINE_integer(
+    "max_cells",
+    cells.MAX_CELLS,
+    "Refuse a grid of more cells than this before building any (each cell is a whole few-shot "
+    "run); raise it to run or list a larger grid.",
+    lower_bound=1,
+    **fv,
+  )
   multihost.define_flags(values)
 
 
@@ -70,12 +81,14 @@ def _where(cell: cells.Cell) -> str:
   return f"{cell.dataset} {cell.shots}-shot {cell.method} seed {cell.seed}"
 
 
-def _print_plan(grid, workdir: str) -> None:
-  found = cells.expand(grid)
-  print(f"{len(found)} cells in {workdir}:")
-  for cell in found:
+def _print_plan(grid, workdir: str, max_cells: int) -> None:
+  """The cells as they are listed (`cells.plan`): the count first, then one line a cell."""
+  print(f"{cells.check_size(grid, max_cells)} cells in {workdir}:", flush=True)
+  for cell in cells.plan(grid):
     paper = "the paper's" if cell.lr_source == "paper" else "set by the config"
     print(f"  {os.path.join(workdir, cell.path)}  {cell.lr_key} = {cell.lr:g} ({paper})")
+    if cell.config is not None:  # the first cell of a dataset, shot count and row
+      sys.stdout.flush()
 
 
 def _print_progress(event) -> None:
@@ -83,6 +96,7 @@ def _print_progress(event) -> None:
   done = {
     "skipped": "finished before, skipped",
     "resumed": f"resumed, {event['seconds']:.0f} s",
+    "redone": f"its metrics.json was damaged: run again, {event['seconds']:.0f} s",
     "trained": f"{event['seconds']:.0f} s",
   }[event["status"]]
   print(
@@ -100,13 +114,14 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   grid = values.config
   workdir = values.workdir or os.path.join("workdirs", str(grid.get("name") or "grid"))
   if values.dry_run:
-    _print_plan(grid, workdir)
+    _print_plan(grid, workdir, values.max_cells)
     return
   multihost.initialize_from_flags(values)
   result = runner.run(
     grid,
     workdir,
     restart=values.restart,
+    max_cells=values.max_cells,
     progress=_print_progress if jax.process_index() == 0 else None,
   )
   if jax.process_index() != 0:

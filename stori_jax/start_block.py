@@ -54,6 +54,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   if not os.path.isfile(path):
     raise UserError(f"--data_config: no config file {path}; pass a retrieval config (.py).")
   data_config = load_config(path, argument or None)
+  start_block_sweep.check_probe_config(data_config, f"--data_config {values.data_config}")
   run_identity.claim_run(
     values.workdir,
     {"model": values.model, "data": data_config.data},

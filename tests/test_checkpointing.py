@@ -2,7 +2,7 @@
 line: a truncated file in the latest checkpoint makes the run resume from the newest intact one,
 with a warning naming the broken one, to the result of an uninterrupted run; a full disk during a
 checkpoint write stops the run with one paragraph and exit status 2, and the same command then
-finishes it."""
+finishes it; so does a full disk while a figure is written."""
 
 import errno
 import json
@@ -96,3 +96,62 @@ def test_a_full_disk_during_a_checkpoint_write_is_one_paragraph(
   straight = tmp_path / "straight"
   assert _train(run_command, tiny_random_model, straight).returncode == 0
   assert _result(workdir) == _result(straight)
+
+
+class _FullFile:
+  """A file opened for writing on a full disk: every write raises ENOSPC."""
+
+  def __init__(self, file):
+    self._file = file
+
+  def write(self, data):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  def __getattr__(self, name):
+    return getattr(self._file, name)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self._file.close()
+
+
+def _disk_full_for(monkeypatch, name):
+  """Every file opened for writing whose path holds `name` (the figure, or its temporary file)
+  finds the disk full, however it is opened (matplotlib's PIL, or a temporary file)."""
+  import builtins
+
+  real_open = builtins.open
+
+  def full_open(file, mode="r", *args, **kwargs):
+    opened = real_open(file, mode, *args, **kwargs)
+    writing = any(c in mode for c in "wxa+")
+    if writing and isinstance(file, (str, os.PathLike)) and name in os.fspath(file):
+      return _FullFile(opened)
+    return opened
+
+  monkeypatch.setattr(builtins, "open", full_open)
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_writing_a_figure_is_one_paragraph(
+  tmp_path, run_command, tiny_random_model, monkeypatch
+):
+  """Issue 36 row 8: a full disk while `train` wrote interpretability.png (or another figure)
+  was PIL's traceback and exit 1; now one paragraph naming the file, exit 2, as for JSON and
+  checkpoints, and the same command finishes the run once there is space."""
+  workdir = tmp_path / "run"
+  for figure in ("interpretability.png", "training_curve.png"):
+    with monkeypatch.context() as patch:
+      _disk_full_for(patch, figure)
+      message = _error_paragraph(_train(run_command, tiny_random_model, workdir))
+    assert f"cannot write the figure {workdir / figure}: the disk (or quota) is full" in message
+    assert "free some space and run the same command again" in message
+    assert not (workdir / figure).exists() and not (workdir / "metrics.json").exists()
+    assert not [n for n in os.listdir(workdir) if n.endswith(".tmp")]  # no half file left
+  done = _train(run_command, tiny_random_model, workdir)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "Resumed from step 4 of 4" in done.stderr
+  for name in ("interpretability.png", "training_curve.png", "metrics.json"):
+    assert (workdir / name).stat().st_size > 0

@@ -738,3 +738,86 @@ def test_weight_of_4000_digits_is_400(client):
   for extra in [{"start_block": 10**3999}, {"stop_block": -(10**3999)}, {"k": 10**3999}]:
     body = {"words": [{"text": "a red circle", "weight": 1}], **extra}
     _error(client.post("/api/rank", json=body), 400)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 36 row 5: a chunked body (no Content-Length) over the limit is 413, not cut and parsed.
+
+
+def _chunked(client, body: bytes):
+  """POST /api/parse with `body` as a chunked stream, as a server that dechunks passes it
+  (wsgi.input_terminated, no Content-Length)."""
+  import io
+
+  return client.post(
+    "/api/parse",
+    input_stream=io.BytesIO(body),
+    headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+    environ_overrides={"wsgi.input_terminated": True},
+  )
+
+
+def _padded(size: int) -> bytes:
+  """A valid /api/parse body of exactly `size` bytes (trailing whitespace)."""
+  body = json.dumps({"prompt": "a red circle"}).encode()
+  return body + b" " * (size - len(body))
+
+
+def test_a_chunked_body_over_the_limit_is_413_in_the_app(client):
+  big = _padded(2 * 1024 * 1024)  # valid JSON in its first 64 KB: it used to get 200
+  message = _error(_chunked(client, big), 413)
+  assert f"over the limit; the explorer takes at most {MAX_BODY_BYTES} bytes" in message
+  valid = json.dumps({"prompt": "a" * 70_000}).encode()  # used to fail at column 65,537
+  assert "at most" in _error(_chunked(client, valid), 413)
+  assert "at most" in _error(_chunked(client, _padded(MAX_BODY_BYTES + 1)), 413)
+  exact = _chunked(client, _padded(MAX_BODY_BYTES))
+  assert exact.status_code == 200, exact.data[:300]
+  assert [w["text"] for w in exact.get_json()["words"]] == ["a ", "red ", "circle"]
+
+
+def _raw_chunked(port: int, body: bytes) -> bytes:
+  """POST /api/parse with `body` in 16 KB chunks over a raw socket; the whole answer."""
+  import socket
+
+  sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+  try:
+    sock.sendall(
+      b"POST /api/parse HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    try:
+      for i in range(0, len(body), 16384):
+        piece = body[i : i + 16384]
+        sock.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+      sock.sendall(b"0\r\n\r\n")
+    except OSError:  # the server may answer and close before the whole body is sent
+      pass
+    answer = b""
+    try:
+      while chunk := sock.recv(65536):  # until the server closes it (Connection: close)
+        answer += chunk
+    except ConnectionResetError:
+      pass
+    return answer
+  finally:
+    sock.close()
+
+
+def test_a_chunked_body_over_the_limit_is_413_from_the_server(explorer):
+  server, thread = _serve(create_app(explorer))
+  try:
+    for body in (_padded(2 * 1024 * 1024), json.dumps({"prompt": "a" * 70_000}).encode()):
+      start = time.monotonic()
+      answer = _raw_chunked(server.port, body).decode()
+      # answered, the rest of the body dropped and the connection closed within seconds (not
+      # held until the body's deadline)
+      assert time.monotonic() - start < 5
+      assert answer.startswith("HTTP/1.1 413"), answer[:300]
+      assert f"the explorer takes at most {MAX_BODY_BYTES} bytes" in answer
+    answer = _raw_chunked(server.port, _padded(MAX_BODY_BYTES)).decode()
+    assert answer.startswith("HTTP/1.1 200"), answer[:300]
+    assert '"text":"circle"' in answer
+  finally:
+    server.shutdown()
+    thread.join(10)
+    server.server_close()

@@ -58,7 +58,7 @@ def test_png_of_many_classes_shows_those_that_moved_most(tmp_path):
   assert classes == [16, 17, 18, 19] and len(rows) == 4 * 4
   report.write_interpretability(str(tmp_path), bank, words, per_class=3, max_classes=4)
   html = (tmp_path / "interpretability.html").read_text()
-  assert all(f"<h2>class {c}</h2>" in html for c in range(20))  # the HTML keeps every class
+  assert all(f"<h2><bdi>class {c}</bdi></h2>" in html for c in range(20))  # every class kept
   png = (tmp_path / "interpretability.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

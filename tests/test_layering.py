@@ -23,10 +23,10 @@ LAYERS = (
     "stori_jax.plumbing",
     "stori_jax.clip",
     "stori_jax.plumbing.errors",
-    "stori_jax.plumbing.plotting",
     "stori_jax.plumbing.profiling",
   ),
   (
+    "stori_jax.plumbing.plotting",
     "stori_jax.plumbing.jsonio",
     "stori_jax.plumbing.config_files",
     "stori_jax.clip.preprocess",
@@ -58,7 +58,13 @@ LAYERS = (
   ("mutual.paper_config", "mutual.report_html"),
   ("mutual.pipeline", "mutual.baselines"),
   ("mutual.protocols", "mutual.run_flags"),
-  ("mutual", "mutual.analysis", "mutual.evaluation", "mutual.sweep", "mutual.text_bank"),
+  (
+    "mutual",
+    "mutual.analysis",
+    "mutual.evaluation",
+    "mutual.sweep",
+    "mutual.text_bank",
+  ),
   # Commands: thin entries over everything below.
   (
     "stori_jax.train",

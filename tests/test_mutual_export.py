@@ -158,3 +158,145 @@ def test_command_writes_the_files_and_refuses_to_overwrite(tmp_path, run_command
   assert done.returncode == 0, done.stderr[-3000:]
   missing = run_command("mutual.export", f"--config={CONFIG}")
   assert missing.returncode == 2 and "missing --output" in missing.stderr
+
+
+# Issue 36 row 3: the two files are one unit, and what is read back is checked.
+
+
+def _export_pair(tmp_path, run_command, name, *overrides):
+  output = tmp_path / name
+  done = run_command("mutual.export", f"--config={CONFIG}", f"--output={output}", *overrides)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return output
+
+
+def _rewrite_names(output, change):
+  path = output / text_bank.NAMES_FILE
+  record = json.loads(path.read_text())
+  change(record)
+  path.write_text(json.dumps(record))
+
+
+def _rewrite_arrays(output, change):
+  """Changes the arrays and records their new digest: a consistent pair, but bad values."""
+  path = str(output / text_bank.ARRAYS_FILE)
+  with text_bank.safe_open(path, framework="numpy") as f:
+    metadata = f.metadata()
+  arrays = load_file(path)
+  change(arrays)
+  save_file(arrays, path, metadata=metadata)
+  _rewrite_names(output, lambda r: r.update(arrays_sha256=text_bank.arrays_digest(arrays)))
+
+
+def test_arrays_from_another_export_are_refused(tmp_path, run_command):
+  """What a SIGKILL between the two writes of `mutual.export --overwrite` leaves: the new
+  arrays beside the old names file."""
+  first = _export_pair(tmp_path, run_command, "first")
+  other = _export_pair(tmp_path, run_command, "other", "--config.analysis.templates=('a {c}.',)")
+  text_bank.load_text_bank(first)  # the untouched pair reads back
+  (first / text_bank.ARRAYS_FILE).write_bytes((other / text_bank.ARRAYS_FILE).read_bytes())
+  with pytest.raises(
+    InputError,
+    match=r"text_bank.safetensors does not hold the arrays .*"
+    r"text_bank.json was written with.*--overwrite",
+  ):
+    text_bank.load_text_bank(first)
+
+
+def test_names_reordered_are_refused(tmp_path, run_command):
+  output = _export_pair(tmp_path, run_command, "bank")
+  _rewrite_names(output, lambda r: r["descriptors"].reverse())
+  with pytest.raises(InputError, match=r"text_bank.json: .* not the rows .*reordered or edited"):
+    text_bank.load_text_bank(output)
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (
+      lambda a: a["descriptor_embeddings"].__setitem__((3, 5), np.nan),
+      r"descriptor_embeddings"
+      r" holds 1 NaN or infinite values \(the first in row 3\)",
+    ),
+    (
+      lambda a: a["class_embeddings_templates"].__imul__(1000),
+      r"class_embeddings_templates "
+      r"has rows that are not unit vectors \(row \d+ has norm 1000",
+    ),
+  ],
+  ids=["nan", "scaled"],
+)
+def test_non_finite_or_non_unit_arrays_are_refused(tmp_path, run_command, change, message):
+  output = _export_pair(tmp_path, run_command, "bank")
+  _rewrite_arrays(output, change)
+  with pytest.raises(InputError, match=r"text_bank.safetensors: " + message):
+    text_bank.load_text_bank(output)
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (
+      lambda r: r.update(class_names=list(range(len(r["class_names"])))),
+      r"'class_names' must be a non-empty list of strings, got \[0, 1",
+    ),
+    (
+      lambda r: r.pop("descriptors"),
+      r"'descriptors' must be .* got nothing \(the entry is "
+      r"missing\)",
+    ),
+    (lambda r: r.pop("class_descriptors"), r"'class_descriptors' must be a list of lists"),
+    (lambda r: r.pop("shapes"), r"'shapes' must map each array to its \[rows, width\]"),
+    (lambda r: r.update(shapes=[1, 2]), r"'shapes' must map .* got \[1, 2\]"),
+    (lambda r: r.update(classifiers=["descriptors"]), r"'classifiers' must map"),
+  ],
+  ids=[
+    "integer_class_names",
+    "no_descriptors",
+    "no_class_descriptors",
+    "no_shapes",
+    "shapes_a_list",
+    "classifiers_a_list",
+  ],
+)
+def test_a_names_file_with_a_missing_or_mistyped_entry_is_refused(
+  tmp_path, run_command, change, message
+):
+  output = _export_pair(tmp_path, run_command, "bank")
+  _rewrite_names(output, change)
+  with pytest.raises(InputError, match=r"text_bank.json: " + message + r".*mutual.export"):
+    text_bank.load_text_bank(output)
+
+
+def test_the_arrays_file_is_as_readable_as_the_names_file(tmp_path, run_command):
+  old = os.umask(0o022)
+  try:
+    output = _export_pair(tmp_path, run_command, "bank")
+  finally:
+    os.umask(old)
+  modes = {n: os.stat(output / n).st_mode & 0o777 for n in text_bank.FILES}
+  assert modes == {text_bank.ARRAYS_FILE: 0o644, text_bank.NAMES_FILE: 0o644}
+
+
+def test_an_export_stopped_before_the_names_file_leaves_a_refused_pair(
+  tmp_path, run_command, monkeypatch
+):
+  """`mutual.export --overwrite` killed between its two writes: the next read refuses the pair
+  (the names file is written last)."""
+  output = _export_pair(tmp_path, run_command, "bank")
+
+  def killed(*_, **__):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(text_bank.jsonio, "write_json", killed)
+  with pytest.raises(KeyboardInterrupt):
+    run_command(
+      "mutual.export",
+      f"--config={CONFIG}",
+      f"--output={output}",
+      "--overwrite",
+      "--config.analysis.templates=('a {c}.',)",
+    )
+  monkeypatch.undo()
+  with pytest.raises(InputError, match="does not hold the arrays"):
+    text_bank.load_text_bank(output)

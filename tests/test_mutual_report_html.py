@@ -232,3 +232,119 @@ def test_page_in_headless_chromium(workdir):
     shown = page.eval_on_selector_all("#images tbody tr:not([hidden])", "e => e.length")
     assert shown == 3 and page.text_content("#shown") == "3 of 6 images"
   assert problems == []
+
+
+# Issue 36 row 10: a name holding U+202E (RIGHT-TO-LEFT OVERRIDE) is isolated, not only escaped.
+
+RLO = "\u202e"
+
+
+class _Isolation(html.parser.HTMLParser):
+  """Each text run holding U+202E, and whether it sits inside a <bdi> (or between U+2068 and
+  U+2069 in an attribute or the title, where no element may go)."""
+
+  def __init__(self, text: str):
+    super().__init__(convert_charrefs=True)
+    self.stack, self.runs, self.attributes = [], [], []
+    self.feed(text)
+
+  def handle_starttag(self, tag, attrs):
+    self.stack.append(tag)
+    for name, value in attrs:
+      if name in ("title", "alt") and value and RLO in value:  # shown: a tooltip, alt text
+        self.attributes.append(value)
+
+  def handle_endtag(self, tag):
+    while self.stack and self.stack.pop() != tag:
+      pass
+
+  def handle_data(self, data):
+    if RLO in data:
+      self.runs.append((data, "bdi" in self.stack or "title" in self.stack and "\u2068" in data))
+
+
+def _isolated(runs):
+  return all(inside for _, inside in runs)
+
+
+@pytest.mark.slow
+def test_names_with_a_bidi_override_are_isolated(
+  tmp_path, run_command, tiny_synthetic, monkeypatch
+):
+  """mutual.analyze on an image folder whose class folder and image files hold U+202E: every
+  place report.html shows such a name wraps it in <bdi> (the title and tooltips in isolate
+  marks), so it cannot reorder the cells and words around it."""
+  from PIL import Image
+
+  evil_class = f"evil{RLO}class"
+  per_class = {evil_class: ["stripes", f"fur{RLO}tail"], "plain class": ["round", "red"]}
+  (tmp_path / "descriptors.json").write_text(json.dumps(per_class), encoding="utf-8")
+  images = _world_images()
+  for c, name in enumerate((evil_class, "plain_class")):
+    os.makedirs(tmp_path / "images" / name)
+    for i in range(2):
+      Image.fromarray(images[2 * c + i]).save(tmp_path / "images" / name / f"x{RLO}{i}.png")
+  monkeypatch.setattr(stori_jax, "load", lambda *_, **__: tiny_synthetic)
+  workdir = tmp_path / "run"
+  done = run_command(
+    "mutual.analyze",
+    "--config=configs/mutual_food101.py",
+    f"--workdir={workdir}",
+    "--config.model.source=tiny-synthetic",
+    f"--config.data.root={tmp_path / 'images'}",
+    f"--config.data.descriptors={tmp_path / 'descriptors.json'}",
+    "--config.analysis.top_k=4",
+    "--config.analysis.u=2",
+    "--config.figures_per_class=1",
+    "--config.figure_classes=1",
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  text = (workdir / "report.html").read_text(encoding="utf-8")
+  assert f"<bdi>{evil_class}</bdi>" in text
+  assert f"<bdi>{evil_class}/x{RLO}0.png</bdi>" in text
+  page = _Isolation(text)
+  assert page.runs and _isolated(page.runs), [r for r in page.runs if not r[1]][:5]
+  assert page.attributes and all(
+    v.count("\u2068") == v.count("\u2069") >= 1 for v in page.attributes
+  ), page.attributes
+
+
+def _world_images():
+  """Four drawings of the embedded world (as tests/test_mutual_pipeline.py's image folder)."""
+  from mutual import data
+
+  return next(data.synthetic_classes(4, seed=5, classes=(0,))).images
+
+
+def test_a_bidi_override_is_isolated_in_rendered_names_and_descriptors():
+  records = [
+    _record(f"a{RLO}b", 0, f"d{RLO}e", f"f{RLO}g/0"),
+    _record("fine", 1, "plain", "ok/0"),
+  ]
+  results = report.aggregate(records, METHODS)
+  results.update(model=f"m{RLO}n", skipped_classes={f"s{RLO}t": "no images"})
+  results["config"] = dict(name=f"r{RLO}s", figures_per_class=0)
+  text = report_html.render(results, records, METHODS, record_paths=["a.json", "b.json"])
+  page = _Isolation(text)
+  shown = {run for run, _ in page.runs}
+  for name in (f"a{RLO}b", f"d{RLO}e", f"f{RLO}g/0", f"m{RLO}n", f"s{RLO}t", f"r{RLO}s"):
+    assert name in shown or any(name in run for run in shown), name
+    assert f"<bdi>{name}</bdi>" in text
+  assert _isolated(page.runs), [r for r in page.runs if not r[1]]
+  assert f"<title>Mutual knowledge: \u2068r{RLO}s\u2069 (\u2068m{RLO}n\u2069)</title>" in text
+  assert f'title="\u2068f{RLO}g/0\u2069"' in text
+
+
+def test_fewshot_interpretability_page_isolates_class_names_and_words(tmp_path):
+  """fewshot's interpretability.html prints class names and prompt words: each in <bdi>."""
+  import types
+
+  from stori_jax.fewshot import report as fewshot_report
+
+  bank = types.SimpleNamespace(class_names=[f"red{RLO}circle", "blue square"], text_class=[0, 1])
+  words = [[(f"a{RLO}b", 1.0), ("photo", 2.0)], [("a", 1.0), ("blue", 0.5), ("photo", 1.0)]]
+  fewshot_report.write_interpretability(str(tmp_path), bank, words, per_class=1, max_classes=2)
+  page = (tmp_path / "interpretability.html").read_text(encoding="utf-8")
+  assert f"<h2><bdi>red{RLO}circle</bdi></h2>" in page
+  assert f">a{RLO}b</bdi></span>" in page and "<bdi>blue</bdi>" in page
+  assert _isolated(_Isolation(page).runs)

@@ -191,3 +191,40 @@ def test_start_block_flags_say_what_none_means():
   values = flags.FlagValues()
   evaluate_world.define_flags(values)
   assert START_BLOCK_NONE in values["start_block"].help
+
+
+@pytest.mark.parametrize(
+  "config, lacks",
+  [
+    (
+      "configs/demo.py",
+      "its synthetic `data` block lacks n_triples, images_per_category, seed "
+      "(it is a few-shot config, python -m stori_jax.train's)",
+    ),
+    ("configs/mutual_synthetic.py", "lacks n_triples"),
+  ],
+  ids=["fewshot", "mutual"],
+)
+def test_a_config_that_is_not_a_retrieval_config_is_refused_before_the_model_loads(
+  config, lacks, tmp_path, monkeypatch, run_command
+):
+  """Issue 36 row 7: a few-shot config as --data_config was an AttributeError traceback after
+  the model loaded, and left the workdir behind."""
+
+  def no_model(*_, **__):
+    raise AssertionError("the model loaded before the probe config was checked")
+
+  monkeypatch.setattr(stori_jax, "load", no_model)
+  workdir = tmp_path / "start_block"
+  done = run_command(
+    "stori_jax.start_block",
+    "--model=tiny-synthetic",
+    f"--data_config={config}",
+    f"--workdir={workdir}",
+  )
+  assert done.returncode == 2, done.stderr[-2000:]
+  message = done.stderr.strip()
+  assert "Traceback" not in message and "\n" not in message  # one paragraph
+  assert message.startswith(f"error: --data_config {config} is not a retrieval config: ")
+  assert lacks in message and "configs/retrieval_synthetic.py" in message
+  assert not workdir.exists()

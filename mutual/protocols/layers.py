@@ -15,7 +15,7 @@ import numpy as np
 from mutual import features, paper_config, pipeline
 from mutual.protocols.progress import stage_bar
 from stori_jax.plumbing.config_files import ConfigError
-from stori_jax.plumbing.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot, save_figure
 from stori_jax.clip.preprocess import normalize
 
 #: The two panels of the figure: the features compared, and their titles.
@@ -137,5 +137,5 @@ def plot_layer_similarity(path: str, result, title: str = "") -> None:
     bar.set_label("cosine similarity (mean over images)")
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  save_figure(fig, path, dpi=120)
   plt.close(fig)

@@ -20,7 +20,9 @@ request (syntax with a caret, a weight outside [0, MAX_WEIGHT], a block outside 
 tower's, a prompt over MAX_PROMPT_CHARS characters, checked before tokenizing, or over the
 model's context), 403 for a Host or Origin header that is not localhost or a loopback
 address (DNS rebinding), 404, 405, 408 for a body that did not arrive within BODY_TIMEOUT_S
-(`server`), 413 for a body over MAX_BODY_BYTES, 500 for the server's own bug.
+(`server`), 413 for a body over MAX_BODY_BYTES however it is framed (a Content-Length, or
+`Transfer-Encoding: chunked`: read up to one byte past the limit), 500 for the server's own
+bug.
 
 The page is package data, `page.html`; its `__NAME__` placeholders are filled per request
 (`render_page`). Flask is an optional dependency (the `explore` extra): this module imports
@@ -149,10 +151,12 @@ def create_app(explorer: Explorer):
   require_flask()
   # pylint: disable=import-outside-toplevel
   from flask import Flask, Response, jsonify, request  # optional: the explore extra
-  from werkzeug.exceptions import HTTPException  # optional: the explore extra
+  from werkzeug.exceptions import HTTPException, RequestEntityTooLarge  # the explore extra
 
   app = Flask("stori_jax.explore")  # the command's name: its logger's, in error logs
-  app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+  # One byte past the limit: werkzeug stops a streamed (chunked) body there without a word,
+  # so `read_body` must see that byte to tell a body of exactly the limit from a longer one.
+  app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES + 1
 
   def error(message: str, status: int = 400):
     return jsonify({"error": shorten(message)}), status
@@ -177,11 +181,25 @@ def create_app(explorer: Explorer):
       return error(body_too_large(request.content_length), 413)
     return None
 
+  def read_body() -> bytes:
+    """The request's body, read up to one byte past MAX_BODY_BYTES: a longer one is 413
+    however it is framed (a Content-Length over the limit is refused earlier, by `guard`; a
+    chunked body has none and used to be cut at the limit and parsed)."""
+    stream, data = request.stream, bytearray()
+    while len(data) <= MAX_BODY_BYTES:
+      chunk = stream.read(MAX_BODY_BYTES + 1 - len(data))
+      if not chunk:
+        break
+      data += chunk
+    if len(data) > MAX_BODY_BYTES:
+      raise RequestEntityTooLarge()
+    return bytes(data)
+
   def json_body():
     """The request's JSON (any value), or a ValueError naming what is wrong."""
     if not request.is_json:
       raise ValueError("the body must be JSON, sent with Content-Type: application/json")
-    data = request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH (streamed bodies)
+    data = read_body()
     try:
       return json.loads(data)
     except RecursionError:

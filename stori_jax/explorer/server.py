@@ -9,7 +9,8 @@ connections are served at once (werkzeug's threaded server starts a thread per c
 so 300 clients sending half a header held 300 threads, issue 26 row 8); a request's line and
 headers must arrive within HEADER_TIMEOUT_S of the connection's acceptance, so connections
 left waiting for a thread expire too, and its body within BODY_TIMEOUT_S (408). A client that
-runs out of time is disconnected silently.
+runs out of time is disconnected silently. Once a response has started, the rest of a body the
+app did not read (one refused with 413) is read and dropped for at most a second.
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ def _listen(host: str, port: int) -> socket.socket:
 #: A connection whose deadline passed while it waited for a thread still gets this long to
 #: deliver what it already sent (a request queued behind slow clients is served).
 _GRACE_S = 0.05
+#: Once the response has started, what the client still sends of its body (the rest of a body
+#: refused with 413) is read and dropped for at most this long, so that the client sees the
+#: answer rather than a reset; then the connection closes, without an error.
+_DRAIN_S = 1.0
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -145,6 +150,8 @@ class _DeadlineReader(io.RawIOBase):
       return sock.recv_into(buffer)
     except TimeoutError:
       handler.close_connection = True
+      if handler.phase == "drain":  # the answer is sent: the rest of the body is dropped
+        return 0
       raise RequestTimeout(
         f"the request's {handler.phase} did not arrive within {handler.phase_timeout:g} s"
       ) from None
@@ -177,6 +184,12 @@ def _handler_class():
       ok = super().parse_request()
       self._start_phase("body", self.server.body_timeout)
       return ok
+
+    def send_response(self, code, message=None) -> None:
+      # The answer starts: werkzeug then reads and drops the rest of the body (a 413's) until
+      # the client stops sending; bounded by _DRAIN_S, not by the body's deadline.
+      self._start_phase("drain", _DRAIN_S)
+      super().send_response(code, message)
 
     def handle_one_request(self) -> None:
       super().handle_one_request()

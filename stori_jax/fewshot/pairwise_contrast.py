@@ -52,7 +52,7 @@ from stori_jax.fewshot import report, trainer
 from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
 from stori_jax.fewshot.text_classifier import WeightedTextClassifier, prompt_mesh, to_host
 from stori_jax.clip.loading import load
-from stori_jax.plumbing.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot, save_figure
 from stori_jax.trainloop import loop
 from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer
 
@@ -663,7 +663,7 @@ def pairwise_figure(path: str, pairings: Sequence[Mapping[str, Any]]) -> None:
         fig.text(left + 0.01, y, title, fontsize=size, weight=weight, va="center")
       else:
         report.draw_shaded_text(fig, left + 0.02, y, units, top, fontsize=8.5)
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from stori_jax.plumbing import jsonio
 from stori_jax.trainloop import metrics_log
 from stori_jax.fewshot.prompt_bank import PromptBank
-from stori_jax.plumbing.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot, save_figure
 from stori_jax.tokenizer import Tokenizer, word_weights
 
 HISTORY_FILE = "history.jsonl"
@@ -134,13 +134,15 @@ def write_interpretability(
     "(1: unchanged). Hover a word for its w and its share.</p>",
   ]
   for c, name in enumerate(bank.class_names):
-    parts.append(f"<h2>{html.escape(name)}</h2>")
+    # <bdi>: a class name or word in another direction, or holding a bidi control character
+    # (U+202E), cannot reorder the words around it.
+    parts.append(f"<h2><bdi>{html.escape(name)}</bdi></h2>")
     for prompt_words, prompt_shares, cls in zip(words, shares, bank.text_class):
       if cls != c:
         continue
       spans = " ".join(
         f"<span class='w' title='w = {w:.3f}, share = {s:.3f}' "
-        f"style='background:{_css(shade(s, top))}'>{html.escape(word)}</span>"
+        f"style='background:{_css(shade(s, top))}'><bdi>{html.escape(word)}</bdi></span>"
         for (word, w), (_, s) in zip(prompt_words, prompt_shares)
       )
       parts.append(f"<p>{spans}</p>")
@@ -250,7 +252,7 @@ def _interpretability_png(path, bank, words, per_class, max_classes):
       fig.text(0.01, y, title, fontsize=10, weight="bold", va="center")
       continue
     draw_shaded_text(fig, 0.03, y, [(word + " ", s) for word, s in prompt_shares], top)
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -274,6 +276,6 @@ def plot_history(workdir: str, history: Sequence[dict[str, Any]], zero_shot_accu
   fig.suptitle(f"Few-shot SToRI training ({name}): loss and accuracy over steps", fontsize=10)
   fig.tight_layout()
   path = os.path.join(workdir, "training_curve.png")
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path

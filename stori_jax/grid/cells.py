@@ -47,6 +47,9 @@ from absl import logging
 from stori_jax.plumbing.config_files import ConfigChecks, ConfigError, load_config
 from stori_jax.fewshot import paper_config, trainer
 
+#: The most cells a grid builds and runs unless told otherwise (run_grid's --max_cells): the
+#: paper's largest grid (Table 2, either backbone) has 270.
+MAX_CELLS = 10_000
 #: What a row reports from a cell's metrics.json.
 ACCURACIES = ("trained", "zero_shot")
 #: Few-shot config keys the grid sets per cell: an override of them is refused.
@@ -416,25 +419,101 @@ def make_cell(
   return Cell(dataset, shots, method.name, seed, config, spec, lr, lr_key, paper_lr)
 
 
-def expand(grid: ml_collections.ConfigDict) -> list[Cell]:
-  """Every cell that trains, dataset by dataset, then shots, method (rows' order) and seed.
-
-  Rows that read another method's cells (the zero-shot row) add none.
+def count(grid: ml_collections.ConfigDict) -> int:
+  """How many cells the grid trains, from its axes alone (no cell is built): datasets x shots
+  x trained rows x seeds.
 
   Raises:
-    ConfigError: a bad grid value or a cell whose config is not valid, before any work.
+    ConfigError: a bad grid value.
   """
   validate_config(grid)
+  rows = sum(1 for m in grid_methods(grid) if m.trained)
+  return len(grid.datasets) * len(grid.shots) * rows * len(grid.seeds)
+
+
+def check_size(grid: ml_collections.ConfigDict, max_cells: int) -> int:
+  """The grid's cell count (`count`), refused when above `max_cells`: each cell is a whole
+  few-shot run, and a grid of millions (a seed range written too wide) would fill the memory
+  before the first cell trained.
+
+  Raises:
+    ConfigError: a bad grid value, or more than `max_cells` cells (the message gives the count,
+      its factors and the flag that allows it).
+  """
+  total = count(grid)
+  if total > max_cells:
+    rows = sum(1 for m in grid_methods(grid) if m.trained)
+    factors = [
+      (len(grid.datasets), "dataset"),
+      (len(grid.shots), "shot count"),
+      (rows, "trained row"),
+      (len(grid.seeds), "seed"),
+    ]
+    shown = " x ".join(f"{n:,} {what}{'s' if n != 1 else ''}" for n, what in factors)
+    raise ConfigError(
+      f"the grid has {total:,} cells ({shown}), more than --max_cells={max_cells:,}; each cell "
+      f"is a whole few-shot run, so nothing was built or run. Shrink config.datasets, "
+      f"config.shots, config.seeds or config.methods"
+      + (" (or config.sweep.values)" if sweep_key(grid) else "")
+      + f", or pass --max_cells={total} to go on all the same."
+    )
+  return total
+
+
+def iter_cells(grid: ml_collections.ConfigDict) -> Iterator[Cell]:
+  """`expand`'s cells one at a time, each built when it is asked for (a base config file is
+  read once)."""
+  validate_config(grid)
   bases: dict[str, ml_collections.ConfigDict] = {}
-  cells = []
+  methods = [m for m in grid_methods(grid) if m.trained]
   for dataset in grid.datasets:
     for shots in grid.shots:
       spec = base_file(grid, dataset, shots)
       if spec not in bases:
         bases[spec] = load_base(spec)
-      for method in grid_methods(grid):
-        if not method.trained:
-          continue
+      for method in methods:
         for seed in grid.seeds:
-          cells.append(make_cell(grid, bases[spec], spec, dataset, shots, method, seed))
-  return cells
+          yield make_cell(grid, bases[spec], spec, dataset, shots, method, seed)
+
+
+def plan(grid: ml_collections.ConfigDict) -> Iterator[Cell]:
+  """The cells in `expand`'s order for a listing, one at a time: one full cell is built per
+  dataset, shot count and row (the seed decides neither the checks nor the learning rate), and
+  the others are that cell with their own seed and `config` None. A grid of millions of cells
+  is listed in seconds, in constant memory.
+
+  Raises:
+    ConfigError: as `expand`.
+  """
+  validate_config(grid)
+  bases: dict[str, ml_collections.ConfigDict] = {}
+  methods = [m for m in grid_methods(grid) if m.trained]
+  for dataset in grid.datasets:
+    for shots in grid.shots:
+      spec = base_file(grid, dataset, shots)
+      if spec not in bases:
+        bases[spec] = load_base(spec)
+      for method in methods:
+        first = make_cell(grid, bases[spec], spec, dataset, shots, method, grid.seeds[0])
+        yield first
+        for seed in grid.seeds[1:]:
+          yield dataclasses.replace(first, seed=seed, config=None)
+
+
+def expand(grid: ml_collections.ConfigDict, max_cells: int | None = None) -> list[Cell]:
+  """Every cell that trains, dataset by dataset, then shots, method (rows' order) and seed.
+
+  Rows that read another method's cells (the zero-shot row) add none.
+
+  Args:
+    grid: the grid config.
+    max_cells: refuse a grid of more cells than this (`check_size`) before building any;
+      None: no limit.
+
+  Raises:
+    ConfigError: a bad grid value, too many cells, or a cell whose config is not valid, before
+      any work.
+  """
+  if max_cells is not None:
+    check_size(grid, max_cells)
+  return list(iter_cells(grid))

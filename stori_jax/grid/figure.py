@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from stori_jax.grid.tables import DISPLAY_NAMES, seeds_text
-from stori_jax.plumbing.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot, save_figure
 
 
 def file_name(data: Mapping[str, Any]) -> str:
@@ -90,5 +90,5 @@ def plot(data: Mapping[str, Any], path: str) -> None:
     f"{seeds_text(data['seeds'])}"
   )
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)

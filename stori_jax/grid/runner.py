@@ -5,12 +5,13 @@ The grid's workdir records the grid config (run.json) and refuses another one, l
 command's (`run_identity.claim_run`). Each cell runs in `<workdir>/<dataset>/<shots>shot/
 <method>/seed<k>` through `fewshot.trainer.run`, the function `python -m stori_jax.train`
 calls, in this process: the cell's folder is what that command writes for the cell's config.
-A cell is finished when its metrics.json exists and its run.json holds the cell's identity
-(`trainer.identity`): it is skipped. A cell with a run.json and no metrics.json was
-interrupted: the trainer resumes it from its last checkpoint. A cell folder that holds another
-run (the model file, the data or the CuPL file changed under the same grid config) stops the
-grid before any training. A grid with a sweep (configs/fig10.py) also gets its figure,
-accuracy against the sweep's values (`grid.figure`).
+A cell is finished when its metrics.json is whole (`read_metrics`) and its run.json holds the
+cell's identity (`trainer.identity`): it is skipped. A cell with a run.json and no metrics.json
+was interrupted: the trainer resumes it from its last checkpoint; so is one whose metrics.json
+is damaged (cut short, `{}`), which its final checkpoint makes an evaluation. A cell folder
+that holds another run (the model file, the data or the CuPL file changed under the same grid
+config) stops the grid before any training. A grid with a sweep (configs/fig10.py) also gets
+its figure, accuracy against the sweep's values (`grid.figure`).
 """
 
 from __future__ import annotations
@@ -84,11 +85,29 @@ def cell_differences(cell: cells_lib.Cell, directory: str) -> list[tuple[str, An
   ]
 
 
+def read_metrics(directory: str) -> dict[str, Any] | None:
+  """A cell's metrics.json, or None when it is missing or damaged: not readable as JSON (cut
+  short by a full disk or a copy, not UTF-8), not an object, or without a finite accuracy in
+  [0, 1] under each of "trained" and "zero_shot" (what the tables read)."""
+  try:
+    with open(os.path.join(directory, "metrics.json"), encoding="utf-8") as f:
+      metrics = json.load(f)
+  except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    return None
+  if not isinstance(metrics, dict):
+    return None
+  for which in cells_lib.ACCURACIES:
+    entry = metrics.get(which)
+    value = entry.get("accuracy") if isinstance(entry, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+      return None
+  return metrics
+
+
 def is_finished(cell: cells_lib.Cell, directory: str) -> bool:
-  """The cell's folder holds its metrics.json and a run.json of the same identity."""
-  return os.path.exists(os.path.join(directory, "metrics.json")) and (
-    cell_differences(cell, directory) == []
-  )
+  """The cell's folder holds its metrics.json, whole (`read_metrics`), and a run.json of the
+  same identity."""
+  return read_metrics(directory) is not None and cell_differences(cell, directory) == []
 
 
 def _check_cells(cells: list[cells_lib.Cell], workdir: str) -> None:
@@ -113,6 +132,7 @@ def run(
   *,
   restart: bool = False,
   progress: Callable[[dict[str, Any]], None] | None = None,
+  max_cells: int = cells_lib.MAX_CELLS,
 ) -> dict[str, Any]:
   """Runs (or resumes) every cell of the grid, then writes tables.md and tables.json (and with a
   sweep, the figure `figure.file_name`).
@@ -123,19 +143,21 @@ def run(
     workdir: the grid's folder; one made by the same grid config goes on where it stopped.
     restart: move a workdir made by another grid config aside instead of refusing it.
     progress: called after each cell with {"index", "total", "cell", "status" ("skipped",
-      "resumed", "trained"), "seconds", "metrics"}.
+      "resumed", "trained", or "redone": its metrics.json was damaged), "seconds", "metrics"}.
+    max_cells: a grid of more cells is refused before any is built (`cells.check_size`).
 
   Returns:
     The tables (`tables.build`), as written to tables.json.
 
   Raises:
-    ConfigError: a bad grid value or cell config (before any work).
+    ConfigError: a bad grid value or cell config, or more than `max_cells` cells (before any
+      work).
     WorkdirMismatchError: the workdir holds another grid (before any work), or a cell's folder
       holds another run (`CellMismatchError`, before any training).
     NonFiniteError: a cell diverged; the cells before it are kept, and the same command goes
       on from it once the cause is fixed.
   """
-  cells = cells_lib.expand(grid)
+  cells = cells_lib.expand(grid, max_cells=max_cells)
   methods = cells_lib.grid_methods(grid)
   run_identity.claim_run(
     workdir, identity(grid, cells), what="grid run", restart=restart, ignore=IDENTITY_IGNORED
@@ -145,12 +167,16 @@ def run(
   for index, cell in enumerate(cells):
     directory = os.path.join(workdir, cell.path)
     started = time.perf_counter()
-    if is_finished(cell, directory):
-      with open(os.path.join(directory, "metrics.json"), encoding="utf-8") as f:
-        metrics[cell.path] = json.load(f)
+    finished = read_metrics(directory) if cell_differences(cell, directory) == [] else None
+    if finished is not None:
+      metrics[cell.path] = finished
       status = "skipped"
     else:
+      # A damaged metrics.json (cut short, emptied) is no finished cell: the trainer runs it
+      # again, from its last checkpoint (the final one of a finished run: evaluation only).
       status = "resumed" if os.path.isdir(os.path.join(directory, "checkpoints")) else "trained"
+      if os.path.exists(os.path.join(directory, "metrics.json")):
+        status = "redone"
       held = run_identity.held_workdirs()
       try:
         metrics[cell.path] = trainer.run(cell.config, directory)

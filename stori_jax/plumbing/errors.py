@@ -8,6 +8,11 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import errno
+
+#: The errno values that mean a disk (or the user's quota on it) is full.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
 
 class UserError(Exception):
   """A mistake the user can fix; the message names the problem and the fix."""
@@ -19,3 +24,7 @@ class InputError(UserError, ValueError):
 
 class NonFiniteError(UserError, FloatingPointError):
   """A NaN or infinity where a result must be finite (a diverged run, NaN weights)."""
+
+
+class DiskFullError(UserError, OSError):
+  """A result file could not be written: its disk or quota is full."""

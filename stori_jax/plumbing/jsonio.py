@@ -3,17 +3,13 @@ never sees half a file (a kill during the write leaves the old file or the new o
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import uuid
 from typing import Any, Mapping
 
-from stori_jax.plumbing.errors import NonFiniteError, UserError
-
-
-class DiskFullError(UserError, OSError):
-  """A result file could not be written: its disk or quota is full."""
+# DiskFullError lives in errors (the figure writers raise it too); jsonio.DiskFullError stays.
+from stori_jax.plumbing.errors import DISK_FULL_ERRNOS, DiskFullError, NonFiniteError
 
 
 def dumps_strict(obj: Any, **kwargs) -> str:
@@ -43,7 +39,7 @@ def write_text_atomic(path: str, text: str) -> None:
   except BaseException as error:
     if os.path.exists(tmp):
       os.remove(tmp)
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+    if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
       raise DiskFullError(
         f"cannot write {path}: the disk (or quota) is full. The earlier version of the file, "
         "if any, is kept; free some space and run the same command again (a training run "

@@ -30,7 +30,7 @@ from stori_jax.plumbing.config_files import ConfigChecks
 from stori_jax.data import synthetic
 from stori_jax.clip.encoding import l2_normalize_jax
 from stori_jax.models import CLIP, CLIPConfig, init_params
-from stori_jax.plumbing.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot, save_figure
 from stori_jax.clip.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
 from stori_jax.tokenizer import default_tokenizer
 from stori_jax.trainloop import loop, metrics_log
@@ -273,7 +273,7 @@ def plot_curve(records: list[dict[str, float]], path: str) -> None:
   name = os.path.basename(os.path.dirname(os.path.abspath(path)))
   fig.suptitle(f"Contrastive pretraining of the tiny CLIP ({name})", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 

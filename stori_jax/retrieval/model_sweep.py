@@ -38,7 +38,7 @@ from stori_jax.checkpoints import hub
 from stori_jax.plumbing.config_files import ConfigChecks, ConfigError
 from stori_jax.plumbing.errors import InputError, UserError
 from stori_jax.models import registry
-from stori_jax.plumbing.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot, save_figure
 from stori_jax.retrieval import datasets, index, plots, protocol, tables
 
 #: The prefix of a random-weight instance's name in config.models.
@@ -259,7 +259,7 @@ def plot_favoured(path: str, results, title: str = "") -> None:
   )
   fig.suptitle(title or "Figure 5 across models", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from stori_jax.plumbing.errors import InputError, UserError
-from stori_jax.plumbing.plotting import pyplot
+from stori_jax.plumbing.plotting import pyplot, save_figure
 from stori_jax.retrieval import datasets, index, protocol
 from stori_jax.retrieval.datasets import RetrievalTask
 from stori_jax.retrieval.metrics import average_precision, category_auc
@@ -194,8 +194,49 @@ def plot_sweep(sweep: dict[str, Any], path: str, title: str = "") -> None:
   axes[0].legend(fontsize=8)
   fig.suptitle(title or "Response of retrieval to token weights by first reweighted block")
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
+
+
+#: The keys of a retrieval config's `data` block that `datasets.build_data` reads, per source.
+PROBE_KEYS = {
+  "synthetic": ("n_triples", "images_per_category", "seed"),
+  "celeba": ("root", "prompts", "images_per_category", "seed", "split"),
+  "celeba_tfds": ("prompts", "images_per_category", "seed", "split"),
+  "cub": ("root", "prompts", "seed"),
+}
+
+
+def check_probe_config(config, where: str) -> None:
+  """Refuses, before any model loads or file is written, a config whose `data` block is not a
+  retrieval probe set (`measure` reads one): a few-shot or mutual config passed by mistake.
+
+  Args:
+    config: the loaded config.
+    where: how the user named it (the flag and the file), for the message.
+
+  Raises:
+    UserError: no `data` block, an unknown source, or keys of its source missing.
+  """
+  data = config.get("data") if hasattr(config, "get") else None
+  source = data.get("source") if hasattr(data, "get") else None
+  missing = [k for k in PROBE_KEYS.get(source, ()) if k not in data] if source else []
+  if source in PROBE_KEYS and not missing:
+    return
+  if not hasattr(data, "get"):
+    problem = "it has no `data` block"
+  elif source not in PROBE_KEYS:
+    problem = f"its data.source is {source!r}, not one of {', '.join(PROBE_KEYS)}"
+  else:
+    problem = f"its {source} `data` block lacks {', '.join(missing)}"
+  if hasattr(config, "get") and "shots" in config and "method" in config:
+    problem += " (it is a few-shot config, python -m stori_jax.train's)"
+  raise UserError(
+    f"{where} is not a retrieval config: {problem}. The measurement probes a retrieval config's "
+    "`data` block (prompts with several attributes): pass one such as "
+    "configs/retrieval_synthetic.py or configs/retrieval_celeba3.py. Nothing was loaded or "
+    "written."
+  )
 
 
 def measure(
@@ -214,7 +255,7 @@ def measure(
     data = datasets.build_data(data_config, int(bundle.config.vision.image_size))
   except UserError:
     raise
-  except (ValueError, FileNotFoundError, KeyError) as e:
+  except (ValueError, FileNotFoundError, KeyError, AttributeError) as e:
     raise InputError(
       f"the probe set (the data config's `data` block) cannot be read: {e}"
     ) from None
