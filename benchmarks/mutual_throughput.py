@@ -340,7 +340,7 @@ def vit_flops(config, batch: int) -> float:
   """Analytic FLOPs (2 per multiply-add) of a ViT image tower's forward pass on `batch` images:
   patch embedding, per block QKV / output / MLP projections and the two attention products, the
   final projection. 0 for CNN towers (not counted here)."""
-  if config.vision_kind != "vit":
+  if not isinstance(config.vision, stori_jax.VisionConfig):
     return 0.0
   v = config.vision
   grid = v.image_size // v.patch_size

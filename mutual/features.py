@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from stori_jax.clip.encoding import l2_normalize_jax
-from stori_jax.models.config import tower_kind
+from stori_jax.models import tower_kinds
 
 FEATURE_KINDS = ("tokens", "keys")
 
@@ -19,17 +19,11 @@ CPU_PASS_BYTES = 16 * 2**20
 
 
 def activation_bytes(vision, dtype=jnp.float32) -> int:
-  """Bytes of one image's largest activation in a vision tower (ViT: the MLP's hidden layer or
-  the attention scores; ModifiedResNet: the first stage's output, 4 x width channels at 1/4 of
-  the input; ConvNeXt: the first stage's MLP, mlp_ratio x dims[0] at 1/4)."""
-  kind, itemsize = tower_kind(vision), jnp.dtype(dtype).itemsize
-  if kind == "vit":
-    tokens = vision.num_tokens
-    return tokens * max(vision.mlp_width, vision.heads * tokens) * itemsize
-  quarter = (int(vision.image_size) // 4) ** 2
-  if kind == "convnext":
-    return quarter * vision.mlp_ratio * vision.dims[0] * itemsize
-  return quarter * 4 * vision.width * itemsize
+  """Bytes of one image's largest activation in a vision tower, as its kind counts it (ViT: the
+  MLP's hidden layer or the attention scores; ModifiedResNet: the first stage's output, 4 x
+  width channels at 1/4 of the input; ConvNeXt: the first stage's MLP, mlp_ratio x dims[0] at
+  1/4)."""
+  return tower_kinds.of(vision).activation_elements(vision) * jnp.dtype(dtype).itemsize
 
 
 def images_per_pass(bundle, setting: int = 0, platform: str | None = None) -> int | None:
@@ -55,12 +49,18 @@ def images_per_pass(bundle, setting: int = 0, platform: str | None = None) -> in
   return max(1, CPU_PASS_BYTES // activation_bytes(bundle.config.vision, dtype))
 
 
+def has_keys(bundle) -> bool:
+  """Whether the bundle's image tower has attention keys (not ConvNeXt: it has no attention)."""
+  return tower_kinds.get(bundle.config.vision_kind).has_keys
+
+
 def _check_kind(bundle, kind: str) -> None:
   if kind not in FEATURE_KINDS:
     raise ValueError(f"kind must be one of {FEATURE_KINDS}, got {kind!r}.")
-  if kind == "keys" and bundle.config.vision_kind == "convnext":
+  if kind == "keys" and not has_keys(bundle):
+    family = tower_kinds.get(bundle.config.vision_kind).family
     raise ValueError(
-      "ConvNeXt towers have no attention, so there are no keys: use kind='tokens' "
+      f"{family} towers have no attention, so there are no keys: use kind='tokens' "
       "(config.analysis.feature_kind='tokens') for this model."
     )
 
@@ -174,9 +174,9 @@ def class_token_layers(bundle, images, per_pass: int | None = None) -> tuple[jax
      keys). Block 1 first.
 
   Raises:
-    ValueError: the tower is not a ViT.
+    ValueError: the tower has no class token in every block (CNN towers).
   """
-  if bundle.config.vision_kind != "vit":
+  if not tower_kinds.get(bundle.config.vision_kind).class_token_layers:
     raise ValueError(
       f"Only ViT towers have a class token in every layer; this model's image tower is "
       f"{bundle.config.vision_kind!r}."

@@ -19,6 +19,7 @@ from stori_jax.checkpoints import native
 from stori_jax.plumbing.errors import UserError
 
 from stori_jax.clip.loading import load, save
+from stori_jax.models import tower_kinds
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
@@ -48,10 +49,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     bundle, values.output, values.format, metadata={"converted_from": source, "arch": values.arch}
   )
   c = bundle.config
-  if c.vision_kind == "vit":
-    vision = f"ViT {c.vision.layers}x{c.vision.width} patch {c.vision.patch_size}"
-  else:
-    vision = type(c.vision).__name__.removesuffix("Config")
+  vision = tower_kinds.of(c.vision).describe(c.vision)
   print(
     f"converted {values.input}: text {c.text.layers}x{c.text.width}, vision {vision} @ "
     f"{c.vision.image_size}px, embed {c.embed_dim}, {c.text.activation}"

@@ -17,6 +17,7 @@ from mutual.protocols.progress import stage_bar
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.plumbing.plotting import pyplot, save_figure
 from stori_jax.clip.preprocess import normalize
+from stori_jax.models import tower_kinds
 
 #: The two panels of the figure: the features compared, and their titles.
 FEATURES = ("tokens", "keys")
@@ -28,7 +29,7 @@ ANNOTATED_LAYERS = 12
 def check_model(bundle) -> None:
   """Raises ConfigError where the tower has no class token in every layer (CNN towers)."""
   kind = bundle.config.vision_kind
-  if kind != "vit":
+  if not tower_kinds.get(kind).class_token_layers:
     raise ConfigError(
       f"The layer similarity (App. A.1, Fig. 1) compares the [CLS] token across the layers of "
       f"a ViT; this model's image tower is {kind!r}, which has none. Evaluate a ViT model, or "

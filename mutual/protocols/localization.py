@@ -445,7 +445,7 @@ def corloc(
   joint = bool(analysis.joint_foreground)
   center = bool(analysis.center_features)
   tower = pipeline.tower_bundle(bundle, analysis)
-  has_keys = tower.config.vision_kind != "convnext"
+  has_keys = features.has_keys(tower)
   kinds = _kinds(facets, has_keys)
   per_pass = features.images_per_pass(
     tower, int(paper_config.analysis_value(analysis, "tower_batch"))

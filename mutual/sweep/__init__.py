@@ -71,10 +71,10 @@ from mutual.sweep.batched import batched_language_stages, pad_stack
 from mutual.sweep.chunk import analyze_classes
 from mutual.sweep.fits import ACCURACIES, MIN_FIT_MODELS, accuracy_of, auc_accuracy_fits, fit_line
 from mutual.sweep.models import (
-  FAMILIES,
   ModelPool,
   SweepBundle,
   SweepModel,
+  families,
   family,
   model_image_size,
   random_bundle,

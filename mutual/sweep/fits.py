@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import stats
 
-from mutual.sweep.models import FAMILIES
+from mutual.sweep.models import families
 
 #: Accuracies the AUC-accuracy fit can use.
 ACCURACIES = ("measured", "paper", "open_clip")
@@ -53,7 +53,7 @@ def auc_accuracy_fits(
   for method in methods:
     out[method] = {}
     groups = {"all": list(rows)}
-    for fam in FAMILIES.values():
+    for fam in families():
       groups[fam] = [r for r in rows if r["family"] == fam]
     for group, members in groups.items():
       members = [r for r in members if accuracy_of(r, accuracy) is not None]

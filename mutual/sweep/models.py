@@ -17,17 +17,20 @@ import stori_jax
 from stori_jax.clip import loading
 from stori_jax.clip.bundle import CLIPBundle, tower_functions
 from stori_jax.checkpoints import hub
-from stori_jax.models import CLIP, CLIPConfig, registry
+from stori_jax.models import CLIP, CLIPConfig, registry, tower_kinds
 
 from stori_jax.models.random_weights import shrink_config, small_image_size
 
-#: Table 3's model families, by tower kind, in the table's order.
-FAMILIES = {"vit": "ViT", "resnet": "ResNet", "convnext": "ConvNeXt"}
+
+def families() -> tuple[str, ...]:
+  """Table 3's model families in the table's order: one per registered image-tower kind ("ViT",
+  "ResNet", "ConvNeXt", then any kind registered since)."""
+  return tuple(kind.family for kind in tower_kinds.kinds())
 
 
 def family(config: CLIPConfig) -> str:
-  """Table 3's family of a model: "ViT", "ResNet" or "ConvNeXt"."""
-  return FAMILIES[config.vision_kind]
+  """Table 3's family of a model: its image tower kind's ("ViT", "ResNet" or "ConvNeXt")."""
+  return tower_kinds.of(config.vision).family
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,7 +20,7 @@ import numpy as np
 
 from mutual import pipeline
 from mutual.sweep.fits import accuracy_of
-from mutual.sweep.models import FAMILIES
+from mutual.sweep.models import families
 from mutual.sweep.table import RANDOM_WEIGHTS, fit_equation, table_order
 from stori_jax.models import registry
 from stori_jax.plumbing.plotting import pyplot, save_figure
@@ -62,11 +62,11 @@ def model_styles(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str]
   the styles follow the study's order, so the full sweep always draws a model alike."""
   styles: dict[str, tuple[str, str]] = {}
   extra = itertools.cycle(EXTRA_STYLES)  # repeats only past 21 models
-  for fam in FAMILIES.values():
+  for fam in families():
     members = sorted(
       (r for r in rows if r["family"] == fam), key=lambda r: (_study_rank(r["name"]), r["name"])
     )
-    own = FAMILY_STYLES[fam]
+    own = FAMILY_STYLES.get(fam, ())
     for k, r in enumerate(members):
       styles[r["name"]] = own[k] if k < len(own) else next(extra)
   return styles
@@ -83,7 +83,7 @@ def _grouped_legend(fig, rows, styles, line: bool, anchor=(1.0, 0.5)) -> None:
 
   handles, labels = [], []
   ordered = table_order(rows)
-  for fam in FAMILIES.values():
+  for fam in families():
     members = [r for r in ordered if r["family"] == fam]
     if not members:
       continue
@@ -239,7 +239,7 @@ def figure3_groups(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, li
   ordered = table_order(rows)
   found: dict[str, tuple[str, list]] = {}
   best: dict[str, tuple] = {}
-  for rank, fam in enumerate(FAMILIES.values()):
+  for rank, fam in enumerate(families()):
     members = [r for r in ordered if r["family"] == fam]
     keys = {r["name"]: _grouping(r) for r in members}
     by_data: dict[str, list] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from mutual import pipeline
-from mutual.sweep.models import FAMILIES
+from mutual.sweep.models import families
 from stori_jax.models import registry
 
 #: What marks a random-weight sweep in its table, figure titles and log: the trained models'
@@ -15,7 +15,7 @@ RANDOM_WEIGHTS = "random weights"
 
 
 def table_order(rows: Sequence[Mapping[str, Any]]) -> list:
-  rank = {f: i for i, f in enumerate(FAMILIES.values())}
+  rank = {f: i for i, f in enumerate(families())}
   return sorted(rows, key=lambda r: (rank[r["family"]], r["top1"], r["name"]))
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.mapping import StateDictReader, block_count, conv_kernel, linear_kernel
-from stori_jax.models import ConvNeXtConfig, ResNetConfig
+from stori_jax.models import ConvNeXtConfig, ResNetConfig, tower_kinds
 
 RESNET_MARKER = "visual.layer1.0.conv1.weight"
 CONVNEXT_MARKER = "visual.trunk.stem.0.weight"
@@ -109,3 +109,22 @@ def put_convnext(reader: StateDictReader, config: ConvNeXtConfig):
     reader.put_linear("vision/proj", "visual.head.proj")
   else:
     reader.put("vision/proj/kernel", "visual.head.proj.weight", linear_kernel)
+
+
+def _resnet_from_state_dict(state_dict, source, activation, head_width) -> ResNetConfig | None:
+  del source, activation  # ReLU towers
+  return resnet_config(state_dict, head_width) if RESNET_MARKER in state_dict else None
+
+
+def _convnext_from_state_dict(state_dict, source, activation, head_width) -> None:
+  del activation, head_width
+  if CONVNEXT_MARKER in state_dict:
+    raise convnext_needs_arch(state_dict, source)
+
+
+tower_kinds.attach(
+  "resnet", state_dict_config=_resnet_from_state_dict, state_dict_params=put_resnet
+)
+tower_kinds.attach(
+  "convnext", state_dict_config=_convnext_from_state_dict, state_dict_params=put_convnext
+)

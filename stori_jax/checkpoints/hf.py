@@ -8,7 +8,7 @@ import numpy as np
 
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.mapping import StateDictReader, conv_kernel
-from stori_jax.models import CLIPConfig, TextConfig, VisionConfig
+from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, tower_kinds
 
 IGNORED_KEYS = ("text_model.embeddings.position_ids", "vision_model.embeddings.position_ids")
 _ACTIVATIONS = {"quick_gelu": "quick_gelu", "gelu": "gelu"}
@@ -131,12 +131,25 @@ def params_from_state_dict(
   _blocks(reader, "text", "text_model.encoder.layers.", config.text.layers)
   reader.put_layer_norm("text/ln_final", "text_model.final_layer_norm")
   reader.put("text/text_projection", "text_projection.weight", lambda w: w.T)
+  try:
+    put_vision = tower_kinds.of(config.vision).hook("transformers_params")
+  except ValueError as e:
+    raise CheckpointError(f"{source}: {e}") from None
+  put_vision(reader, config.vision)
+  reader.put("logit_scale", "logit_scale", lambda x: x.reshape(()))
+  return reader.params(config)
+
+
+def _put_vit(reader: StateDictReader, vision: VisionConfig):
+  """vision_model.* and visual_projection -> vision/* of models.VisionTransformer."""
   reader.put("vision/conv1/kernel", "vision_model.embeddings.patch_embedding.weight", conv_kernel)
   reader.put("vision/class_embedding", "vision_model.embeddings.class_embedding")
   reader.put("vision/positional_embedding", "vision_model.embeddings.position_embedding.weight")
   reader.put_layer_norm("vision/ln_pre", "vision_model.pre_layrnorm")  # sic, HF's spelling.
-  _blocks(reader, "vision", "vision_model.encoder.layers.", config.vision.layers)
+  _blocks(reader, "vision", "vision_model.encoder.layers.", vision.layers)
   reader.put_layer_norm("vision/ln_post", "vision_model.post_layernorm")
   reader.put("vision/proj", "visual_projection.weight", lambda w: w.T)
-  reader.put("logit_scale", "logit_scale", lambda x: x.reshape(()))
-  return reader.params(config)
+
+
+# transformers' CLIPModel has a ViT image tower only.
+tower_kinds.attach("vit", transformers_params=_put_vit)

@@ -12,6 +12,7 @@ from stori_jax.models import (
   TextConfig,
   VisionConfig,
   get_architecture,
+  tower_kinds,
 )
 
 # Keys that change nothing for the towers we implement.
@@ -62,19 +63,29 @@ def _mlp_dim(width: int, section: Mapping[str, Any]) -> int | None:
 
 
 def _vision_config(vision: Mapping[str, Any], activation: str, name: str):
-  """open_clip's vision_cfg -> VisionConfig, ResNetConfig or ConvNeXtConfig."""
+  """open_clip's vision_cfg -> the vision config of the tower kind that claims it (a ViT where
+  no other kind does)."""
   image_size = _square_size(vision.get("image_size", 224), name)
-  if vision.get("timm_model_name"):
-    return _timm_config(vision, image_size, name)
-  if isinstance(vision.get("layers"), (list, tuple)):
-    _check_keys(vision, _RESNET_KEYS, "vision_cfg", name)
-    width = vision.get("width", 64)
-    return ResNetConfig(
-      image_size=image_size,
-      layers=tuple(vision["layers"]),
-      width=width,
-      heads=width * 32 // vision.get("head_width", 64),
-    )
+  return tower_kinds.detect("open_clip_config", vision, image_size, activation, name)
+
+
+def _resnet_config(vision: Mapping[str, Any], image_size: int, activation: str, name: str):
+  """open_clip's ModifiedResNet vision_cfg (its layers are 4 counts) -> ResNetConfig."""
+  del activation  # ReLU towers
+  if not isinstance(vision.get("layers"), (list, tuple)):
+    return None
+  _check_keys(vision, _RESNET_KEYS, "vision_cfg", name)
+  width = vision.get("width", 64)
+  return ResNetConfig(
+    image_size=image_size,
+    layers=tuple(vision["layers"]),
+    width=width,
+    heads=width * 32 // vision.get("head_width", 64),
+  )
+
+
+def _vit_config(vision: Mapping[str, Any], image_size: int, activation: str, name: str):
+  """open_clip's VisionTransformer vision_cfg -> VisionConfig."""
   _check_keys(vision, _VISION_KEYS, "vision_cfg", name)
   width = vision.get("width", 768)
   return VisionConfig(
@@ -125,8 +136,13 @@ def _square_size(image_size, name: str) -> int:
   return image_size
 
 
-def _timm_config(vision: Mapping[str, Any], image_size: int, name: str) -> ConvNeXtConfig:
+def _timm_config(
+  vision: Mapping[str, Any], image_size: int, activation: str, name: str
+) -> ConvNeXtConfig | None:
   """open_clip's TimmModel settings -> ConvNeXtConfig; other timm towers are rejected."""
+  del activation  # timm's ConvNeXt keeps its exact GELU
+  if not vision.get("timm_model_name"):
+    return None
   _check_keys(vision, _TIMM_KEYS, "vision_cfg", name)
   trunk = vision["timm_model_name"]
   if trunk not in TIMM_CONVNEXTS:
@@ -148,6 +164,11 @@ def _timm_config(vision: Mapping[str, Any], image_size: int, name: str) -> ConvN
     dims=dims,
     proj_bias=bool(vision.get("timm_proj_bias", False)),
   )
+
+
+tower_kinds.attach("vit", open_clip_config=_vit_config)
+tower_kinds.attach("resnet", open_clip_config=_resnet_config)
+tower_kinds.attach("convnext", open_clip_config=_timm_config)
 
 
 def architecture_config(name: str) -> CLIPConfig:

@@ -14,7 +14,7 @@ import numpy as np
 from stori_jax.checkpoints import cnn
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.mapping import StateDictReader, block_count, conv_kernel, linear_kernel
-from stori_jax.models import CLIPConfig, TextConfig, VisionConfig
+from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, tower_kinds
 
 # Buffers and metadata with no parameter counterpart: the causal mask buffer
 # and the integers OpenAI's JIT archives carry.
@@ -62,12 +62,8 @@ def config_from_state_dict(
   not visible in the weights: OpenAI's models use QuickGELU. ConvNeXt towers do
   not record their input size and need an architecture name.
   """
-  if cnn.CONVNEXT_MARKER in state_dict:
-    raise cnn.convnext_needs_arch(state_dict, source)
-  if cnn.RESNET_MARKER in state_dict:
-    vision = cnn.resnet_config(state_dict, head_width)
-  else:
-    vision = _vit_config(state_dict, source, activation, head_width)
+  # Each tower kind reads its own `visual.*` keys; a ViT where no other kind claims them.
+  vision = tower_kinds.detect("state_dict_config", state_dict, source, activation, head_width)
   text_width = _require(state_dict, "ln_final.weight", source).shape[0]
   text_mlp = _require(state_dict, "transformer.resblocks.0.mlp.c_fc.weight", source).shape[0]
   return CLIPConfig(
@@ -119,17 +115,30 @@ def params_from_state_dict(
   _blocks(reader, "text", "transformer.resblocks.", config.text.layers)
   reader.put_layer_norm("text/ln_final", "ln_final")
   reader.put("text/text_projection", "text_projection")
-  if config.vision_kind == "resnet":
-    cnn.put_resnet(reader, config.vision)
-  elif config.vision_kind == "convnext":
-    cnn.put_convnext(reader, config.vision)
-  else:
-    reader.put("vision/conv1/kernel", "visual.conv1.weight", conv_kernel)
-    reader.put("vision/class_embedding", "visual.class_embedding")
-    reader.put("vision/positional_embedding", "visual.positional_embedding")
-    reader.put_layer_norm("vision/ln_pre", "visual.ln_pre")
-    _blocks(reader, "vision", "visual.transformer.resblocks.", config.vision.layers)
-    reader.put_layer_norm("vision/ln_post", "visual.ln_post")
-    reader.put("vision/proj", "visual.proj")
+  put_vision = _kind_hook(config, "state_dict_params", source)
+  put_vision(reader, config.vision)
   reader.put("logit_scale", "logit_scale", lambda x: x.reshape(()))
   return reader.params(config)
+
+
+def _kind_hook(config: CLIPConfig, hook: str, source: str):
+  """The tower kind's hook, or a CheckpointError where the kind has no such conversion."""
+  try:
+    return tower_kinds.of(config.vision).hook(hook)
+  except ValueError as e:
+    raise CheckpointError(f"{source}: {e}") from None
+
+
+def _put_vit(reader: StateDictReader, vision: VisionConfig):
+  """visual.* (OpenAI's ViT) -> vision/* of models.VisionTransformer."""
+  reader.put("vision/conv1/kernel", "visual.conv1.weight", conv_kernel)
+  reader.put("vision/class_embedding", "visual.class_embedding")
+  reader.put("vision/positional_embedding", "visual.positional_embedding")
+  reader.put_layer_norm("vision/ln_pre", "visual.ln_pre")
+  _blocks(reader, "vision", "visual.transformer.resblocks.", vision.layers)
+  reader.put_layer_norm("vision/ln_post", "visual.ln_post")
+  reader.put("vision/proj", "visual.proj")
+
+
+# The ViT's conversions (the CNN kinds' are attached by checkpoints/cnn.py).
+tower_kinds.attach("vit", state_dict_config=_vit_config, state_dict_params=_put_vit)

@@ -15,14 +15,7 @@ from flax import traverse_util
 from stori_jax.checkpoints.errors import CheckpointError, CheckpointMismatchError
 from stori_jax.plumbing.errors import NonFiniteError
 from stori_jax.clip.preprocess import PreprocessConfig
-from stori_jax.models import (
-  CLIPConfig,
-  ConvNeXtConfig,
-  ResNetConfig,
-  TextConfig,
-  VisionConfig,
-  param_shapes,
-)
+from stori_jax.models import CLIPConfig, TextConfig, param_shapes, tower_kinds
 
 
 def flatten(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,13 +167,13 @@ def config_from_dict(values: Mapping[str, Any], where: str) -> CLIPConfig:
   check_fields(CLIPConfig, values, where)
   check_fields(TextConfig, values.get("text", {}), where, "text.")
   vision = values.get("vision", {})
-  if isinstance(vision, Mapping) and "depths" in vision:
-    kind = ConvNeXtConfig
-  elif isinstance(vision, Mapping) and isinstance(vision.get("layers"), (list, tuple)):
-    kind = ResNetConfig
-  else:
-    kind = VisionConfig
-  check_fields(kind, vision, where, "vision.")
+  kind = tower_kinds.get(tower_kinds.DEFAULT)
+  if isinstance(vision, Mapping):
+    try:
+      kind = tower_kinds.kind_of_dict(vision)
+    except ValueError as e:  # two kinds claim it
+      raise CheckpointError(f"{where}: {e}") from None
+  check_fields(kind.config, vision, where, "vision.")
   try:
     return CLIPConfig.from_dict(values)
   except (TypeError, ValueError) as e:  # inconsistent values, e.g. width not divisible by heads
@@ -270,15 +263,8 @@ def check_config_fits_weights(
   checks = [
     ("text.layers", config.text.layers, _block_count(shapes, "text/resblocks_"), "text blocks"),
   ]
-  if config.vision_kind == "vit":
-    checks.append(
-      (
-        "vision.layers",
-        config.vision.layers,
-        _block_count(shapes, "vision/resblocks_"),
-        "vision blocks",
-      )
-    )
+  for name, count, prefix in tower_kinds.of(config.vision).param_blocks(config.vision):
+    checks.append((name, count, _block_count(shapes, prefix), "vision blocks"))
   text = config.text
   for key, name, want in [
     (

@@ -16,7 +16,7 @@ from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.open_clip_config import architecture_config, config_from_open_clip
 from stori_jax.checkpoints.state_dict import is_torchscript, read_state_dict
 from stori_jax.data.files import read_json
-from stori_jax.models import CLIPConfig, architecture_names, random_weights, registry
+from stori_jax.models import CLIPConfig, architecture_names, random_weights, registry, tower_kinds
 from stori_jax.clip.preprocess import PreprocessConfig
 
 # The shipped checkpoints are package data of stori_jax itself (setup.py), one folder up.
@@ -122,11 +122,7 @@ def _arch_config(arch: str | CLIPConfig, source: str) -> CLIPConfig:
 
 def _describe(config: CLIPConfig) -> str:
   v, t = config.vision, config.text
-  tower = (
-    f"ViT {v.layers}x{v.width}, patch {v.patch_size}"
-    if config.vision_kind == "vit"
-    else config.vision_kind
-  )
+  tower = tower_kinds.of(v).describe(v)
   return (
     f"{config.name or 'unnamed'}: embed {config.embed_dim}, image {v.image_size} px ({tower}), "
     f"text {t.layers}x{t.width}, {t.activation}"

@@ -1,5 +1,6 @@
 """Flax CLIP towers; pure modules that never import training or data code."""
 
+from stori_jax.models import tower_kinds
 from stori_jax.models.attention import attention_probs, reweighted_attention
 from stori_jax.models.clip import CLIP, init_params, param_shapes, vision_tower
 from stori_jax.models.config import (

@@ -10,22 +10,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stori_jax.models import builtin_kinds  # noqa: F401  (registers the built-in tower kinds)
+from stori_jax.models import tower_kinds
 from stori_jax.models.attention import matmul_precision
 from stori_jax.models.config import CLIPConfig
-from stori_jax.models.convnext import ConvNeXt
-from stori_jax.models.modified_resnet import ModifiedResNet
 from stori_jax.models.text import TextTransformer
-from stori_jax.models.vision import VisionTransformer
 
 
 def vision_tower(config: CLIPConfig, dtype: Any = jnp.float32) -> nn.Module:
-  """The image tower module of this config (ViT, ModifiedResNet or ConvNeXt)."""
-  kind = config.vision_kind
-  if kind == "resnet":
-    return ModifiedResNet(config.vision, config.embed_dim, dtype)
-  if kind == "convnext":
-    return ConvNeXt(config.vision, config.embed_dim, dtype)
-  return VisionTransformer(config.vision, config.embed_dim, config.layer_norm_eps, dtype)
+  """The image tower module of this config, as its registered kind builds it."""
+  return tower_kinds.of(config.vision).module(config, dtype)
 
 
 class CLIP(nn.Module):
@@ -74,16 +68,9 @@ class CLIP(nn.Module):
     (ViT: the last block's patch tokens on the g x g grid, before ln_post;
     ResNet/ConvNeXt: the last stage's output, before attention/average
     pooling). ViT and ResNet also give attention keys. See VisionTransformer,
-    ModifiedResNet and ConvNeXt for the shapes.
+    ModifiedResNet and ConvNeXt for the shapes, and tower_kinds for the contract.
     """
-    out = self.vision(images, return_hidden)
-    if return_hidden and self.config.vision_kind == "vit":
-      features, details = out
-      tokens = details["patch_tokens"]
-      grid = self.config.vision.grid_size
-      details = {**details, "feature_map": tokens.reshape(tokens.shape[0], grid, grid, -1)}
-      return features, details
-    return out
+    return self.vision(images, return_hidden)
 
   def __call__(self, images: jax.Array, ids: jax.Array) -> jax.Array:
     """Logits float32 [B_images, B_texts] = exp(logit_scale) * cosine."""

@@ -7,8 +7,11 @@ compute dtype is a run-time choice (see `stori_jax.load(..., dtype=)`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any, Mapping, Union
+
+from stori_jax.models import tower_kinds
 
 ACTIVATIONS = ("quick_gelu", "gelu")
 
@@ -132,55 +135,17 @@ AnyVisionConfig = Union[VisionConfig, ResNetConfig, ConvNeXtConfig]
 
 
 def tower_kind(vision: AnyVisionConfig) -> str:
-  """'vit', 'resnet' or 'convnext'."""
-  kinds = {VisionConfig: "vit", ResNetConfig: "resnet", ConvNeXtConfig: "convnext"}
-  if type(vision) not in kinds:
-    raise ValueError(f"Unknown vision config type {type(vision).__name__}.")
-  return kinds[type(vision)]
-
-
-def _vision_from_dict(d: Mapping[str, Any]) -> AnyVisionConfig:
-  """Rebuilds a vision config from its dict (JSON lists become tuples)."""
-  d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-  if "depths" in d:
-    return ConvNeXtConfig(**d)
-  if isinstance(d.get("layers"), tuple):
-    return ResNetConfig(**d)
-  return VisionConfig(**d)
-
-
-def _check_vision(vision: AnyVisionConfig):
-  kind = tower_kind(vision)
-  if kind == "vit":
-    if vision.image_size % vision.patch_size:
-      raise ValueError(
-        f"image_size {vision.image_size} is not a multiple of patch_size {vision.patch_size}."
-      )
-    return
-  if vision.image_size % 32:
-    raise ValueError(
-      f"{kind} towers downsample by 32: image_size {vision.image_size} is not a multiple of 32."
-    )
-  if kind == "resnet":
-    if len(vision.layers) != 4 or min(vision.layers) < 1:
-      raise ValueError(f"ResNetConfig.layers needs 4 positive counts, got {vision.layers}.")
-    if vision.heads < 1 or vision.feature_width % vision.heads:
-      raise ValueError(
-        f"ResNetConfig: attention-pooling width {vision.feature_width} is not divisible by "
-        f"heads {vision.heads}."
-      )
-  elif len(vision.depths) != 4 or len(vision.dims) != 4:
-    raise ValueError(
-      f"ConvNeXtConfig needs 4 depths and 4 dims, got {vision.depths} and {vision.dims}."
-    )
+  """The name of a vision config's registered tower kind ('vit', 'resnet', 'convnext', ...)."""
+  return tower_kinds.of(vision).name
 
 
 @dataclasses.dataclass(frozen=True)
 class CLIPConfig:
   """Both towers, the shared embedding size and LayerNorm epsilon.
 
-  `vision` is a VisionConfig (ViT), ResNetConfig or ConvNeXtConfig; the
-  layer_norm_eps here applies to the text tower and the ViT.
+  `vision` is the config of a registered image-tower kind (`tower_kinds`): a VisionConfig
+  (ViT), ResNetConfig or ConvNeXtConfig built in; the layer_norm_eps here applies to the text
+  tower and the ViT.
   """
 
   embed_dim: int = 512
@@ -190,18 +155,18 @@ class CLIPConfig:
   name: str = ""  # Architecture name, informative only.
 
   def __post_init__(self):
-    towers = (self.text, self.vision) if self.vision_kind == "vit" else (self.text,)
-    for tower in towers:
-      if tower.activation not in ACTIVATIONS:
-        raise ValueError(f"Unknown activation {tower.activation!r}; expected one of {ACTIVATIONS}.")
-      if tower.heads < 1 or tower.width % tower.heads:
-        raise ValueError(
-          f"{type(tower).__name__}: width {tower.width} is not divisible by heads {tower.heads}."
-        )
-    _check_vision(self.vision)
+    text = self.text
+    if text.activation not in ACTIVATIONS:
+      raise ValueError(f"Unknown activation {text.activation!r}; expected one of {ACTIVATIONS}.")
+    if text.heads < 1 or text.width % text.heads:
+      raise ValueError(
+        f"{type(text).__name__}: width {text.width} is not divisible by heads {text.heads}."
+      )
+    tower_kinds.of(self.vision).check(self.vision)
 
   @property
   def vision_kind(self) -> str:
+    """The name of the image tower's registered kind (`tower_kinds.get` gives the kind)."""
     return tower_kind(self.vision)
 
   def to_dict(self) -> dict[str, Any]:
@@ -215,7 +180,7 @@ class CLIPConfig:
     if unknown:
       raise ValueError(f"Unknown CLIPConfig fields {sorted(unknown)}; known: {sorted(known)}.")
     d["text"] = TextConfig(**d.get("text", {}))
-    d["vision"] = _vision_from_dict(d.get("vision", {}))
+    d["vision"] = tower_kinds.vision_from_dict(d.get("vision", {}))
     return cls(**d)
 
   def replace(self, **changes) -> "CLIPConfig":
@@ -228,7 +193,7 @@ class CLIPConfig:
   def with_activation(self, activation: str) -> "CLIPConfig":
     """Sets the transformer activation; CNN towers keep theirs (ReLU, or timm's exact GELU)."""
     vision = self.vision
-    if self.vision_kind == "vit":
+    if tower_kinds.of(vision).shares_activation:
       vision = dataclasses.replace(vision, activation=activation)
     return dataclasses.replace(
       self, text=dataclasses.replace(self.text, activation=activation), vision=vision
@@ -270,38 +235,41 @@ def _convnext(name, embed_dim, image_size, t_width, t_heads):
 
 
 # open_clip's architecture names. The plain names use exact GELU, as in
-# open_clip; "-quickgelu" selects QuickGELU (OpenAI weights, MetaCLIP, DFN).
-_BASE_ARCHITECTURES = {
-  "ViT-B-32": _vit("ViT-B-32", 512, 224, 32, 768, 12, 12, 512, 8),
-  "ViT-B-16": _vit("ViT-B-16", 512, 224, 16, 768, 12, 12, 512, 8),
-  "ViT-L-14": _vit("ViT-L-14", 768, 224, 14, 1024, 24, 16, 768, 12),
-  "ViT-L-14-336": _vit("ViT-L-14-336", 768, 336, 14, 1024, 24, 16, 768, 12),
-  "ViT-H-14": _vit("ViT-H-14", 1024, 224, 14, 1280, 32, 16, 1024, 16, t_layers=24),
-  # CNN towers (open_clip's model_configs/RN*.json, convnext_base*.json).
-  "RN50": _resnet("RN50", 1024, 224, (3, 4, 6, 3), 64, 512, 8),
-  "RN101": _resnet("RN101", 512, 224, (3, 4, 23, 3), 64, 512, 8),
-  "RN50x4": _resnet("RN50x4", 640, 288, (4, 6, 10, 6), 80, 640, 10),
-  "RN50x16": _resnet("RN50x16", 768, 384, (6, 8, 18, 8), 96, 768, 12),
-  "convnext_base": _convnext("convnext_base", 512, 224, 512, 8),
-  "convnext_base_w": _convnext("convnext_base_w", 640, 256, 640, 10),
-  # Small configs for tests and the embedded default.
-  "test-tiny": CLIPConfig(
-    embed_dim=32,
-    text=TextConfig(
-      vocab_size=49408, context_length=77, width=32, layers=4, heads=4, activation="gelu"
+# open_clip; "-quickgelu" selects QuickGELU (OpenAI weights, MetaCLIP, DFN). Built on first use:
+# a config checks its towers through the registered kinds, which register after this module.
+@functools.cache
+def _base_architectures() -> dict[str, CLIPConfig]:
+  return {
+    "ViT-B-32": _vit("ViT-B-32", 512, 224, 32, 768, 12, 12, 512, 8),
+    "ViT-B-16": _vit("ViT-B-16", 512, 224, 16, 768, 12, 12, 512, 8),
+    "ViT-L-14": _vit("ViT-L-14", 768, 224, 14, 1024, 24, 16, 768, 12),
+    "ViT-L-14-336": _vit("ViT-L-14-336", 768, 336, 14, 1024, 24, 16, 768, 12),
+    "ViT-H-14": _vit("ViT-H-14", 1024, 224, 14, 1280, 32, 16, 1024, 16, t_layers=24),
+    # CNN towers (open_clip's model_configs/RN*.json, convnext_base*.json).
+    "RN50": _resnet("RN50", 1024, 224, (3, 4, 6, 3), 64, 512, 8),
+    "RN101": _resnet("RN101", 512, 224, (3, 4, 23, 3), 64, 512, 8),
+    "RN50x4": _resnet("RN50x4", 640, 288, (4, 6, 10, 6), 80, 640, 10),
+    "RN50x16": _resnet("RN50x16", 768, 384, (6, 8, 18, 8), 96, 768, 12),
+    "convnext_base": _convnext("convnext_base", 512, 224, 512, 8),
+    "convnext_base_w": _convnext("convnext_base_w", 640, 256, 640, 10),
+    # Small configs for tests and the embedded default.
+    "test-tiny": CLIPConfig(
+      embed_dim=32,
+      text=TextConfig(
+        vocab_size=49408, context_length=77, width=32, layers=4, heads=4, activation="gelu"
+      ),
+      vision=VisionConfig(
+        image_size=32, patch_size=8, width=48, layers=3, heads=4, activation="gelu"
+      ),
+      name="test-tiny",
     ),
-    vision=VisionConfig(
-      image_size=32, patch_size=8, width=48, layers=3, heads=4, activation="gelu"
-    ),
-    name="test-tiny",
-  ),
-}
+  }
 
 
 def architecture_names() -> list[str]:
   """Every name `get_architecture` accepts."""
   names = []
-  for name in _BASE_ARCHITECTURES:
+  for name in _base_architectures():
     names += [name, name + "-quickgelu"]
   return names
 
@@ -318,11 +286,11 @@ def get_architecture(name: str) -> CLIPConfig:
     base = f"ViT-{size}-{patch}" + (f"-{res}" if res else "")
     return get_architecture(base + "-quickgelu")
   base, quick = (name[: -len("-quickgelu")], True) if name.endswith("-quickgelu") else (name, False)
-  if base not in _BASE_ARCHITECTURES:
+  if base not in _base_architectures():
     raise ValueError(
       f"Unknown architecture {name!r}. Known: {', '.join(architecture_names())}. "
       "For other shapes pass a CLIPConfig, or load a checkpoint whose shapes define it."
     )
-  config = _BASE_ARCHITECTURES[base]
+  config = _base_architectures()[base]
   config = config.with_activation("quick_gelu") if quick else config
   return config.replace(name=name)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stori_jax.models import tower_kinds
 from stori_jax.models.clip import param_shapes
 from stori_jax.models.config import CLIPConfig
 
@@ -26,40 +27,27 @@ def small_image_size(config: CLIPConfig, target: int) -> int:
 
 def shrink_config(config: CLIPConfig, factor: int) -> CLIPConfig:
   """The architecture with widths divided by `factor` and at most 2 blocks per stage / tower
-  (factor 1: unchanged). Heads shrink by 4 (at least 1) so each keeps >= 16 channels at
-  factor 16; the embedding dims stay distinct across architectures (they pad differently)."""
+  (factor 1: unchanged), the image tower as its kind shrinks it. Heads shrink by 4 (at least 1)
+  so each keeps >= 16 channels at factor 16; the embedding dims stay distinct across
+  architectures (they pad differently)."""
   if factor == 1:
     return config
-
-  def heads(width, count):
-    count = max(1, count // 4)
-    while width % count:
-      count -= 1
-    return count
-
+  kind = tower_kinds.of(config.vision)
+  if kind.shrink is None:
+    raise ValueError(
+      f"The {kind.name!r} image tower kind registers no `shrink`: it has no smaller random "
+      "instances; use factor 1."
+    )
   text = config.text
   t_width = max(8, text.width // factor)
   text = dataclasses.replace(
-    text, width=t_width, layers=min(text.layers, 2), heads=heads(t_width, text.heads)
+    text,
+    width=t_width,
+    layers=min(text.layers, 2),
+    heads=tower_kinds.shrunk_heads(t_width, text.heads),
   )
-  vision = config.vision
-  kind = config.vision_kind
-  if kind == "vit":
-    v_width = max(8, vision.width // factor)
-    vision = dataclasses.replace(
-      vision, width=v_width, layers=min(vision.layers, 2), heads=heads(v_width, vision.heads)
-    )
-  elif kind == "resnet":
-    width = max(2, vision.width // factor)
-    vision = dataclasses.replace(
-      vision, width=width, layers=(1, 1, 1, 1), heads=heads(width * 32, width * 32 // 64)
-    )
-  else:
-    vision = dataclasses.replace(
-      vision, dims=tuple(max(4, d // factor) for d in vision.dims), depths=(1, 1, 1, 1)
-    )
   embed = max(8, config.embed_dim // factor)
-  return config.replace(embed_dim=embed, text=text, vision=vision)
+  return config.replace(embed_dim=embed, text=text, vision=kind.shrink(config.vision, factor))
 
 
 def random_params(config: CLIPConfig, seed) -> Any:

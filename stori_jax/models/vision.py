@@ -73,6 +73,7 @@ class VisionTransformer(nn.Module):
         (layers + 1; T = 1 + grid**2, class token first);
       patch_tokens: the last block's output without the class token [B, T-1, W]
         (before ln_post);
+      feature_map: patch_tokens on the patch grid [B, grid, grid, W];
       keys: the last block's attention keys as the mutual-knowledge reference reads
         them: ln_1's output times the key projection, without its bias [B, T, W];
       class_keys: the class token's key (the same projection) of every block, first block
@@ -92,9 +93,11 @@ class VisionTransformer(nn.Module):
     features = features.astype(jnp.float32)
     if not return_hidden:
       return features
+    grid = self.config.grid_size
     return features, {
       "hidden_states": hidden,
       "patch_tokens": x[:, 1:],
+      "feature_map": x[:, 1:].reshape(x.shape[0], grid, grid, -1),
       "keys": keys,
       "class_keys": jnp.stack(class_keys, axis=1),
     }

@@ -29,7 +29,7 @@ from stori_jax.checkpoints import native
 from stori_jax.plumbing.config_files import ConfigChecks
 from stori_jax.data import synthetic
 from stori_jax.clip.encoding import l2_normalize_jax
-from stori_jax.models import CLIP, CLIPConfig, init_params
+from stori_jax.models import CLIP, CLIPConfig, VisionConfig, init_params
 from stori_jax.plumbing.plotting import pyplot, save_figure
 from stori_jax.clip.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
 from stori_jax.tokenizer import default_tokenizer
@@ -59,7 +59,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     except (TypeError, ValueError) as e:
       checks.problem(f"config.model does not describe a CLIP model: {e}")
     else:
-      if clip_config.vision_kind != "vit":
+      if not isinstance(clip_config.vision, VisionConfig):
         checks.problem("config.model.vision must be a ViT (image_size, patch_size, ...)")
   checks.choice("data.max_objects", (1, 2))
   checks.number("data.two_object_fraction", minimum=0, maximum=1)

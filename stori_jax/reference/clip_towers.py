@@ -12,7 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from stori_jax.checkpoints.open_clip_config import TIMM_CONVNEXTS
-from stori_jax.models import CLIPConfig
+from stori_jax.models import CLIPConfig, tower_kinds
 
 REFERENCES = ("open_clip", "transformers")
 
@@ -26,7 +26,7 @@ def _torch():
 
 
 def _check_one_activation(config: CLIPConfig, reference: str):
-  if config.vision_kind != "vit":
+  if not tower_kinds.of(config.vision).shares_activation:
     return  # CNN towers have their own activations; quick_gelu sets the text tower's.
   if config.text.activation != config.vision.activation and reference == "open_clip":
     raise ValueError(
@@ -35,31 +35,44 @@ def _check_one_activation(config: CLIPConfig, reference: str):
     )
 
 
-def _open_clip_vision_cfg(config: CLIPConfig) -> dict:
+def _kind_hook(config: CLIPConfig, hook: str):
+  return tower_kinds.of(config.vision).hook(hook)
+
+
+def _vit_vision_cfg(config: CLIPConfig) -> dict:
   v = config.vision
-  if config.vision_kind == "resnet":
-    return dict(
-      image_size=v.image_size,
-      layers=list(v.layers),
-      width=v.width,
-      head_width=v.feature_width // v.heads,
-    )
-  if config.vision_kind == "convnext":
-    return dict(
-      timm_model_name=_timm_convnext_name(v),
-      timm_pool="",
-      timm_proj="linear",
-      timm_proj_bias=v.proj_bias,
-      timm_drop=0.0,
-      image_size=v.image_size,
-    )
-  return dict(
+  cfg = dict(
     image_size=v.image_size,
     layers=v.layers,
     width=v.width,
     head_width=v.width // v.heads,
     mlp_ratio=v.mlp_width / v.width,
     patch_size=v.patch_size,
+  )
+  if config.layer_norm_eps != 1e-5:
+    cfg["norm_kwargs"] = {"eps": config.layer_norm_eps}
+  return cfg
+
+
+def _resnet_vision_cfg(config: CLIPConfig) -> dict:
+  v = config.vision
+  return dict(
+    image_size=v.image_size,
+    layers=list(v.layers),
+    width=v.width,
+    head_width=v.feature_width // v.heads,
+  )
+
+
+def _convnext_vision_cfg(config: CLIPConfig) -> dict:
+  v = config.vision
+  return dict(
+    timm_model_name=_timm_convnext_name(v),
+    timm_pool="",
+    timm_proj="linear",
+    timm_proj_bias=v.proj_bias,
+    timm_drop=0.0,
+    image_size=v.image_size,
   )
 
 
@@ -88,13 +101,21 @@ def _resize_convnext_trunk_(model, config: CLIPConfig):
   model.visual.head.proj = nn.Linear(v.dims[-1], config.embed_dim, bias=v.proj_bias)
 
 
+def _finish_convnext(model, config: CLIPConfig):
+  v = config.vision
+  if v.layer_norm_eps != 1e-6 or v.mlp_ratio != 4:
+    raise ValueError("The timm ConvNeXt reference has LayerNorm eps 1e-6 and MLP ratio 4.")
+  if ((tuple(v.depths), tuple(v.dims)) not in TIMM_CONVNEXTS.values()) or v.kernel_size != 7:
+    _resize_convnext_trunk_(model, config)
+
+
 def build_open_clip(config: CLIPConfig):
   """An open_clip CLIP (random init) with exactly this architecture."""
   _check_one_activation(config, "open_clip")
   from open_clip.model import CLIP  # optional: the torch extra
 
   t = config.text
-  vision_cfg = _open_clip_vision_cfg(config)
+  vision_cfg = _kind_hook(config, "reference_vision_cfg")(config)
   text_cfg = dict(
     context_length=t.context_length,
     vocab_size=t.vocab_size,
@@ -105,17 +126,12 @@ def build_open_clip(config: CLIPConfig):
   )
   if config.layer_norm_eps != 1e-5:
     text_cfg["norm_kwargs"] = {"eps": config.layer_norm_eps}
-    if config.vision_kind == "vit":
-      vision_cfg["norm_kwargs"] = text_cfg["norm_kwargs"]
   model = CLIP(
     config.embed_dim, vision_cfg, text_cfg, quick_gelu=config.text.activation == "quick_gelu"
   )
-  if config.vision_kind == "convnext":
-    v = config.vision
-    if v.layer_norm_eps != 1e-6 or v.mlp_ratio != 4:
-      raise ValueError("The timm ConvNeXt reference has LayerNorm eps 1e-6 and MLP ratio 4.")
-    if ((tuple(v.depths), tuple(v.dims)) not in TIMM_CONVNEXTS.values()) or v.kernel_size != 7:
-      _resize_convnext_trunk_(model, config)
+  finish = tower_kinds.of(config.vision).hooks.get("reference_finish")
+  if finish is not None:
+    finish(model, config)
   return model.eval()
 
 
@@ -123,7 +139,7 @@ def build_transformers(config: CLIPConfig):
   """A transformers CLIPModel (random init) with exactly this architecture."""
   import transformers  # optional: the torch extra
 
-  v, t = config.vision, config.text
+  t = config.text
   hf_config = transformers.CLIPConfig(
     text_config=dict(
       vocab_size=t.vocab_size,
@@ -138,19 +154,24 @@ def build_transformers(config: CLIPConfig):
       bos_token_id=t.eot_token_id - 1,
       pad_token_id=0,
     ),
-    vision_config=dict(
-      hidden_size=v.width,
-      intermediate_size=v.mlp_width,
-      num_hidden_layers=v.layers,
-      num_attention_heads=v.heads,
-      image_size=v.image_size,
-      patch_size=v.patch_size,
-      hidden_act=v.activation,
-      layer_norm_eps=config.layer_norm_eps,
-    ),
+    vision_config=_kind_hook(config, "reference_transformers_vision")(config),
     projection_dim=config.embed_dim,
   )
   return transformers.CLIPModel(hf_config).eval()
+
+
+def _vit_transformers_vision(config: CLIPConfig) -> dict:
+  v = config.vision
+  return dict(
+    hidden_size=v.width,
+    intermediate_size=v.mlp_width,
+    num_hidden_layers=v.layers,
+    num_attention_heads=v.heads,
+    image_size=v.image_size,
+    patch_size=v.patch_size,
+    hidden_act=v.activation,
+    layer_norm_eps=config.layer_norm_eps,
+  )
 
 
 def build(config: CLIPConfig, reference: str = "open_clip", seed: int | None = None):
@@ -193,18 +214,43 @@ def state_dict_numpy(model) -> dict[str, np.ndarray]:
   return {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items()}
 
 
-def _vision_stages(visual):
-  """(module whose input is the first hidden state, modules whose outputs follow).
-
-  ModifiedResNet: the stem output (layer1's input) and the four layers; timm
-  ConvNeXt: the stem and the four stages. None for a ViT, whose residual blocks
-  are hooked like the text tower's.
-  """
-  if hasattr(visual, "transformer"):
+def _vit_hidden(visual):
+  """The ViT's residual blocks, hooked like the text tower's."""
+  if not hasattr(visual, "transformer"):
     return None
-  if hasattr(visual, "layer1"):
-    return visual.layer1, [visual.layer1, visual.layer2, visual.layer3, visual.layer4]
-  return None, [visual.trunk.stem, *visual.trunk.stages]
+  blocks = visual.transformer.resblocks
+  return blocks[0], blocks, "sequence"
+
+
+def _resnet_hidden(visual):
+  """The stem output (layer1's input) and the four layers of a ModifiedResNet."""
+  if not hasattr(visual, "layer1"):
+    return None
+  return visual.layer1, [visual.layer1, visual.layer2, visual.layer3, visual.layer4], "nchw"
+
+
+def _convnext_hidden(visual):
+  """The stem and the four stages of timm's ConvNeXt."""
+  if not hasattr(visual, "trunk"):
+    return None
+  return None, [visual.trunk.stem, *visual.trunk.stages], "nchw"
+
+
+tower_kinds.attach(
+  "vit",
+  reference_vision_cfg=_vit_vision_cfg,
+  reference_hidden=_vit_hidden,
+  reference_transformers_vision=_vit_transformers_vision,
+)
+tower_kinds.attach(
+  "resnet", reference_vision_cfg=_resnet_vision_cfg, reference_hidden=_resnet_hidden
+)
+tower_kinds.attach(
+  "convnext",
+  reference_vision_cfg=_convnext_vision_cfg,
+  reference_finish=_finish_convnext,
+  reference_hidden=_convnext_hidden,
+)
 
 
 def _hook_hidden(first, modules, store, fix):
@@ -225,14 +271,13 @@ def _run_open_clip(model, images, ids):
   hidden = {"text": [], "vision": []}
   batch_first = getattr(model.transformer, "batch_first", True)
   seq_fix = (lambda x: x) if batch_first else (lambda x: x.permute(1, 0, 2))
-  nchw_to_nhwc = lambda x: x.permute(0, 2, 3, 1)
+  fixes = {"sequence": seq_fix, "nchw": lambda x: x.permute(0, 2, 3, 1)}
   towers = [("text", model.transformer.resblocks[0], model.transformer.resblocks, seq_fix)]
-  stages = _vision_stages(model.visual)
+  stages = tower_kinds.detect("reference_hidden", model.visual)
   if stages is None:
-    blocks = model.visual.transformer.resblocks
-    towers.append(("vision", blocks[0], blocks, seq_fix))
-  else:
-    towers.append(("vision", *stages, nchw_to_nhwc))
+    raise ValueError(f"No tower kind's reference_hidden hook takes {type(model.visual).__name__}.")
+  first, modules, layout = stages
+  towers.append(("vision", first, modules, fixes[layout]))
   hooks = []
   for tower, first, modules, fix in towers:
     hooks += _hook_hidden(first, modules, hidden[tower], fix)

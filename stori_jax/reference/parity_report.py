@@ -22,7 +22,7 @@ from stori_jax.checkpoints import hf, native, openai
 from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.checkpoints.state_dict import read_state_dict
 from stori_jax.clip.loading import load
-from stori_jax.models import CLIPConfig
+from stori_jax.models import CLIPConfig, tower_kinds
 from stori_jax.reference import clip_towers
 
 #: The numerics contract (docs/design.md section 3): max |jax - torch| <= TOLERANCE * scale for
@@ -159,10 +159,10 @@ def run_parity(model, bundle: CLIPBundle, batch: int = 4, seed: int = 0) -> dict
 def _rows(report: Mapping[str, Any]) -> list[tuple[str, Mapping[str, float]]]:
   """(label, errors) of every tensor the report compares: each block, then the outputs."""
   rows = []
-  cnn = "patch_size" not in report.get("config", {}).get("vision", {"patch_size": None})
+  # The image tower's kind names its states (CNNs: the stem and the four stages).
+  vision_labels = tower_kinds.kind_of_dict(report.get("config", {}).get("vision", {})).hidden_labels
   for tower in ("text", "vision"):
-    # CNN image towers report the stem and the four stages instead of blocks.
-    first, unit = ("stem", "stage") if cnn and tower == "vision" else ("embed", "block")
+    first, unit = vision_labels if tower == "vision" else ("embed", "block")
     for row in report[f"{tower}_blocks"]:
       rows.append((f"{tower} " + (first if row["block"] == 0 else f"{unit} {row['block']}"), row))
   rows.extend((name, report[name]) for name in ("text_features", "image_features", "logits"))
@@ -187,10 +187,7 @@ def format_header(bundle: CLIPBundle, model, batch: int, seed: int) -> str:
   import torch  # optional: the torch extra
 
   c = bundle.config
-  if c.vision_kind == "vit":
-    vision = f"ViT {c.vision.layers}x{c.vision.width} patch {c.vision.patch_size}"
-  else:
-    vision = type(c.vision).__name__.removesuffix("Config")
+  vision = tower_kinds.of(c.vision).describe(c.vision)
   reference = reference_name(model)
   version = _package_version("open_clip_torch" if reference == "open_clip" else reference)
   backend, kind = jax.default_backend(), jax.devices()[0].device_kind
