@@ -57,7 +57,8 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     return
   print(report.markdown_table(results["dataset"], results["model"], tuple(config.analysis.methods)))
   stori_cli.print_outputs(
-    workdir, ["run.json", "results.json", "table.md", "report.html", "figures", "per_image"]
+    workdir,
+    ["run.json", "results.json", "table.md", "report.html", "figures", "per_image", "classes"],
   )
 
 
