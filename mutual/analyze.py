@@ -7,6 +7,10 @@ r"""Mutual-knowledge analysis of a CLIP model on a dataset, class by class.
 
 Writes to the workdir:
   per_image/<class index>/<image index>.json   concepts, descriptors, mutual concepts, MI curve, AUC
+  classes/<class index>.json                   written once a class's records (and figures) are:
+                                               the class is final (its ids, and for a folder its
+                                               files' sizes and times); <index>_fig5.npz: a
+                                               figure class's first images for Fig. 5
   results.json                                 per-class and dataset aggregates (Table 3 columns)
   table.md                                     the dataset row of Table 3
   figures/concepts_<method>_<class>.png        Fig. 4: concept overlays with their descriptors
@@ -17,7 +21,9 @@ Writes to the workdir:
   figures/mutual_<method>_<class>.png          Fig. 6: vision / language / mutual descriptors
   report.html                                  all of it as one page to open from disk
                                                (mutual.report_html)
-Same config and seed, same JSON. Several processes share the classes (a TPU pod or SLURM job
+Same config and seed, same JSON. The same command again (after a kill, or on a finished run)
+keeps every class with its class file and analyses only the others, then writes the aggregates
+again: a finished run is not redone (another config is refused: run.json). Several processes share the classes (a TPU pod or SLURM job
 with --distributed, or local processes: `MODULE=mutual.analyze launch/local_multiprocess.sh 2
 --config ... --workdir DIR`); the workdir must then be on a filesystem they all share.
 """
@@ -52,7 +58,8 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     return
   print(report.markdown_table(results["dataset"], results["model"], tuple(config.analysis.methods)))
   stori_cli.print_outputs(
-    workdir, ["run.json", "results.json", "table.md", "report.html", "figures", "per_image"]
+    workdir,
+    ["run.json", "results.json", "table.md", "report.html", "figures", "per_image", "classes"],
   )
 
 

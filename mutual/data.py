@@ -12,7 +12,8 @@ Sources (config.data.source):
     "food101"); its label names are matched like the folders.
 Folders without descriptors, descriptor classes without images, and empty classes are listed
 before any work: an error, or left out with the list logged (and recorded in the results) under
-config.data.skip_missing_classes.
+config.data.skip_missing_classes. Every image the run will read is checked then too, cheaply
+(`stori_jax.data.images.check_images`: header and last bytes), and every bad one named.
 Descriptors: Menon & Vondrick's JSON {class name: [descriptor, ...]}. They carry no licence and
 are never shipped: `download_descriptors` fetches them where the network allows; a missing file
 stops with a message naming the URL and where to put it.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import queue
 import threading
@@ -51,7 +53,7 @@ from stori_jax.data.files import (
   read_json,
 )
 from stori_jax.data.folders import image_files, subfolders
-from stori_jax.data.images import model_input
+from stori_jax.data.images import check_images, model_input
 from stori_jax.data.tfds import encoded_examples, import_tfds, label_names, prepared_builder
 from stori_jax.plumbing.errors import InputError
 
@@ -324,6 +326,11 @@ class Dataset:
       0-based place in the stream, says whether to read its images: a class not read is
       yielded with `images=None` and its ids (so its image count), and costs no file read or
       decode (a process of a multi-process run reads only the classes it analyses).
+    fingerprints: label -> a digest of the class's image files (names, sizes, modification
+      times; `files_fingerprint`) for an image folder, where the same file names can hold other
+      pixels; empty for the synthetic world (a function of the config) and a prepared TFDS
+      split (its ids name its examples). A resumed run redoes a class whose ids or
+      fingerprint changed.
   """
 
   names: tuple[str, ...]
@@ -331,13 +338,16 @@ class Dataset:
   keys: tuple[str, ...]
   skipped: dict[str, str]
   classes: Callable[..., ClassStream]
+  fingerprints: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
   def lists(self) -> list[list[str]]:
     """The descriptors of each label, [C][n_c] (classes that share a name share them)."""
     return [list(self.descriptors[n]) for n in self.names]
 
 
-def _matched_dataset(names, descriptors, keys, skipped, iterate, count: int) -> Dataset:
+def _matched_dataset(
+  names, descriptors, keys, skipped, iterate, count: int, fingerprints=None
+) -> Dataset:
   """The Dataset of a real dataset's classes matched to the descriptor file (`names` in label
   order; `iterate(image_size, read)` yields the `count` chosen classes)."""
   return Dataset(
@@ -346,7 +356,18 @@ def _matched_dataset(names, descriptors, keys, skipped, iterate, count: int) -> 
     keys,
     skipped,
     lambda size, read=None: ClassStream(iterate(size, read), count),
+    dict(fingerprints or {}),
   )
+
+
+def files_fingerprint(paths: Sequence[str]) -> str:
+  """A digest of image files' names, sizes and modification times: another value means the
+  class's images changed since a run kept its results (a resumed run then redoes the class)."""
+  h = hashlib.sha256()
+  for path in paths:
+    stat = os.stat(path)
+    h.update(f"{os.path.basename(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+  return h.hexdigest()
 
 
 def _skip_fix(option: str) -> str:
@@ -534,6 +555,20 @@ def folder_dataset(
   names = tuple(n for _, n in pairs)
   kept_keys = tuple(k for k, _ in pairs)
   chosen = _selected(len(pairs), classes)
+  some = {
+    label: files[k][:images_per_class] if images_per_class else files[k]
+    for label in chosen
+    for k in (kept_keys[label],)
+  }
+  # Every image the run will read, checked now (header and last bytes): a bad file anywhere
+  # stops the run before the model loads, with every bad file named.
+  paths = {
+    label: [os.path.join(root, kept_keys[label], f) for f in some[label]] for label in chosen
+  }
+  check_images(
+    ((p, p) for label in chosen for p in paths[label]),
+    what=f"images of the image folder {root}",
+  )
 
   def decode(key: str, some: Sequence[str], image_size: int):
     paths = [os.path.join(root, key, f) for f in some]
@@ -543,12 +578,21 @@ def folder_dataset(
     entries = []
     for label in chosen:
       key = kept_keys[label]
-      some = files[key][:images_per_class] if images_per_class else files[key]
-      ids = tuple(f"{key}/{f}" for f in some)
-      entries.append((label, names[label], ids, functools.partial(decode, key, some, image_size)))
+      ids = tuple(f"{key}/{f}" for f in some[label])
+      entries.append(
+        (label, names[label], ids, functools.partial(decode, key, some[label], image_size))
+      )
     return read_classes(entries, read)
 
-  return _matched_dataset(names, descriptors, kept_keys, skipped, iterate, len(chosen))
+  return _matched_dataset(
+    names,
+    descriptors,
+    kept_keys,
+    skipped,
+    iterate,
+    len(chosen),
+    {label: files_fingerprint(paths[label]) for label in chosen},
+  )
 
 
 def folder_classes(
@@ -617,6 +661,9 @@ def tfds_dataset(
   index_of = {k: i for i, k in enumerate(raw)}
   kept = {label: encoded[index_of[kept_keys[label]]] for label in chosen}
   del encoded
+  check_images(  # every image the run will read, before the model loads
+    (item for label in chosen for item in kept[label]), what=f"images of {where}"
+  )
 
   def decode(items, image_size: int):
     return np.stack([_as_model_input(b, image_size, i) for i, b in items]), None

@@ -22,7 +22,12 @@ Writes to the workdir:
                              and its two score curves
   protocols.md, protocols.json   Table 2, App. A.1-A.4 (config.evaluation.protocols)
   layer_similarity.png       App. A.1's Fig. 1: the [CLS] token's similarity across layers
-Same config and seed, same JSON (up to the run times it records).
+  classes/<class>.npz        a class's Table 1 pass (concepts, curves, Table 5's scores)
+  protocols/<name>.json      a protocol's result
+  baselines/                 the baselines' checkpoints and training summary
+Same config and seed, same JSON (up to the run times it records). The same command again (after
+a kill, or on a finished run) keeps every class and protocol file of the same images and
+computes only the rest (another config is refused: run.json).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ OUTPUTS = (
   "protocols.json",
   "layer_similarity.png",
   "baselines",  # the baselines' training checkpoints (a rerun resumes from them)
+  "classes",  # each class's Table 1 pass, kept by a rerun
+  "protocols",  # each protocol's result, kept by a rerun
 )
 
 

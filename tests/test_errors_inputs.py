@@ -450,15 +450,60 @@ def test_corrupt_and_truncated_jpegs_name_the_file(tmp_path, tiny_synthetic):
 def test_corrupt_image_in_a_class_folder_names_the_file(tmp_path):
   _folders(tmp_path / "images", classes=("blue circle", "red star"))
   broken = tmp_path / "images" / "red star" / "1.png"
-  broken.write_bytes(broken.read_bytes()[:40])
+  intact = broken.read_bytes()
+  broken.write_bytes(intact[:40])
   config = _folder_config(tmp_path)
   config.data.descriptors = str(
     _descriptor_file(tmp_path, {k: DESCRIPTORS[k] for k in ("blue circle", "red star")})
   )
+  # Checked before any work: the file starts as a PNG but its header is cut.
+  with pytest.raises(InputError, match=rf"{broken}: truncated or corrupt \(PNG"):
+    data.prepare(config)
+  # A file that breaks after the check is still named where its class is read.
+  broken.write_bytes(intact)
   classes = data.prepare(config).classes(16)
+  broken.write_bytes(intact[:40])
   next(classes)
   with pytest.raises(InputError, match=f"Cannot read the image {broken}"):
     next(classes)
+
+
+def _truncated_jpeg(path):
+  pixels = np.random.default_rng(1).integers(0, 255, (48, 40, 3), np.uint8)
+  Image.fromarray(pixels).save(path, format="JPEG")
+  path.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
+
+
+def test_analyze_checks_every_image_before_the_model_loads(tmp_path, run_command, monkeypatch):
+  """Issue 36: a directory named x.png in the second class and a truncated JPEG in the third
+  stop `mutual.analyze` with exit 2 before the model loads or any class is analysed, both
+  named in one paragraph with their own reasons."""
+  _folders(tmp_path / "images", per_class=2)  # blue circle, green square, red star (sorted)
+  folder = tmp_path / "images" / "green square" / "x.png"
+  folder.mkdir()
+  jpeg = tmp_path / "images" / "red star" / "2.jpg"
+  _truncated_jpeg(jpeg)
+  monkeypatch.setattr(stori_jax, "load", lambda *a, **k: pytest.fail("the model loaded"))
+  monkeypatch.setattr(
+    analysis.pipeline, "analyze_class", lambda *a, **k: pytest.fail("a class was analysed")
+  )
+  done = run_command(
+    "mutual.analyze",
+    "--config",
+    os.path.join(ROOT, "configs/mutual_imagenet.py"),
+    f"--workdir={tmp_path / 'out'}",
+    f"--config.data.root={tmp_path / 'images'}",
+    f"--config.data.descriptors={_descriptor_file(tmp_path)}",
+    "--config.model.source=tiny-synthetic",
+  )
+  _assert_user_error(
+    done,
+    "2 of the 8 images",
+    f"{folder}: is a directory",
+    f"{jpeg}: truncated (JPEG",
+    "nothing was done",
+  )
+  assert not (tmp_path / "out").exists()  # before the claim: no workdir, no class
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,6 +38,10 @@ def _without_times(x):
   return x
 
 
+def _as_json(x):
+  return json.loads(json.dumps(x))
+
+
 def test_configs_follow_app_d_and_agree_on_the_number_of_concepts():
   imagenet = _config("configs/mutual_eval_imagenet.py")
   b = imagenet.baselines
@@ -181,6 +185,54 @@ def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
   table = (tmp_path / "a/table1.md").read_text()
   where = [table.index(f"| {row} |") for row in ROWS]
   assert where == sorted(where)  # baselines, the method, the random orders
+
+
+@pytest.mark.slow
+def test_the_same_evaluation_keeps_its_classes_and_protocols(tmp_path, monkeypatch):
+  """Issue 36: `mutual.evaluate` resumes per class (classes/<label>.npz: the Table 1 pass) and
+  per protocol (protocols/<name>.json): the same run again analyses no class, trains no
+  baseline and runs no protocol, and writes the same tables; a class file and a protocol file
+  gone are computed again, alone."""
+  config = _config(argument="smoke")
+  first = evaluation.run(config, str(tmp_path), progress=False)
+  written = {
+    n: (tmp_path / n).read_bytes() for n in ("table1.md", "protocols.md", "protocols.json")
+  }
+  assert sorted(os.listdir(tmp_path / "classes")) == ["0000.npz", "0007.npz"]
+  assert sorted(os.listdir(tmp_path / "protocols")) == sorted(
+    f"{n}.json" for n in config.evaluation.protocols
+  )
+  analysed, blurred = [], []
+  analyze_class = evaluation.pipeline.analyze_class
+  blur_accuracy = evaluation.protocols.blur_accuracy
+
+  def counting(bundle, images, *args, **kwargs):
+    analysed.append(len(images))
+    return analyze_class(bundle, images, *args, **kwargs)
+
+  def counting_blur(*args, **kwargs):
+    blurred.append(1)
+    return blur_accuracy(*args, **kwargs)
+
+  monkeypatch.setattr(evaluation.pipeline, "analyze_class", counting)
+  monkeypatch.setattr(evaluation.protocols, "blur_accuracy", counting_blur)
+  train = evaluation.train_baselines
+  monkeypatch.setattr(evaluation, "train_baselines", lambda *a, **k: pytest.fail("trained"))
+  again = evaluation.run(config, str(tmp_path), progress=False)
+  assert analysed == [] and blurred == []
+  assert _as_json(_without_times(again)) == _as_json(_without_times(first))
+  for name, content in written.items():
+    assert (tmp_path / name).read_bytes() == content, name
+  # One class file and one protocol file gone: those alone (the baselines from their
+  # checkpoints, to explain the class).
+  monkeypatch.setattr(evaluation, "train_baselines", train)
+  os.remove(tmp_path / "classes" / "0007.npz")
+  os.remove(tmp_path / "protocols" / "blur.json")
+  third = evaluation.run(config, str(tmp_path), progress=False)
+  assert analysed == [4] and blurred == [1]
+  assert _as_json(_without_times(third)) == _as_json(_without_times(first))
+  for name, content in written.items():
+    assert (tmp_path / name).read_bytes() == content, name
 
 
 @pytest.mark.slow

@@ -67,6 +67,17 @@ def test_two_processes_write_what_one_writes(tmp_path, run_command):
   single_results, multi_results = _results(tmp_path / "single"), _results(tmp_path / "multi")
   assert multi_results["dataset"] == single_results["dataset"]
   assert multi_results["classes"] == single_results["classes"]
+  # Resumed on two processes (issue 36): process 1's class file gone, the same command again
+  # keeps process 0's class (its file untouched), redoes process 1's, and writes the same.
+  classes = tmp_path / "multi" / "classes"
+  kept = (classes / "0000.json").stat().st_mtime_ns
+  os.remove(classes / "0005.json")
+  again = _launch("mutual.analyze", FLAGS, tmp_path / "multi")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "resuming: 1 of 1 classes" in again.stderr  # process 0's line
+  assert (classes / "0000.json").stat().st_mtime_ns == kept and (classes / "0005.json").exists()
+  assert _per_image(tmp_path / "multi") == per_image
+  assert _results(tmp_path / "multi") == multi_results
 
 
 # Two one-class chunks of the embedded world through two shrunk random-weight towers.
@@ -94,3 +105,8 @@ def test_two_process_sweep_writes_what_one_writes(tmp_path, run_command):
     multi_table = f.read()
   with open(tmp_path / "single" / "table.md", encoding="utf-8") as f:
     assert f.read() == multi_table
+  # The same command again on two processes keeps both chunks (issue 36), the same results.
+  again = _launch("mutual.sweep", SWEEP_FLAGS, tmp_path / "multi")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "resuming: 1 of 2 class chunks" in again.stderr  # process 0's own chunk
+  assert _results(tmp_path / "multi") == multi_results

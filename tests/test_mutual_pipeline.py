@@ -228,6 +228,124 @@ def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
   assert results["dataset"]["pca"]["auc"] == pytest.approx(information.curve_auc(curve), abs=1e-5)
 
 
+#: Four classes of the embedded world, two images each, the first a figure class: the resume
+#: tests' command (`mutual.analyze`).
+RESUME_FLAGS = (
+  "--config",
+  os.path.join(ROOT, "configs/mutual_synthetic.py"),
+  "--config.data.classes=(0, 1, 2, 3)",
+  "--config.data.images_per_class=2",
+  "--config.figure_classes=1",
+  "--config.figures_per_class=2",
+)
+
+
+def _counting_classes(monkeypatch) -> list:
+  """Counts the classes `mutual.analyze` analyses in this process (their labels)."""
+  analysed = []
+  analyze_class = pipeline.analyze_class
+
+  def counting(bundle, images, *args, **kwargs):
+    analysed.append(len(images))
+    return analyze_class(bundle, images, *args, **kwargs)
+
+  monkeypatch.setattr(analysis.pipeline, "analyze_class", counting)
+  return analysed
+
+
+def _outputs(workdir) -> dict:
+  """results.json and every per-image record of a workdir, parsed."""
+  found = {"results.json": json.loads((workdir / "results.json").read_text())}
+  for path in sorted((workdir / "per_image").rglob("*.json")):
+    found[str(path.relative_to(workdir))] = json.loads(path.read_text())
+  return found
+
+
+def test_rerun_keeps_the_finished_classes(tmp_path, run_command, monkeypatch, capsys):
+  """Issue 36: the same `mutual.analyze` command on a finished 4-class run analyses no class
+  and loads no model (a fraction of the first run's time), and writes the same results; a
+  class whose file is gone, or whose images changed, is analysed again, alone."""
+  import time  # pylint: disable=import-outside-toplevel
+
+  import stori_jax  # pylint: disable=import-outside-toplevel
+
+  analysed = _counting_classes(monkeypatch)
+  workdir = tmp_path / "run"
+  start = time.perf_counter()
+  done = run_command(analyze, *RESUME_FLAGS, f"--workdir={workdir}")
+  first = time.perf_counter() - start
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert analysed == [2, 2, 2, 2]
+  assert sorted(os.listdir(workdir / "classes")) == [
+    "0000.json",
+    "0000_fig5.npz",
+    "0001.json",
+    "0002.json",
+    "0003.json",
+  ]
+  before = _outputs(workdir)
+  load = stori_jax.load
+  monkeypatch.setattr(stori_jax, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+  start = time.perf_counter()
+  again = run_command(analyze, *RESUME_FLAGS, f"--workdir={workdir}")
+  second = time.perf_counter() - start
+  assert again.returncode == 0, again.stderr[-3000:]
+  with capsys.disabled():  # the times, for the record (asserted: no class analysed again)
+    print(f"\nmutual.analyze, 4 classes: first run {first:.1f} s, the same command {second:.1f} s")
+  assert analysed == [2, 2, 2, 2]  # no class analysed again
+  assert "resuming: 4 of 4 classes" in again.stderr and "compiling" not in again.stderr
+  assert _outputs(workdir) == before
+  assert (workdir / "figures" / "fig5_pca.png").stat().st_size > 1000
+  # A class file gone (a run killed between its records and its file): that class alone.
+  monkeypatch.setattr(stori_jax, "load", load)
+  os.remove(workdir / "classes" / "0002.json")
+  third = run_command(analyze, *RESUME_FLAGS, f"--workdir={workdir}")
+  assert third.returncode == 0, third.stderr[-3000:]
+  assert analysed == [2, 2, 2, 2, 2] and "resuming: 3 of 4 classes" in third.stderr
+  assert _outputs(workdir) == before
+  # Another config is refused, as before (run.json).
+  other = run_command(analyze, *RESUME_FLAGS, "--config.data.seed=1", f"--workdir={workdir}")
+  assert other.returncode == 2 and "data.seed" in other.stderr
+
+
+@pytest.mark.slow
+def test_a_killed_analysis_resumes_to_the_uninterrupted_results(tmp_path, run_command, monkeypatch):
+  """Issue 36: `mutual.analyze` SIGKILLed after its first class and started again with the
+  same command analyses only the classes left and writes the same results.json (and records)
+  as a run that was never interrupted."""
+  import signal  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+
+  whole = run_command(analyze, *RESUME_FLAGS, f"--workdir={tmp_path / 'whole'}")
+  assert whole.returncode == 0, whole.stderr[-3000:]
+  workdir = tmp_path / "killed"
+  process = subprocess.Popen(
+    [sys.executable, "-m", "mutual.analyze", *RESUME_FLAGS, f"--workdir={workdir}"],
+    cwd=ROOT,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    env=dict(os.environ, HF_HUB_OFFLINE="1"),
+  )
+  deadline = time.monotonic() + 600
+  while not (workdir / "classes" / "0000.json").exists():
+    assert process.poll() is None, process.stderr.read().decode()[-3000:]
+    assert time.monotonic() < deadline, "no class finished in 10 minutes"
+    time.sleep(0.02)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  process.stderr.close()
+  assert not (workdir / "results.json").exists()
+  finished = [n for n in os.listdir(workdir / "classes") if n.endswith(".json")]
+  assert 1 <= len(finished) < 4, finished
+  analysed = _counting_classes(monkeypatch)
+  resumed = run_command(analyze, *RESUME_FLAGS, f"--workdir={workdir}")
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert len(analysed) == 4 - len(finished)
+  assert _outputs(workdir) == _outputs(tmp_path / "whole")
+
+
 def test_progress_names_the_compile_before_the_first_class(capsys):
   """The first class compiles the pipeline: said before it starts, and its time kept out of
   the bar's rate and ETA (the bar starts after it, at 1 of 3)."""
@@ -373,7 +491,7 @@ def test_streams_decode_only_the_classes_a_process_reads(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_real_data_path_runs_on_an_image_folder(tmp_path):
+def test_real_data_path_runs_on_an_image_folder(tmp_path, monkeypatch):
   """configs/mutual_imagenet.py's path (folder + descriptor JSON + template class embeddings),
   with the tiny model standing in for ViT-B/16."""
   _image_folder(tmp_path / "images", classes=("n01", "n02"), per_class=3)
@@ -394,11 +512,20 @@ def test_real_data_path_runs_on_an_image_folder(tmp_path):
   record = json.loads((tmp_path / "out/per_image/0001/00002.json").read_text())
   assert record["id"] == "n02/2.png" and record["class_name"] == names[1]
   assert len(record["methods"]["kmeans"]["language_descriptors"]) == 5
-  # An image deleted from the folder: the rerun's files are exactly its images.
+  # An image deleted from the folder: the rerun's files are exactly its images, and only that
+  # class is analysed again (its ids changed; the other is kept).
+  analysed = _counting_classes(monkeypatch)
   os.remove(tmp_path / "images/n02/2.png")
   results = analysis.run(config, str(tmp_path / "out"), progress=False)
-  assert results["dataset"]["images"] == 5
+  assert results["dataset"]["images"] == 5 and analysed == [2]
   assert sorted(os.listdir(tmp_path / "out/per_image/0001")) == ["00000.json", "00001.json"]
+  # An image replaced under the same name: its class is analysed again (the fingerprint).
+  first = tmp_path / "images/n01/0.png"
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+
+  Image.fromarray(np.asarray(Image.open(first))[::-1].copy()).save(first)
+  results = analysis.run(config, str(tmp_path / "out"), progress=False)
+  assert results["dataset"]["images"] == 5 and analysed == [2, 3]
 
 
 def test_vision_side_takes_defaults_from_the_one_home_and_checks_nothing_again(

@@ -467,6 +467,35 @@ def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles, m
       assert got[method]["curve"] == want[method]["curve"]
 
 
+@pytest.mark.slow
+def test_the_same_sweep_keeps_its_finished_chunks(tmp_path, shared_bundles, monkeypatch):
+  """Issue 36: the sweep resumes per class chunk (every model's records of the chunk in
+  shards/chunk_<index>.json, written once the chunk is through every model): the same run
+  again analyses no chunk and writes the same results; a chunk whose file is gone is run
+  again, alone."""
+  config = _config("smoke")
+  config.classes_per_chunk = 1  # two chunks
+  first = sweep.run(config, str(tmp_path), progress=False)
+  written = (tmp_path / "results.json").read_bytes()
+  assert sorted(os.listdir(tmp_path / "shards")) == ["chunk_00000.json", "chunk_00001.json"]
+  chunks = []
+  analyze_classes = sweep.runner.analyze_classes
+
+  def counting(pool, indices, banks, class_images, *args, **kwargs):
+    chunks.append([c.label for c in class_images[0]])
+    return analyze_classes(pool, indices, banks, class_images, *args, **kwargs)
+
+  monkeypatch.setattr(sweep.runner, "analyze_classes", counting)
+  again = sweep.run(config, str(tmp_path), progress=False)
+  assert chunks == [] and again["model_loads"] == 0
+  assert (tmp_path / "results.json").read_bytes() == written
+  os.remove(tmp_path / "shards" / "chunk_00001.json")
+  sweep.run(config, str(tmp_path), progress=False)
+  assert chunks == [[5]]  # the second chunk (class 5) alone
+  assert (tmp_path / "results.json").read_bytes() == written
+  assert first["images_per_model"] == again["images_per_model"] == 4
+
+
 @pytest.fixture
 def offline(monkeypatch, tmp_path):
   monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)

@@ -214,6 +214,10 @@ def test_table2_over_models_equals_the_single_model_protocol(tmp_path, shared_bu
   config.classes_per_chunk, config.max_loaded_models = 1, 1
   again = sweep.run(config, str(tmp_path / "two"), progress=False)
   assert json.loads(json.dumps(again["table2"])) == json.loads(json.dumps(results["table2"]))
+  # Resumed (issue 36): a kept chunk gives Table 2 its concepts back from its file.
+  os.remove(tmp_path / "two" / "shards" / "chunk_00001.json")
+  resumed = sweep.run(config, str(tmp_path / "two"), progress=False)
+  assert json.loads(json.dumps(resumed["table2"])) == json.loads(json.dumps(results["table2"]))
 
 
 @pytest.mark.slow

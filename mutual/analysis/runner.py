@@ -24,62 +24,67 @@ from stori_jax.plumbing.errors import UserError
 def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
   """Runs the analysis; returns the aggregates (also written to workdir/results.json).
 
-  The data are checked first (descriptor file, classes matched by name, no empty class) and the
-  workdir claimed for this config (`run_flags.claim_workdir`; `restart` moves another run aside),
-  both before the model loads.
+  The data are checked first (descriptor file, classes matched by name, no empty class, every
+  image readable) and the workdir claimed for this config (`run_flags.claim_workdir`; `restart`
+  moves another run aside), both before the model loads.
+
+  Resume: each class's results are final once its file `classes/<label>.json` is written
+  (atomically, after its per-image records and figures). The same command again keeps every
+  class whose file says it analysed the same images (ids, and for an image folder the files'
+  sizes and times) and analyses only the others; a run with nothing left to analyse loads no
+  model and only writes the aggregates again.
 
   In a multi-process run (jax.distributed initialised, see stori_jax.plumbing.multihost) process p
-  analyses the classes i with i % processes == p and writes their per-image records; process 0
-  then reads every record back from the workdir, which must be on a filesystem all processes
-  share, and writes the aggregates: the same files as one process writes.
+  analyses the classes i with i % processes == p and writes their per-image records and class
+  files; process 0 then reads every record back from the workdir, which must be on a filesystem
+  all processes share, and writes the aggregates: the same files as one process writes.
   """
   dataset = data.prepare(config)
   processes, rank = jax.process_count(), jax.process_index()
   run_flags.claim_workdir(config, workdir, restart, "mutual-knowledge analysis")
-  bundle = stori_jax.load(config.model.source)
-  size = int(bundle.config.vision.image_size)
-  class_names = list(dataset.names)
-  # The next class is read during this one; a process reads only the classes it analyses.
-  classes = dataset.classes(size, read=lambda i: i % processes == rank).prefetched()
-  a = config.analysis
-  bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
-  methods = tuple(a.methods)
-  counts = []
+  # Every class with its ids, no image read (the size only matters to a decode).
+  listing = list(dataset.classes(None, read=lambda i: False))
+  counts = [(cls.label, len(cls)) for cls in listing]
+  position = {cls.label: i for i, cls in enumerate(listing)}
+  mine = [i for i in range(len(listing)) if i % processes == rank]
+  kept = [
+    i
+    for i in mine
+    if _finished(workdir, listing[i], dataset.fingerprints, i < config.figure_classes)
+  ]
+  todo = sorted(set(mine) - set(kept))
+  if kept and progress and rank == 0:
+    tqdm.write(
+      f"resuming: {len(kept)} of {len(mine)} classes were analysed by an earlier run of this "
+      f"command in {workdir} (kept; classes/<label>.json); {len(todo)} to analyse",
+      file=sys.stderr,
+    )
+  methods = tuple(config.analysis.methods)
   start, n_images = time.perf_counter(), 0
   figures = os.path.join(workdir, "figures")
   os.makedirs(figures, exist_ok=True)
-  # A class's records and figures are written on one background thread while the device runs
-  # the next class: the host's per-image work stays off the device's critical path.
-  written, fig5 = [], []
-  with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mutual-writer") as writer:
-    for index, cls in enumerate(_progress(classes, progress and rank == 0)):
-      counts.append((cls.label, len(cls)))
-      if index % processes != rank:
-        continue
-      result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
-      n_images += len(cls.images)
-      plots = index < config.figure_classes
-      if plots:  # Fig. 5 overlays these classes; their first images show the shared concept
-        k = min(config.figures_per_class, len(cls.images))
-        fig5.append((cls.name, cls.images[:k].copy(), np.array(result["refined"][:k])))
-      written.append(
-        writer.submit(_write_class, workdir, config, cls, result, bank, class_names, methods, plots)
-      )
-      # Errors surface at the next class, not at the end of the run.
-      if len(written) > 1:
-        written[-2].result()
-    records = [r for future in written for r in future.result()]
+  computed: dict[int, list[dict]] = {}
+  fig5: dict[int, tuple] = {}
+  if todo:
+    n_images = _analyze(config, workdir, dataset, todo, position, computed, fig5, progress, rank)
   seconds = time.perf_counter() - start
   if processes > 1:
     multihost.wait_for_all_processes("mutual.analyze: classes done")
     if rank != 0:
       return {}
     records = _read_records(workdir, counts)
+  else:
+    records = []
+    for i, (label, count) in enumerate(counts):
+      records += computed[i] if i in computed else _read_records(workdir, [(label, count)])
+  for i in kept:  # the figure classes an earlier run analysed: their images for Fig. 5
+    if i < config.figure_classes:
+      fig5[i] = _read_example(workdir, listing[i])
   removed = _remove_stale_records(workdir, counts)
   if removed:
     logging.warning(
-      "Removed %d per-image files of an earlier run in %s that name images this run no longer "
-      "has (the workdir holds exactly this run's images).",
+      "Removed %d per-image or class files of an earlier run in %s that name images or "
+      "classes this run no longer has (the workdir holds exactly this run's images).",
       removed,
       workdir,
     )
@@ -98,10 +103,70 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     title=f"{config.name}: dataset",
     model=config.model.get("name", config.model.source),
   )
-  _write_fig5(figures, config, results, records, fig5, methods)
+  _write_fig5(figures, config, results, records, [fig5[i] for i in sorted(fig5)], methods)
   _write_report_html(workdir, results, records, methods)
-  logging.info("%d images in %.1f s (%.2f images/s)", n_images, seconds, n_images / seconds)
+  logging.info(
+    "%d images in %.1f s (%.2f images/s); %d classes kept from an earlier run",
+    n_images,
+    seconds,
+    n_images / seconds,
+    len(kept),
+  )
   return results
+
+
+def _analyze(config, workdir, dataset, todo, position, computed, fig5, progress, rank) -> int:
+  """Loads the model and analyses the classes at the stream positions `todo`, writing each
+  one's records, figures and class file; fills `computed` (position -> records) and `fig5`
+  (position -> the figure classes' examples); returns the number of images analysed."""
+  bundle = stori_jax.load(config.model.source)
+  size = int(bundle.config.vision.image_size)
+  class_names = list(dataset.names)
+  wanted = set(todo)
+  # The next class is read during this one; a process reads only the classes it analyses.
+  stream = dataset.classes(size, read=lambda i: i in wanted).prefetched()
+  classes = data.ClassStream((c for i, c in enumerate(stream) if i in wanted), len(todo))
+  a = config.analysis
+  bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
+  methods = tuple(a.methods)
+  n_images = 0
+  # A class's records and figures are written on one background thread while the device runs
+  # the next class: the host's per-image work stays off the device's critical path.
+  written = []
+  with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mutual-writer") as writer:
+    for cls in _progress(classes, progress and rank == 0):
+      index = position[cls.label]
+      result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
+      n_images += len(cls.images)
+      example = None
+      if index < config.figure_classes:  # Fig. 5 overlays these classes; their first images
+        k = min(config.figures_per_class, len(cls.images))  # show the shared concept
+        example = (cls.name, cls.images[:k].copy(), np.array(result["refined"][:k]))
+        fig5[index] = example
+      fingerprint = dataset.fingerprints.get(cls.label)
+      written.append(
+        (
+          index,
+          writer.submit(
+            _write_class,
+            workdir,
+            config,
+            cls,
+            result,
+            bank,
+            class_names,
+            methods,
+            example,
+            fingerprint,
+          ),
+        )
+      )
+      # Errors surface at the next class, not at the end of the run.
+      if len(written) > 1:
+        written[-2][1].result()
+    for index, future in written:
+      computed[index] = future.result()
+  return n_images
 
 
 def _progress(classes, show: bool):
@@ -136,13 +201,16 @@ def _progress(classes, show: bool):
       bar.close()
 
 
-def _write_class(workdir, config, cls, result, bank, class_names, methods, plots: bool):
-  """Writes one class's per-image records (and, with `plots`, its figures); returns the
-  records."""
+def _write_class(
+  workdir, config, cls, result, bank, class_names, methods, example, fingerprint
+) -> list[dict]:
+  """Writes one class's per-image records, with `example` (a figure class: (name, images,
+  refined foreground) of its first images) its figures and Fig. 5's example, and last its class
+  file, which makes the class final for a resumed run; returns the records."""
   class_records = report.image_records(cls, result, bank.descriptors, class_names, methods)
   for i, record in enumerate(class_records):
     report.write_json(_record_path(workdir, cls.label, i), record)
-  if plots:
+  if example is not None:
     figures = os.path.join(workdir, "figures")
     k = min(config.figures_per_class, len(cls.images))
     for method in methods:
@@ -168,7 +236,60 @@ def _write_class(workdir, config, cls, result, bank, class_names, methods, plots
       title=cls.name,
       model=config.model.get("name", config.model.source),
     )
+    _, images, refined = example
+    os.makedirs(os.path.dirname(_example_path(workdir, cls.label)), exist_ok=True)
+    jsonio.write_arrays_atomic(
+      _example_path(workdir, cls.label), {"images": images, "refined": refined}
+    )
+  report.write_json(
+    _class_path(workdir, cls.label), _class_state(cls, fingerprint, example is not None)
+  )
   return class_records
+
+
+def _class_path(workdir: str, label: int) -> str:
+  """The class file: written last, once the class's records (and figures) are."""
+  return os.path.join(workdir, "classes", f"{label:04d}.json")
+
+
+def _example_path(workdir: str, label: int) -> str:
+  """A figure class's first images and their refined foreground, for Fig. 5 on a resume."""
+  return os.path.join(workdir, "classes", f"{label:04d}_fig5.npz")
+
+
+def _class_state(cls, fingerprint: str | None, figures: bool) -> dict:
+  """What a class file records: which images the class's results are of."""
+  return dict(
+    label=int(cls.label),
+    name=cls.name,
+    images=len(cls),
+    ids=list(cls.ids),
+    fingerprint=fingerprint,
+    figures=bool(figures),
+  )
+
+
+def _finished(workdir: str, cls, fingerprints, figures: bool) -> bool:
+  """Whether an earlier run of this command finished the class `cls` (ids, no images) on the
+  same images: its class file names the same ids and fingerprint, and every record (and, for a
+  figure class, Fig. 5's example) is there."""
+  try:
+    with open(_class_path(workdir, cls.label), encoding="utf-8") as f:
+      stored = json.load(f)
+  except (OSError, ValueError):
+    return False
+  if stored != _class_state(cls, fingerprints.get(cls.label), figures):
+    return False
+  if figures and not os.path.isfile(_example_path(workdir, cls.label)):
+    return False
+  return all(os.path.isfile(_record_path(workdir, cls.label, i)) for i in range(len(cls)))
+
+
+def _read_example(workdir: str, cls) -> tuple:
+  """A kept figure class's (name, images, refined foreground), as the run that analysed it
+  held them."""
+  with np.load(_example_path(workdir, cls.label)) as arrays:
+    return cls.name, arrays["images"], arrays["refined"]
 
 
 def _write_fig5(figures: str, config, results, records, examples, methods) -> None:
@@ -192,11 +313,22 @@ def _write_fig5(figures: str, config, results, records, examples, methods) -> No
 
 
 def _remove_stale_records(workdir: str, counts) -> int:
-  """Deletes the per-image files under workdir/per_image that this run did not write (an
-  earlier run of the same config on a folder that has since lost images); returns how many."""
+  """Deletes the per-image files under workdir/per_image, and the class files under
+  workdir/classes, that this run did not write or keep (an earlier run of the same config on a
+  folder that has since lost images or classes); returns how many."""
   kept = {_record_path(workdir, label, i) for label, count in counts for i in range(count)}
-  root = os.path.join(workdir, "per_image")
+  classes = os.path.join(workdir, "classes")
   removed = 0
+  if os.path.isdir(classes):
+    ours = {
+      p for label, _ in counts for p in (_class_path(workdir, label), _example_path(workdir, label))
+    }
+    for name in os.listdir(classes):
+      path = os.path.join(classes, name)
+      if not name.startswith(".") and path not in ours and os.path.isfile(path):
+        os.remove(path)
+        removed += 1
+  root = os.path.join(workdir, "per_image")
   for folder, _, names in os.walk(root, topdown=False):
     for name in names:
       path = os.path.join(folder, name)

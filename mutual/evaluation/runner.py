@@ -5,14 +5,20 @@ concepts on the XAI metrics) and the protocols of mutual.protocols (Table 2, App
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
+import sys
 import time
-from typing import Any, Mapping
+import zipfile
+from typing import Any, Callable, Mapping
 
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
+from tqdm import tqdm
 
 import stori_jax
 from mutual import (
@@ -28,6 +34,7 @@ from mutual import (
   xai,
 )
 from mutual.protocols import bottlenecks
+from stori_jax.plumbing import jsonio
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.plumbing.plotting import pyplot, save_figure
@@ -283,13 +290,27 @@ def beats_random(summaries: Mapping[str, Mapping]) -> dict[str, dict[str, bool]]
 
 
 def run_protocols(
-  bundle, config, concepts, class_names, lists, size, bank, progress=True, dataset=None
+  bundle,
+  config,
+  concepts,
+  class_names,
+  lists,
+  size,
+  bank,
+  progress=True,
+  dataset=None,
+  done: Mapping[str, Any] | None = None,
+  keep: Callable[[str, Any], Any] | None = None,
 ) -> dict:
   """Runs the protocols named in config.evaluation.protocols (mutual.protocols); {name: result}.
 
   Table 2, App. A.2 and App. A.4 reuse the analysis of the Table 1 pass (`concepts`, a
   protocols.ConceptPass); App. A.1 (CorLoc, layer similarity) and App. A.3 read the evaluation
   images again (from `dataset`, a data.Dataset, else from config.data).
+
+  done: {name: result} of protocols an earlier run finished (taken as they are, not run);
+  keep(name, result): called with each protocol run here as soon as it ends (a resumed run
+  keeps it), returns the result to report.
   """
   wanted = tuple(config.evaluation.protocols)
   unknown = set(wanted) - set(protocols.PROTOCOLS)
@@ -299,30 +320,46 @@ def run_protocols(
       f"{protocols.PROTOCOLS}"
     )
   p = config.protocols
+  done = dict(done or {})
   out = {}
-  if "table2" in wanted:
-    out["table2"] = protocols.table2_descriptor_accuracy(
+
+  def take(name: str, compute: Callable[[], Any]) -> None:
+    if name not in wanted:
+      return
+    if name in done:
+      out[name] = done[name]
+      return
+    result = compute()
+    out[name] = keep(name, result) if keep is not None else result
+
+  take(
+    "table2",
+    lambda: protocols.table2_descriptor_accuracy(
       bundle, concepts, class_names, lists, settings=p.table2, progress=progress
-    )
+    ),
+  )
   # Another pass over the evaluation images.
   again = lambda: dataset.classes(size) if dataset is not None else data.load(config, size)[2]
-  if "corloc" in wanted:
-    out["corloc"] = protocols.corloc(
+  take(
+    "corloc",
+    lambda: protocols.corloc(
       bundle, again(), config.analysis, settings=p.corloc, progress=progress
-    )
-  if "layer_similarity" in wanted:
-    out["layer_similarity"] = protocols.layer_similarity(
-      bundle, again(), config.analysis, progress=progress
-    )
-  if "ot_entropy" in wanted:
-    out["ot_entropy"] = protocols.ot_entropy(concepts)
-  if "blur" in wanted:
-    classes = again()
-    out["blur"] = protocols.blur_accuracy(
-      bundle, classes, bank.class_embeddings, config.analysis, settings=p.blur, progress=progress
-    )
-  if "bank_quality" in wanted:
-    out["bank_quality"] = protocols.bank_quality(
+    ),
+  )
+  take(
+    "layer_similarity",
+    lambda: protocols.layer_similarity(bundle, again(), config.analysis, progress=progress),
+  )
+  take("ot_entropy", lambda: protocols.ot_entropy(concepts))
+  take(
+    "blur",
+    lambda: protocols.blur_accuracy(
+      bundle, again(), bank.class_embeddings, config.analysis, settings=p.blur, progress=progress
+    ),
+  )
+  take(
+    "bank_quality",
+    lambda: protocols.bank_quality(
       class_names,
       lists,
       settings=p.bank_quality,
@@ -330,7 +367,8 @@ def run_protocols(
       image_embeddings=concepts.image_embeddings,
       labels=concepts.labels,
       progress=progress,
-    )
+    ),
+  )
   return out
 
 
@@ -342,8 +380,16 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   """Runs Table 1 and the protocols; returns the results (also written to workdir).
 
   The evaluation and training data are checked (descriptor file, classes matched by name, no
-  empty class) and the workdir claimed for this config (`restart` moves another run aside)
-  before the model loads.
+  empty class, every image readable) and the workdir claimed for this config (`restart` moves
+  another run aside) before the model loads.
+
+  Resume, per class and per protocol: a class's Table 1 pass (its analysis's concepts, every
+  explanation's perturbation curves, Table 5's scores) is kept in `classes/<label>.npz`, and a
+  protocol's result in `protocols/<name>.json`, each written atomically when it ends. The same
+  command again takes every class file of the same images (ids, and for an image folder the
+  files' sizes and times) and every protocol file of the same classes, and runs only the rest;
+  the baselines resume from their checkpoints, and are not trained again (nor their training
+  images encoded) when no class is left to evaluate.
   """
   start = time.perf_counter()
   _check_config(config)
@@ -352,52 +398,94 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   if "corloc" in config.evaluation.protocols:  # its ground-truth boxes
     protocols.localization.check_inputs(config, dataset)
   run_flags.claim_workdir(config, workdir, restart, "mutual-knowledge evaluation")
+  class_names = list(dataset.names)
+  lists = dataset.lists()
+  # Every class with its ids, no image read: which an earlier run of this command finished.
+  listing = list(dataset.classes(None, read=lambda i: False))
+  states = [_class_state(cls, dataset.fingerprints) for cls in listing]
+  kept = {i for i, cls in enumerate(listing) if _kept_class(workdir, cls, states[i])}
+  classes_digest = hashlib.sha256(jsonio.dumps_strict(states).encode()).hexdigest()
+  wanted = tuple(config.evaluation.protocols)
+  done_protocols = {
+    name: result
+    for name in wanted
+    if (result := _kept_protocol(workdir, name, classes_digest)) is not None
+  }
+  if (kept or done_protocols) and progress:
+    tqdm.write(
+      f"resuming: {len(kept)} of {len(listing)} classes and {len(done_protocols)} of "
+      f"{len(wanted)} protocols were evaluated by an earlier run of this command in {workdir} "
+      "(kept; classes/<label>.npz, protocols/<name>.json)",
+      file=sys.stderr,
+    )
   bundle = stori_jax.load(config.model.source)
-  if "layer_similarity" in config.evaluation.protocols:  # a ViT tower
+  if "layer_similarity" in wanted:  # a ViT tower
     protocols.layers.check_model(bundle)
   size = int(bundle.config.vision.image_size)
-  class_names = list(dataset.names)
-  classes = dataset.classes(size)
-  lists = dataset.lists()
   a = config.analysis
-  bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
   methods = tuple(a.methods)
-  trained, n_train = None, 0
+  descriptors = tuple(pipeline.bank_descriptors(config, dataset.descriptors))
+  todo = [i for i in range(len(listing)) if i not in kept]
+  trained, baselines_summary = None, None
+  summary_path = os.path.join(workdir, "baselines", "summary.json")
+  # The baselines explain the classes left; their training summary is kept once trained.
+  train = config.baselines.enabled and (todo or not os.path.isfile(summary_path))
+  bank = None
+  if todo or train or len(done_protocols) < len(wanted):
+    bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
   if config.baselines.enabled:
-    trained, n_train = train_baselines(
-      bundle,
-      config,
-      train_dataset,
-      class_names,
-      {n: l for n, l in zip(class_names, lists)},
-      bank,
-      size,
-      progress,
-      workdir=os.path.join(workdir, "baselines"),
-    )
+    if not train:
+      with open(summary_path, encoding="utf-8") as f:
+        baselines_summary = json.load(f)
+    else:
+      trained, n_train = train_baselines(
+        bundle,
+        config,
+        train_dataset,
+        class_names,
+        {n: l for n, l in zip(class_names, lists)},
+        bank,
+        size,
+        progress,
+        workdir=os.path.join(workdir, "baselines"),
+      )
+      baselines_summary = dict(training_images=n_train, training=trained.training_summary())
+      report.write_json(summary_path, baselines_summary)
   e = config.evaluation
-  score_fn = xai.clip_scorer(bundle, bank.class_embeddings, float(e.score_scale), int(e.batch_size))
   blur = xai.blur_kernel(size, float(e.blur_sigma))
-  concepts = protocols.ConceptPass.empty(bank.descriptors, len(class_names), methods)
+  score_fn = None
+  if todo:
+    score_fn = xai.clip_scorer(
+      bundle, bank.class_embeddings, float(e.score_scale), int(e.batch_size)
+    )
+  concepts = protocols.ConceptPass.empty(descriptors, len(class_names), methods)
   parts: dict[str, list] = {}
   scores: dict[str, list] = {bottlenecks.ZERO_SHOT: []}  # Table 5's logits, and the labeler's
   labels: list = []
-  for cls in protocols.stage_bar(classes, "Table 1: analyse and perturb classes", show=progress):
-    result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
-    embeddings = protocols.image_embeddings(bundle, cls.images)
-    concepts.add(cls.label, result, embeddings)
-    steps = {} if not parts else None  # Fig. 7: the first image's steps
-    curves, predictions = class_curves(
-      bundle, cls, result, bank, config, score_fn, blur, trained, embeddings, steps
-    )
-    if steps:
-      _plot_steps(workdir, config, cls, steps, curves)
-    for name, c in curves.items():
+  wanted_classes = set(todo)
+  stream = dataset.classes(size, read=lambda i: i in wanted_classes)
+  for index, cls in enumerate(
+    protocols.stage_bar(stream, "Table 1: analyse and perturb classes", show=progress)
+  ):
+    if index in kept:
+      arrays = _read_class(workdir, cls)
+    else:
+      arrays = _evaluate_class(
+        bundle, cls, bank, config, score_fn, blur, trained, concepts, steps=index == 0
+      )
+      if index == 0:  # Fig. 7: the first image's steps
+        _plot_steps(workdir, config, cls, arrays.pop("steps"), _curves_of(arrays))
+      os.makedirs(os.path.join(workdir, "classes"), exist_ok=True)
+      jsonio.write_arrays_atomic(
+        _class_path(workdir, cls.label),
+        {**arrays, "state": np.array(jsonio.dumps_strict(states[index]))},
+      )
+    concepts.add_arrays(cls.label, _prefixed(arrays, "concepts/"))
+    for name, c in _curves_of(arrays).items():
       parts.setdefault(name, []).append(c)
-    scores[bottlenecks.ZERO_SHOT].append(np.asarray(result["class_scores"]))
-    labels.append(np.full(len(cls.images), cls.label))
-    for name, p in predictions.items():
+    for name, p in _prefixed(arrays, "scores/").items():
       scores.setdefault(name, []).append(p)
+    labels.append(np.full(len(cls), cls.label))
   if not parts:
     raise ConfigError("No images were evaluated: check config.data (classes, images_per_class).")
   order = [n for n in baselines.NAMES if n in parts]
@@ -412,7 +500,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     {k: np.concatenate(v) for k, v in scores.items()},
     np.concatenate(labels),
     None if labeler is None else np.concatenate(labeler),
-    baselines.descriptor_targets(class_names, dict(zip(class_names, lists)), bank.descriptors),
+    baselines.descriptor_targets(class_names, dict(zip(class_names, lists)), descriptors),
     int(config.baselines.feature_maps.get("accuracy_top_k", 10)),
   )
   top1 = {k: r["top1"] for k, r in table5["rows"].items()}
@@ -426,8 +514,8 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     table5=table5,
     blur=dict(kernel=blur[0], sigma=blur[1]),
   )
-  if trained is not None:
-    results["baselines"] = dict(training_images=n_train, training=trained.training_summary())
+  if baselines_summary is not None:
+    results["baselines"] = baselines_summary
   os.makedirs(workdir, exist_ok=True)
   table = xai.table_rows(summaries, results["requires_training"])
   text = (
@@ -445,9 +533,28 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     "(concept method in brackets; legend: area under the curve)",
   )
 
-  if tuple(e.protocols):
+  if wanted:
+
+    def keep(name, result):
+      """Writes a protocol's result as it ends; reports it as a resumed run will read it."""
+      path = _protocol_path(workdir, name)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      # In the result's own key order (not sorted): the tables list methods in that order.
+      jsonio.write_json(path, dict(classes=classes_digest, result=result), indent=1)
+      return json.loads(jsonio.dumps_strict(result))
+
     proto = run_protocols(
-      bundle, config, concepts, class_names, lists, size, bank, progress, dataset
+      bundle,
+      config,
+      concepts,
+      class_names,
+      lists,
+      size,
+      bank,
+      progress,
+      dataset,
+      done=done_protocols,
+      keep=keep,
     )
     results["protocols"] = proto
     md = "".join(f"{protocols.section(name, {model: r})}\n" for name, r in proto.items())
@@ -466,8 +573,102 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     results["skipped_classes"] = dataset.skipped
   results["config"] = config.to_dict()
   report.write_json(os.path.join(workdir, "table1.json"), _rounded(results))
-  logging.info("%d images in %.1f s", n_images, results["seconds"])
+  logging.info(
+    "%d images in %.1f s (%d classes and %d protocols kept from an earlier run)",
+    n_images,
+    results["seconds"],
+    len(kept),
+    len(done_protocols),
+  )
   return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume: a class's Table 1 pass, a protocol's result.
+
+_CURVE_FIELDS = tuple(f.name for f in dataclasses.fields(xai.Curves))
+
+
+def _evaluate_class(bundle, cls, bank, config, score_fn, blur, trained, concepts, steps: bool):
+  """One class's Table 1 pass as flat arrays (what `run` keeps in its class file): its
+  analysis's concepts ("concepts/..."), every explanation's curves ("curves/<row>/<field>", the
+  rows in order in "rows"), Table 5's scores ("scores/<row>", the zero-shot logits first);
+  with `steps`, also "steps": the first image's perturbed images (Fig. 7, not kept)."""
+  a = config.analysis
+  result = pipeline.analyze_class(bundle, cls.images, bank, a, tuple(a.methods))
+  embeddings = protocols.image_embeddings(bundle, cls.images)
+  first = {} if steps else None
+  curves, predictions = class_curves(
+    bundle, cls, result, bank, config, score_fn, blur, trained, embeddings, first
+  )
+  out: dict[str, Any] = {
+    f"concepts/{k}": v for k, v in concepts.class_arrays(result, embeddings).items()
+  }
+  out["rows"] = np.array(list(curves))
+  for name, c in curves.items():
+    for field in _CURVE_FIELDS:
+      out[f"curves/{name}/{field}"] = np.asarray(getattr(c, field))
+  out[f"scores/{bottlenecks.ZERO_SHOT}"] = np.asarray(result["class_scores"])
+  for name, p in predictions.items():
+    out[f"scores/{name}"] = np.asarray(p)
+  if steps:
+    out["steps"] = first
+  return out
+
+
+def _curves_of(arrays) -> dict[str, xai.Curves]:
+  """The class's curves per explanation, in their rows' order."""
+  return {
+    str(name): xai.Curves(**{f: arrays[f"curves/{name}/{f}"] for f in _CURVE_FIELDS})
+    for name in arrays["rows"]
+  }
+
+
+def _prefixed(arrays, prefix: str) -> dict[str, np.ndarray]:
+  """{key without `prefix`: array} of the keys that start with it, in the arrays' order."""
+  return {k[len(prefix) :]: arrays[k] for k in arrays if k.startswith(prefix)}
+
+
+def _class_state(cls, fingerprints) -> dict:
+  """Which images a class's results are of (ids, and an image folder's files' fingerprint)."""
+  return dict(
+    label=int(cls.label), name=cls.name, ids=list(cls.ids), fingerprint=fingerprints.get(cls.label)
+  )
+
+
+def _class_path(workdir: str, label: int) -> str:
+  return os.path.join(workdir, "classes", f"{label:04d}.npz")
+
+
+def _protocol_path(workdir: str, name: str) -> str:
+  return os.path.join(workdir, "protocols", f"{name}.json")
+
+
+def _kept_class(workdir: str, cls, state: dict) -> bool:
+  """Whether an earlier run of this command left the class's Table 1 pass for these images."""
+  try:
+    with np.load(_class_path(workdir, cls.label)) as arrays:
+      return json.loads(str(arrays["state"])) == state
+  except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+    return False
+
+
+def _read_class(workdir: str, cls) -> dict[str, np.ndarray]:
+  """A kept class's arrays, in the order they were written."""
+  with np.load(_class_path(workdir, cls.label)) as arrays:
+    return {k: arrays[k] for k in arrays.files if k != "state"}
+
+
+def _kept_protocol(workdir: str, name: str, classes_digest: str):
+  """An earlier run's result of protocol `name` on the same classes' images, else None."""
+  try:
+    with open(_protocol_path(workdir, name), encoding="utf-8") as f:
+      stored = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if not isinstance(stored, dict) or stored.get("classes") != classes_digest:
+    return None
+  return stored.get("result")
 
 
 def _check_config(config) -> None:

@@ -77,6 +77,28 @@ class ConceptPass:
     self._embeddings.append(embeddings)
     self._predicted.append(np.asarray(result["predicted"], np.int32))
 
+  def class_arrays(self, result: Mapping[str, Any], embeddings) -> dict[str, np.ndarray]:
+    """What `add` reads of one class's analysis, as flat numpy arrays (a resumed run keeps
+    them in a file and gives them back to `add_arrays`)."""
+    out = {
+      "embeddings": np.asarray(embeddings, np.float32),
+      "predicted": np.asarray(result["predicted"], np.int32),
+    }
+    for m in self.methods:
+      for key in ("visual_ids", "visual_valid", "entropy", "entropy_without_ot"):
+        out[f"{m}/{key}"] = np.asarray(result[m][key])
+    return out
+
+  def add_arrays(self, label: int, arrays: Mapping[str, np.ndarray]) -> None:
+    """`add` from `class_arrays`' output: the same counts and values as adding the analysis."""
+    result: dict[str, Any] = {"predicted": arrays["predicted"]}
+    for m in self.methods:
+      result[m] = {
+        key: arrays[f"{m}/{key}"]
+        for key in ("visual_ids", "visual_valid", "entropy", "entropy_without_ot")
+      }
+    self.add(label, result, arrays["embeddings"])
+
   def _cat(self, parts, dtype, width: int | None = None):
     if parts:
       return np.concatenate(parts).astype(dtype)

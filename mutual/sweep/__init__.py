@@ -64,7 +64,11 @@ Writes to the workdir:
   table2.md, table2.json        with config.table2: Table 2 (App. K) per model, each equal to
                                 mutual.evaluate's for that model (configs/mutual_table2_models.py)
   per_image/<model>/<class>/<image>.json   with config.per_image
-  shards/chunk_<c>.json         a multi-process run's per-chunk records (process 0 reads them)
+  shards/chunk_<c>.json         each class chunk's records of every model, with the models and
+                                images they are of, written once the chunk is through every
+                                model: the same command keeps those chunks (resume), and process
+                                0 of a multi-process run reads the others' there
+  shards/chunk_<c>_table2.npz   with config.table2: the chunk's concepts of every model
 """
 
 from mutual.sweep.batched import batched_language_stages, pad_stack

@@ -7,10 +7,12 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 import time
 from typing import Any, Mapping, Sequence
 
 import jax
+import numpy as np
 from absl import logging
 from tqdm import tqdm
 
@@ -26,7 +28,7 @@ from mutual.sweep.table import (
   table2_paper_tables,
   table_order,
 )
-from stori_jax.plumbing import multihost
+from stori_jax.plumbing import jsonio, multihost
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.plumbing.errors import UserError
@@ -213,8 +215,40 @@ def _write_outputs(workdir: str, config, results: Mapping[str, Any], rows, metho
 
 
 def _shard_path(workdir: str, chunk: int) -> str:
-  """Where a multi-process sweep keeps one class chunk's slimmed records for process 0."""
+  """One class chunk's file: its slimmed records of every model, written (atomically) once the
+  chunk is through every model; a resumed sweep keeps the chunk, and process 0 of a
+  multi-process sweep reads the others' records there."""
   return os.path.join(workdir, "shards", f"chunk_{chunk:05d}.json")
+
+
+def _concepts_path(workdir: str, chunk: int) -> str:
+  """With config.table2, one chunk's concepts of every model (`ConceptPass.class_arrays`),
+  written before its shard."""
+  return os.path.join(workdir, "shards", f"chunk_{chunk:05d}_table2.npz")
+
+
+def _chunk_state(models: Sequence[str], classes, fingerprints) -> dict:
+  """What a chunk's file records besides its records: the models and the images (ids, and for
+  an image folder the files' sizes and times) they are of."""
+  return dict(
+    models=list(models),
+    classes=[
+      dict(label=int(c.label), ids=list(c.ids), fingerprint=fingerprints.get(c.label))
+      for c in classes
+    ],
+  )
+
+
+def _finished_chunk(workdir: str, chunk: int, state: dict, table2: bool) -> bool:
+  """Whether an earlier run of this sweep finished the chunk on the same models and images."""
+  try:
+    with open(_shard_path(workdir, chunk), encoding="utf-8") as f:
+      stored = json.load(f)
+  except (OSError, ValueError):
+    return False
+  if not isinstance(stored, dict) or stored.get("state") != state:
+    return False
+  return not table2 or os.path.isfile(_concepts_path(workdir, chunk))
 
 
 def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]:
@@ -232,8 +266,36 @@ def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]
         "path), so that process 0 can aggregate the others' records."
       ) from None
     for j in range(n_models):
-      records[j] += shard[j]
+      records[j] += shard["records"][j]
   return records
+
+
+def _remove_stale_shards(workdir: str, n_chunks: int) -> int:
+  """Deletes the chunk files of an earlier run that this one does not have (fewer classes
+  since); returns how many."""
+  folder = os.path.join(workdir, "shards")
+  ours = {p for c in range(n_chunks) for p in (_shard_path(workdir, c), _concepts_path(workdir, c))}
+  removed = 0
+  if os.path.isdir(folder):
+    for name in os.listdir(folder):
+      path = os.path.join(folder, name)
+      if name.startswith("chunk_") and path not in ours:
+        os.remove(path)
+        removed += 1
+  return removed
+
+
+def _restore_concepts(workdir, index, concepts, descriptors, n_classes, methods, chunk) -> None:
+  """Adds a kept chunk's concepts of every model (its table2 file) to Table 2's passes, as
+  the run that analysed it added them (`descriptors`: the bank every model's passes share)."""
+  with np.load(_concepts_path(workdir, index)) as arrays:
+    for j, concept_pass in enumerate(concepts):
+      if concept_pass is None:
+        concept_pass = concepts[j] = protocols.ConceptPass.empty(descriptors, n_classes, methods)
+      for c, items in enumerate(chunk):
+        prefix = f"{j}/{c}/"
+        own = {k[len(prefix) :]: arrays[k] for k in arrays.files if k.startswith(prefix)}
+        concept_pass.add_arrays(items[0].label, own)
 
 
 def _table2(pool: ModelPool, kept, concepts, dataset, config, progress: bool) -> dict:
@@ -320,19 +382,41 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   def mine(position: int) -> bool:
     return (position // per_chunk) % processes == rank
 
-  streams = {size: dataset.classes(size, read=mine).prefetched(per_chunk) for size in sizes}
+  # Resume: the chunks an earlier run of this sweep finished on the same models and images
+  # (their files in workdir/shards) are kept; every class's ids are listed without a read.
+  listing = list(dataset.classes(None, read=lambda i: False))
+  n_chunks = -(-len(listing) // per_chunk)
+  names = [models[i].name for i in kept]
+  states = [
+    _chunk_state(names, listing[c * per_chunk : (c + 1) * per_chunk], dataset.fingerprints)
+    for c in range(n_chunks)
+  ]
+  finished = {
+    c
+    for c in range(n_chunks)
+    if c % processes == rank and _finished_chunk(workdir, c, states[c], table2)
+  }
+  if finished and progress and rank == 0:
+    tqdm.write(
+      f"resuming: {len(finished)} of {n_chunks} class chunks were run by an earlier run of "
+      f"this sweep in {workdir} (kept; shards/chunk_<index>.json)",
+      file=sys.stderr,
+    )
+
+  def read(position: int) -> bool:
+    return mine(position) and position // per_chunk not in finished
+
+  streams = {size: dataset.classes(size, read=read).prefetched(per_chunk) for size in sizes}
   banks: dict[int, pipeline.TextBank] = {}
   encode = functools.partial(
     pipeline.encode_config_bank, config=config, dataset=dataset, progress=False
   )
 
-  records: list[list[dict]] = [[] for _ in kept]
   # Table 2's concept pass per model, filled chunk by chunk as mutual.evaluate fills its own.
   concepts: list[protocols.ConceptPass | None] = [None for _ in kept]
   embed_images = protocols.image_embeddings if table2 else None
   n_images, start = 0, time.perf_counter()
   chunks = _class_chunks(streams, sizes, per_chunk)
-  n_chunks = -(-len(streams[sizes[0]]) // per_chunk)  # the streams know their class count
   for index, chunk in enumerate(
     tqdm(
       chunks,
@@ -345,17 +429,27 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     n_images += sum(len(items[0]) for items in chunk)
     if index % processes != rank:
       continue
+    if index in finished:
+      if table2:
+        bank = tuple(pipeline.bank_descriptors(config, dataset.descriptors))
+        _restore_concepts(workdir, index, concepts, bank, len(class_names), methods, chunk)
+      continue
     class_images = [[items[sizes.index(sizes_by_model[i])] for items in chunk] for i in kept]
     results = analyze_classes(
       pool, kept, banks, class_images, a, methods, progress and rank == 0, encode, embed_images
     )
     chunk_records: list[list[dict]] = [[] for _ in kept]
+    chunk_concepts: dict[str, Any] = {}
     for j, i in enumerate(kept):
       if table2 and concepts[j] is None:
         concepts[j] = protocols.ConceptPass.empty(banks[i].descriptors, len(class_names), methods)
       for c, cls in enumerate(class_images[j]):
         if table2:
           concepts[j].add(cls.label, results[j][c], results[j][c]["embedded_images"])
+          for key, value in (
+            concepts[j].class_arrays(results[j][c], results[j][c]["embedded_images"]).items()
+          ):
+            chunk_concepts[f"{j}/{c}/{key}"] = value
         image_records = report.image_records(
           cls, results[j][c], banks[i].descriptors, class_names, methods
         )
@@ -368,11 +462,10 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
               record,
             )
         chunk_records[j] += [_slim(r) for r in image_records]
-    if processes > 1:
-      report.write_json(_shard_path(workdir, index), chunk_records)
-    else:
-      for j in range(len(kept)):
-        records[j] += chunk_records[j]
+    if table2:  # written first: the shard makes the chunk final
+      os.makedirs(os.path.dirname(_concepts_path(workdir, index)), exist_ok=True)
+      jsonio.write_arrays_atomic(_concepts_path(workdir, index), chunk_concepts)
+    report.write_json(_shard_path(workdir, index), dict(state=states[index], records=chunk_records))
   seconds = time.perf_counter() - start
   if not n_images:
     raise ConfigError("No images were analysed: check config.data (classes, images_per_class).")
@@ -380,7 +473,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     multihost.wait_for_all_processes("mutual.sweep: chunks done")
     if rank != 0:
       return {}
-    records = _read_shards(workdir, n_chunks, len(kept))
+  records = _read_shards(workdir, n_chunks, len(kept))
+  if _remove_stale_shards(workdir, n_chunks):
+    logging.warning("Removed the class chunk files of an earlier run that this one does not have.")
 
   rows = [
     _model_row(config, models[i].entry, sizes_by_model[i], records[j], methods)

@@ -1,12 +1,16 @@
 """Strict, atomic JSON files: no NaN or Infinity is ever written as a result, and a reader
-never sees half a file (a kill during the write leaves the old file or the new one)."""
+never sees half a file (a kill during the write leaves the old file or the new one); text,
+bytes and numpy arrays (.npz) are written atomically alike."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import uuid
 from typing import Any, Mapping
+
+import numpy as np
 
 # DiskFullError lives in errors (the figure writers raise it too); jsonio.DiskFullError stays.
 from stori_jax.plumbing.errors import DISK_FULL_ERRNOS, DiskFullError, NonFiniteError
@@ -26,13 +30,27 @@ def dumps_strict(obj: Any, **kwargs) -> str:
 
 def write_text_atomic(path: str, text: str) -> None:
   """Writes `text` to `path` through a temporary file in the same folder and os.replace."""
+  write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_arrays_atomic(path: str, arrays: Mapping[str, Any]) -> None:
+  """Writes numpy arrays as an .npz file (np.savez, uncompressed) atomically, as
+  `write_bytes_atomic`."""
+  buffer = io.BytesIO()
+  np.savez(buffer, **arrays)
+  write_bytes_atomic(path, buffer.getvalue())
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+  """Writes `data` to `path` through a temporary file in the same folder and os.replace: a
+  kill during the write leaves the old file or the new one, never half of one."""
   folder, name = os.path.split(os.path.abspath(path))
   # A unique name opened exclusively ("x"), not mkstemp: the file gets the mode a plain open()
   # gives (mkstemp's are private, 0600).
   tmp = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
   try:
-    with open(tmp, "x", encoding="utf-8") as f:
-      f.write(text)
+    with open(tmp, "xb") as f:
+      f.write(data)
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
