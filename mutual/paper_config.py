@@ -75,7 +75,7 @@ ANALYSIS_DEFAULTS = dict(
   kmeans_seed=0,
   # Reference mode's seeding protocol: Python's `random` (the padding of contours under 5
   # points) and OpenCV's cv::theRNG() (cv2.setRNGSeed: the points its fitEllipse moves) seeded
-  # with it before each image's concepts of each method (mutual.ellipse.padded_ellipses).
+  # with it before each image's concepts of each method (mutual.ellipse.prompts.padded_ellipses).
   ellipse_seed=0,
   compute_dtype="float32",  # the vision towers' ("bfloat16" on GPU / TPU); language stages fp32
   # Concept regions (3 prompts each) per vision-tower call: the library's own call shape.
@@ -272,7 +272,7 @@ def evaluation_config(**overrides) -> ml_collections.ConfigDict:
 
 #: config.baselines.lf_cbm: the LF-CBM row of Table 5 (Oikarinen et al. 2023), its authors'
 #: recipe (Label-free-CBM train_cbm.py and its ImageNet command: clip_cutoff 0.28, n_iters 80,
-#: lam 1e-4); `mutual.baselines.train_lf_cbm` reads them. The MK paper gives none of them.
+#: lam 1e-4); `mutual.baselines.lf_cbm.train_lf_cbm` reads them. The MK paper gives none of them.
 LF_CBM_DEFAULTS = dict(
   clip_cutoff=0.28,  # keep a concept whose mean top-5 CLIP cosine over the training images > this
   proj_steps=1000,  # Adam steps of the concept projection W_c (early-stopped on the held-out set)

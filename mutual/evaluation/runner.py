@@ -16,7 +16,6 @@ from absl import logging
 
 import stori_jax
 from mutual import (
-  baselines,
   data,
   features,
   foreground,
@@ -27,6 +26,9 @@ from mutual import (
   run_flags,
   xai,
 )
+from mutual.baselines import cache as baseline_cache
+from mutual.baselines import lf_cbm as baseline_lf_cbm
+from mutual.baselines import suite as baseline_suite
 from mutual.protocols import bottlenecks
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.fewshot.datasets import DatasetMissingError
@@ -73,10 +75,11 @@ def train_baselines(
   bundle, config, train_dataset, class_names, per_class, bank, size, progress=True, workdir=None
 ):
   """Caches the training images' features (`train_dataset`, a data.Dataset) and trains the
-  three baselines (checkpoints under `workdir`, resumed by a rerun: `baselines.train_all`)."""
+  three baselines (checkpoints under `workdir`, resumed by a rerun:
+  `mutual.baselines.suite.train_all`)."""
   b = config.baselines
   train_classes = train_dataset.classes(size)
-  cached = baselines.cache_features(
+  cached = baseline_cache.cache_features(
     bundle,
     train_classes,
     kind=config.analysis.feature_kind,
@@ -84,8 +87,8 @@ def train_baselines(
     dtype=np.dtype(b.cache_dtype),
     progress=progress,
   )
-  targets = baselines.descriptor_targets(class_names, per_class, bank.descriptors)
-  trained = baselines.train_all(
+  targets = baseline_cache.descriptor_targets(class_names, per_class, bank.descriptors)
+  trained = baseline_suite.train_all(
     cached, bank.descriptor_embeddings, targets, b, progress, workdir=workdir
   )
   return trained, len(cached)
@@ -102,7 +105,8 @@ def explanations(cls, result, config, baseline_explanations=None) -> dict:
   Args:
     cls: a data.ClassImages; result: pipeline.analyze_class's output for its images.
     config: the evaluation config.
-    baseline_explanations: `baselines.Baselines.explain` output for the same images, or None.
+    baseline_explanations: `mutual.baselines.suite.Baselines.explain` output for the same
+      images, or None.
 
   The method's concepts are the analysis's pixel regions with their first (largest transport
   mass) descriptor; the baselines' are their regions, upsampled nearest from the patch grid.
@@ -145,7 +149,8 @@ def class_curves(
   bundle, cls, result, bank, config, score_fn, blur, trained=None, image_embeddings=None, steps=None
 ):
   """Perturbation curves of every explanation of one class: ({row: xai.Curves}, the trained
-  baselines' class and labeler scores, `baselines.Baselines.classify`, {} without them).
+  baselines' class and labeler scores, `mutual.baselines.suite.Baselines.classify`, {} without
+  them).
   image_embeddings: float32 [B, E] unit, computed if None.
   steps: a dict to receive, per row of the method ("Ours (...)"), the first image's perturbed
   images (`first_image_steps`), or None."""
@@ -160,7 +165,7 @@ def class_curves(
     )
   ex, extra = None, {}
   if trained is not None:
-    raw, tokens = baselines.encode_features(bundle, images, config.analysis.feature_kind)
+    raw, tokens = baseline_cache.encode_features(bundle, images, config.analysis.feature_kind)
     ex = trained.explain(tokens, bank.descriptor_embeddings, predicted, config.baselines)
     extra = trained.classify(tokens, raw, bank.descriptor_embeddings)  # Table 5
   rows = explanations(cls, result, config, ex)
@@ -400,19 +405,19 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       scores.setdefault(name, []).append(p)
   if not parts:
     raise ConfigError("No images were evaluated: check config.data (classes, images_per_class).")
-  order = [n for n in baselines.NAMES if n in parts]
+  order = [n for n in baseline_suite.NAMES if n in parts]
   order += [n for n in parts if n.startswith("Ours")] + [n for n in parts if n.startswith("Random")]
   summaries = {name: xai.summarize(xai.Curves.concatenate(parts[name])) for name in order}
   n_images = len(concepts)
   for name in summaries:
     summaries[name]["images"] = n_images
   model = config.model.get("name", config.model.source)
-  labeler = scores.pop(baselines.LABELER, None)
+  labeler = scores.pop(baseline_suite.LABELER, None)
   table5 = bottlenecks.table5(
     {k: np.concatenate(v) for k, v in scores.items()},
     np.concatenate(labels),
     None if labeler is None else np.concatenate(labeler),
-    baselines.descriptor_targets(class_names, dict(zip(class_names, lists)), bank.descriptors),
+    baseline_cache.descriptor_targets(class_names, dict(zip(class_names, lists)), bank.descriptors),
     int(config.baselines.feature_maps.get("accuracy_top_k", 10)),
   )
   top1 = {k: r["top1"] for k, r in table5["rows"].items()}
@@ -420,7 +425,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     model=model,
     images=n_images,
     explanations=summaries,
-    requires_training={n: n in baselines.NAMES for n in summaries},
+    requires_training={n: n in baseline_suite.NAMES for n in summaries},
     beats_random=beats_random(summaries),
     top1=top1,
     table5=table5,
@@ -479,7 +484,7 @@ def _check_config(config) -> None:
       f"{protocols.PROTOCOLS}"
     )
   if config.baselines.enabled:
-    baselines.lf_cbm_settings(config.baselines)  # LF-CBM's recipe, before any work
+    baseline_lf_cbm.lf_cbm_settings(config.baselines)  # LF-CBM's recipe, before any work
   if config.baselines.enabled and int(config.baselines.n_concepts) != int(
     config.analysis.n_concepts
   ):

@@ -97,7 +97,7 @@ def labeler_accuracy(scores, labels, targets, k: int = 10) -> dict:
 
   Args:
     scores: float [N, D]; labels: int [N]; targets: float / bool [C, D], class c's descriptors
-      (`baselines.descriptor_targets`).
+      (`mutual.baselines.cache.descriptor_targets`).
 
   Returns:
     dict: top_all, top_<k> (%), top_all_recall, top_<k>_recall (%), images (counted), and
