@@ -304,9 +304,18 @@ def baselines_config(data_overrides=None, **overrides) -> ml_collections.ConfigD
     gumbel_temperature=1.0,
     region_threshold=0.5,  # attention maps, min-max normalised, kept >= this
     cache_dtype="float32",  # or "float16" to halve the cached features
+    # The patch features to <workdir>/baselines/features/tokens.bin, read back memory-mapped
+    # (a training set larger than memory: ImageNet's); False keeps them in memory.
+    cache_on_disk=False,
     # accuracy_top_k: the labeler's relaxed accuracy looks at its top 10 descriptors (App. D.2).
+    # figure_images: the images of App. D.2's Fig. 6 (fig6_feature_maps.png; the paper's 6).
     feature_maps=dict(
-      threshold=0.9, skip_object=True, drop_rate=0.5, block_size=3, accuracy_top_k=10
+      threshold=0.9,
+      skip_object=True,
+      drop_rate=0.5,
+      block_size=3,
+      accuracy_top_k=10,
+      figure_images=6,
     ),
     # Also the Standard MLP's and (its hidden width being q) Table 5's other trained rows.
     train=dict(epochs=10, batch_size=64, learning_rate=1e-4, final_learning_rate=1e-5, seed=0),

@@ -450,3 +450,37 @@ def test_a_fit_is_one_jitted_step_per_step_and_reads_nothing_back_until_the_end(
   assert reads and set(reads) == {20}, reads
   assert len(checks) <= 3  # the last step's log and checkpoint, and the loop's end
   assert np.isfinite(result.losses).all() and result.losses.shape == (20,)
+
+
+def test_features_cached_on_disk_equal_the_cache_in_memory_and_train_alike(tmp_path, monkeypatch):
+  """cache_features(directory=...): the patch features written as they come and read back
+  memory-mapped (every ImageNet training image does not fit in memory), the same values and the
+  same fit as the cache in memory."""
+  toy = _toy()
+
+  def encoded(bundle, images, kind="tokens", batch_size=64):
+    del bundle, kind, batch_size
+    rows = np.asarray(images)  # here the row indices of the toy features
+    return toy.tokens[rows].mean(axis=(1, 2)), toy.tokens[rows]
+
+  monkeypatch.setattr(cache, "encode_features", encoded)
+  classes = [
+    type("Class", (), dict(images=np.flatnonzero(toy.labels == c), label=c))() for c in range(3)
+  ]
+  memory = cache.cache_features(None, classes, dtype=np.float16, progress=False)
+  disk = cache.cache_features(
+    None, classes, dtype=np.float16, progress=False, directory=str(tmp_path / "features")
+  )
+  assert isinstance(disk.tokens, np.memmap) and not isinstance(memory.tokens, np.memmap)
+  assert (tmp_path / "features/tokens.bin").stat().st_size == toy.tokens.size * 2
+  for a, b in ((memory.tokens, disk.tokens), (memory.labels, disk.labels)):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(memory.embeddings, disk.embeddings)
+  losses = []
+  for cached in (memory, disk):
+    loss_fn, params = _softmax_regression(cached.tokens.mean(axis=(1, 2)))
+    loss = lambda p, b, k, s: loss_fn(p, {"x": b["tokens"].mean(axis=(1, 2)), **b}, k, s)  # noqa: E731
+    arrays = {"tokens": cached.tokens, "labels": cached.labels}
+    losses.append(fitting.fit(loss, params, arrays, epochs=2, batch_size=16, progress=False).losses)
+  np.testing.assert_array_equal(*losses)

@@ -354,3 +354,63 @@ def test_evaluation_writes_table5_and_the_labeler_accuracy(tmp_path):
   table = (tmp_path / "table1.md").read_text()
   assert "## Table 5 (App. D)" in table and "| LF-CBM | ✓ | ✓ | ✗ |" in table
   assert "| top-all |" in table
+  # The baselines' training set, said with Table 5 (the smoke run's 8 images a class).
+  setting = saved["table5"]["training_set"]
+  assert setting == saved["baselines"]["training_set"] and not setting["paper_setting"]
+  assert table.count(setting["note"]) == 2 and "not the paper's setting" in setting["note"]
+  # App. D.2's Fig. 6: one image of each class in turn, 6 of them, each with its object
+  # channel and the Feature Maps concepts labelled by the labeler's descriptors.
+  assert (tmp_path / "fig6_feature_maps.png").stat().st_size > 20_000
+  shown = saved["fig6"]
+  assert [(r["class_name"], r["image"]) for r in shown[:2]] == [
+    ("red striped circle", 0),
+    ("red dotted star", 0),
+  ]
+  assert len(shown) == 6 and [r["image"] for r in shown] == [0, 0, 1, 1, 2, 2]
+  for r in shown:
+    assert len(r["neurons"]) == 1 + config.baselines.n_concepts
+    assert r["object_neuron"] == r["neurons"][0]
+    assert all(d is None or (isinstance(d, str) and d) for d in r["descriptors"])
+
+
+def test_imagenet_baselines_train_on_every_image_and_quick_says_it_is_not_the_papers():
+  """§4 and App. D: "we train them on the full ImageNet training set". The ImageNet config's
+  default takes every training image (their features on disk); `:quick`'s 20 per class, and the
+  embedded world's generated images, are marked as not the paper's setting in Table 5."""
+  from mutual.evaluation import runner as evaluation
+
+  def config(name, argument=None):
+    return load_config(os.path.join(ROOT, "configs", name), argument)
+
+  full, quick = config("mutual_eval_imagenet.py"), config("mutual_eval_imagenet.py", "quick")
+  assert full.baselines.data.images_per_class == 0 and full.baselines.cache_on_disk
+  assert quick.baselines.data.images_per_class == 20 and not quick.baselines.cache_on_disk
+  assert quick.name == "mutual_eval_imagenet_quick"
+  # Nothing else differs.
+  same = quick.to_dict()
+  same["baselines"]["data"]["images_per_class"] = 0
+  same["baselines"]["cache_on_disk"] = True
+  same["name"] = full.name
+  assert same == full.to_dict()
+  with pytest.raises(ConfigError, match="quick"):
+    config("mutual_eval_imagenet.py", "fast")
+
+  paper = evaluation.training_set(full, 1_281_167)
+  assert paper["paper_setting"] and paper["full_training_set"]
+  assert paper["images_per_class"] is None and "not the paper's setting" not in paper["note"]
+  assert paper["note"] == (
+    "Baselines trained on every image of the training split (1,281,167 images), as App. D."
+  )
+  capped = evaluation.training_set(quick, 20_000)
+  assert not capped["paper_setting"] and capped["images_per_class"] == 20
+  assert "at most 20 images per class" in capped["note"]
+  assert "not the paper's setting" in capped["note"]
+  world = evaluation.training_set(config("mutual_eval_synthetic.py"), 1536)
+  assert not world["paper_setting"] and world["full_training_set"] is None
+  assert "128 generated images per class" in world["note"]
+  assert "not the paper's setting" in world["note"]
+
+  result = bottlenecks.table5({"Standard": np.eye(3)}, np.arange(3))
+  result["training_set"] = capped
+  text = bottlenecks.table5_markdown(result, "ViT-B/16")
+  assert text.index(capped["note"]) < text.index("| Model |")

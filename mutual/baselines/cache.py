@@ -4,7 +4,9 @@ encoded once (`cache_features`), and App. D.2's descriptor targets of each class
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from typing import Iterable, Mapping, Sequence
 
 import jax
@@ -69,21 +71,44 @@ def cache_features(
   batch_size: int = 64,
   dtype=np.float32,
   progress: bool = True,
+  directory: str | None = None,
 ) -> CachedFeatures:
   """Encodes the training images once (an iterable of mutual.data.ClassImages): their patch
   features and image embeddings (kept in float32: 2 KB per ViT-B/16 image).
 
-  `dtype=np.float16` halves the memory (ImageNet's ViT-B/16 tokens: 300 KB per image in float32).
+  `dtype=np.float16` halves the patch features (ImageNet's ViT-B/16 tokens: 602 KB per image in
+  float32). `directory`: the patch features are written to <directory>/tokens.bin as they are
+  encoded and read back memory-mapped (`tokens` is then an np.memmap; the training batches read
+  their rows from it), for a training set larger than memory (every ImageNet training image:
+  385 GB in float16); None keeps them in memory.
   """
   tokens, labels, embeddings = [], [], []
-  for cls in tqdm(classes, desc="cache features", disable=not progress, dynamic_ncols=True):
-    e, t = encode_features(bundle, cls.images, kind, batch_size)
-    tokens.append(t.astype(dtype))
-    embeddings.append(e)
-    labels.append(np.full(len(cls.images), cls.label, np.int32))
-  if not tokens:
+  path = None if directory is None else os.path.join(directory, "tokens.bin")
+  if path is not None:
+    os.makedirs(directory, exist_ok=True)
+  shape = None
+  # Written beside and then moved over the file: a memory map of an earlier run's keeps its own.
+  partial = None if path is None else path + ".partial"
+  with open(partial, "wb") if path is not None else contextlib.nullcontext() as sink:
+    for cls in tqdm(classes, desc="cache features", disable=not progress, dynamic_ncols=True):
+      e, t = encode_features(bundle, cls.images, kind, batch_size)
+      t = np.ascontiguousarray(t, dtype)
+      if sink is None:
+        tokens.append(t)
+      else:
+        sink.write(t.tobytes())
+        shape = t.shape[1:]
+      embeddings.append(e)
+      labels.append(np.full(len(cls.images), cls.label, np.int32))
+  if not labels or (path is not None and shape is None):
     raise ValueError("no training images: the baselines need at least one class with images.")
-  return CachedFeatures(np.concatenate(tokens), np.concatenate(labels), np.concatenate(embeddings))
+  labels = np.concatenate(labels)
+  if path is None:
+    tokens = np.concatenate(tokens)
+  else:
+    os.replace(partial, path)
+    tokens = np.memmap(path, np.dtype(dtype), "r", shape=(len(labels), *shape))
+  return CachedFeatures(tokens, labels, np.concatenate(embeddings))
 
 
 def descriptor_targets(

@@ -166,3 +166,26 @@ def explain_feature_maps(
     valid=np.asarray(valid),
     label_scores=np.asarray(logits),
   )
+
+
+def feature_map_figure(
+  model: ConceptLabeler, params, tokens, n_concepts: int = 5, threshold: float = 0.9
+) -> dict[str, np.ndarray]:
+  """App. D.2's Fig. 6 for B images: the channel of largest spatial norm (the main object's map)
+  and the next `n_concepts` (Feature Maps' concepts, `feature_map_concepts`), each map min-max
+  normalised to [0, 1] and kept >= threshold, each region labelled by the labeler's most likely
+  descriptor, as `explain_feature_maps` labels the concepts.
+
+  Returns:
+    dict: channels int32 [B, 1 + L] (the object's first); maps float32 [B, 1 + L, h, w], the
+    normalised maps; regions bool [B, 1 + L, h, w] (maps >= threshold); valid bool [B, 1 + L];
+    ids int32 [B, 1 + L], each region's most likely descriptor; label_scores float32
+    [B, 1 + L, D] (the labeler's logits).
+  """
+  out = explain_feature_maps(model, params, tokens, int(n_concepts) + 1, threshold, False)
+  tokens = np.asarray(tokens, np.float32)
+  maps = np.moveaxis(np.take_along_axis(tokens, out["channels"][:, None, None, :], axis=3), 3, 1)
+  low = maps.min(axis=(2, 3), keepdims=True)
+  high = maps.max(axis=(2, 3), keepdims=True)
+  out["maps"] = ((maps - low) / np.maximum(high - low, 1e-12)).astype(np.float32)
+  return out

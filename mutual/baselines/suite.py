@@ -14,7 +14,12 @@ import numpy as np
 
 from mutual.baselines.bottleneck import MultimodalBottleneck, explain_bottleneck, train_bottleneck
 from mutual.baselines.cache import CachedFeatures, flat_tokens
-from mutual.baselines.feature_maps import ConceptLabeler, explain_feature_maps, train_labeler
+from mutual.baselines.feature_maps import (
+  ConceptLabeler,
+  explain_feature_maps,
+  feature_map_figure,
+  train_labeler,
+)
 from mutual.baselines.fitting import TrainResult
 from mutual.baselines.lf_cbm import LabelFreeCBM, lf_cbm_settings, train_lf_cbm
 from mutual.baselines.standard import StandardMLP, train_standard
@@ -102,6 +107,19 @@ class Baselines:
       bool(config.feature_maps.skip_object),
     )
     return out
+
+  def feature_map_figure(self, tokens, config) -> dict[str, np.ndarray]:
+    """App. D.2's Fig. 6 for B images (patch features float [B, h, w, C]; config:
+    config.baselines): the object's channel and the Feature Maps concepts, labelled by the
+    labeler whose scores give Table 5's top-all / top-10 (`classify`'s LABELER)."""
+    model, result = self.labeler
+    return feature_map_figure(
+      model,
+      result.params,
+      tokens,
+      int(config.n_concepts),
+      float(config.feature_maps.threshold),
+    )
 
   def training_summary(self) -> dict[str, dict]:
     """Per baseline: steps, first and last losses (mean of 10 steps), seconds; LF-CBM: its

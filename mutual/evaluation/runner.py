@@ -79,6 +79,8 @@ def train_baselines(
   `mutual.baselines.suite.train_all`)."""
   b = config.baselines
   train_classes = train_dataset.classes(size)
+  # Every image of a large training set: the patch features on disk, beside the checkpoints.
+  on_disk = workdir is not None and b.get("cache_on_disk", False)
   cached = baseline_cache.cache_features(
     bundle,
     train_classes,
@@ -86,12 +88,52 @@ def train_baselines(
     batch_size=min(64, int(config.evaluation.batch_size)),
     dtype=np.dtype(b.cache_dtype),
     progress=progress,
+    directory=os.path.join(workdir, "features") if on_disk else None,
   )
   targets = baseline_cache.descriptor_targets(class_names, per_class, bank.descriptors)
   trained = baseline_suite.train_all(
     cached, bank.descriptor_embeddings, targets, b, progress, workdir=workdir
   )
   return trained, len(cached)
+
+
+def training_set(config, images: int) -> dict:
+  """How the baselines' training set stands to the paper's: §4 and App. D train them "on the full
+  ImageNet training set", every image of the training split (config.baselines.data's
+  images_per_class 0); a cap per class, or the embedded world's generated images, is not the
+  paper's setting, and Table 5 (printed, table1.md, table1.json) says so.
+
+  Returns:
+    dict: images (trained on), images_per_class (the cap; None: every image), full_training_set
+    (bool; None for the embedded world, whose stream has no end), paper_setting (bool), note
+    (the sentence Table 5 prints).
+  """
+  d = _merged(config, config.baselines.data).data
+  cap = int(d.get("images_per_class") or 0) or None
+  count = f"{images:,} images"
+  if d.source == "synthetic":
+    full = None
+    note = (
+      f"{cap} generated images per class of the embedded world ({count}): not the paper's "
+      "setting (App. D trains them on the full ImageNet training set)"
+    )
+  elif cap:
+    full = False
+    note = (
+      f"at most {cap} images per class of the training split ({count}): not the paper's "
+      "setting (App. D trains them on the full training set: "
+      "config.baselines.data.images_per_class=0)"
+    )
+  else:
+    full = True
+    note = f"every image of the training split ({count}), as App. D"
+  return dict(
+    images=int(images),
+    images_per_class=cap,
+    full_training_set=full,
+    paper_setting=bool(full),
+    note=f"Baselines trained on {note}.",
+  )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,14 +188,26 @@ def first_image_steps(images, ordered, ordered_valid, blur) -> dict[str, np.ndar
 
 
 def class_curves(
-  bundle, cls, result, bank, config, score_fn, blur, trained=None, image_embeddings=None, steps=None
+  bundle,
+  cls,
+  result,
+  bank,
+  config,
+  score_fn,
+  blur,
+  trained=None,
+  image_embeddings=None,
+  steps=None,
+  feature_maps=None,
 ):
   """Perturbation curves of every explanation of one class: ({row: xai.Curves}, the trained
   baselines' class and labeler scores, `mutual.baselines.suite.Baselines.classify`, {} without
   them).
   image_embeddings: float32 [B, E] unit, computed if None.
   steps: a dict to receive, per row of the method ("Ours (...)"), the first image's perturbed
-  images (`first_image_steps`), or None."""
+  images (`first_image_steps`), or None.
+  feature_maps: a list to receive the Fig. 6 rows (`feature_map_rows`) of the class's first
+  images, or None."""
   e = config.evaluation
   images = cls.images
   batch = len(images)
@@ -168,6 +222,8 @@ def class_curves(
     raw, tokens = baseline_cache.encode_features(bundle, images, config.analysis.feature_kind)
     ex = trained.explain(tokens, bank.descriptor_embeddings, predicted, config.baselines)
     extra = trained.classify(tokens, raw, bank.descriptor_embeddings)  # Table 5
+    if feature_maps is not None:
+      feature_maps += feature_map_rows(cls, tokens, trained, bank, config.baselines)
   rows = explanations(cls, result, config, ex)
   stages = paper_config.analysis_stages(config.analysis)  # the analysis mode's prompts
   curves = {}
@@ -211,6 +267,42 @@ def class_curves(
   return curves, extra
 
 
+def feature_map_rows(cls, tokens, trained, bank, settings) -> list[dict]:
+  """App. D.2's Fig. 6 rows of the class's first images (settings.feature_maps.figure_images at
+  most; settings: config.baselines): each image, its object channel and Feature Maps concepts
+  (`Baselines.feature_map_figure`: the labeler of Table 5's top-all / top-10), their normalised
+  maps and regions, and the descriptors the labeler names them by."""
+  count = min(int(settings.feature_maps.get("figure_images", 6)), len(cls.images))
+  if count == 0:
+    return []
+  fig = trained.feature_map_figure(tokens[:count], settings)
+  return [
+    dict(
+      image=cls.images[i],
+      caption=cls.name,
+      class_name=cls.name,
+      index=i,
+      channels=fig["channels"][i],
+      maps=fig["maps"][i],
+      regions=fig["regions"][i],
+      valid=fig["valid"][i],
+      ids=fig["ids"][i],
+      labels=[bank.descriptors[j] for j in fig["ids"][i]],
+      threshold=float(settings.feature_maps.threshold),
+    )
+    for i in range(count)
+  ]
+
+
+def first_rows(per_class: list[list], count: int) -> list:
+  """Up to `count` rows, one image of each class in turn (the classes' first images, then
+  their second ...)."""
+  rows = []
+  for i in range(max((len(c) for c in per_class), default=0)):
+    rows += [c[i] for c in per_class if i < len(c)]
+  return rows[:count]
+
+
 # ---------------------------------------------------------------------------------------------
 # Outputs.
 
@@ -241,6 +333,33 @@ def plot_curves(path: str, summaries: Mapping[str, Mapping], title: str = "") ->
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def _plot_feature_maps(workdir: str, config, rows: list[dict], table5: Mapping) -> list[dict]:
+  """fig6_feature_maps.png (App. D.2, Fig. 6) from `feature_map_rows`' rows; returns what it
+  shows per image (table1.json's "fig6")."""
+  model = config.model.get("name", config.model.source)
+  fm = config.baselines.feature_maps
+  title = (
+    f"{config.name}: {model}, Feature Maps (App. D.2, Fig. 6): per image the "
+    f"{len(rows[0]['channels'])} neurons of largest spatial norm, the first the main object; "
+    f"each map normalised to [0, 1] and shown >= {float(fm.threshold):g}, labelled by the "
+    "concept labeler of Table 5's top-all / top-10"
+  )
+  setting = table5.get("training_set") or {}
+  if setting and not setting["paper_setting"]:
+    title += f"\n{setting['note']}"
+  report.plot_feature_maps(os.path.join(workdir, "fig6_feature_maps.png"), rows, title=title)
+  return [
+    dict(
+      class_name=r["class_name"],
+      image=int(r["index"]),
+      object_neuron=int(r["channels"][0]),
+      neurons=[int(c) for c in r["channels"]],
+      descriptors=[label if v else None for label, v in zip(r["labels"], r["valid"])],
+    )
+    for r in rows
+  ]
 
 
 def _plot_steps(workdir: str, config, cls, steps, curves) -> None:
@@ -387,14 +506,19 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   parts: dict[str, list] = {}
   scores: dict[str, list] = {bottlenecks.ZERO_SHOT: []}  # Table 5's logits, and the labeler's
   labels: list = []
+  fig6_count = int(config.baselines.feature_maps.get("figure_images", 6))
+  fig6: list[list] = []  # Fig. 6's candidate rows, per class, of the first fig6_count classes
   for cls in protocols.stage_bar(classes, "Table 1: analyse and perturb classes", show=progress):
     result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
     embeddings = protocols.image_embeddings(bundle, cls.images)
     concepts.add(cls.label, result, embeddings)
     steps = {} if not parts else None  # Fig. 7: the first image's steps
+    maps = [] if trained is not None and len(fig6) < fig6_count else None
     curves, predictions = class_curves(
-      bundle, cls, result, bank, config, score_fn, blur, trained, embeddings, steps
+      bundle, cls, result, bank, config, score_fn, blur, trained, embeddings, steps, maps
     )
+    if maps:
+      fig6.append(maps)
     if steps:
       _plot_steps(workdir, config, cls, steps, curves)
     for name, c in curves.items():
@@ -420,6 +544,8 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     baseline_cache.descriptor_targets(class_names, dict(zip(class_names, lists)), bank.descriptors),
     int(config.baselines.feature_maps.get("accuracy_top_k", 10)),
   )
+  if trained is not None:
+    table5["training_set"] = training_set(config, n_train)
   top1 = {k: r["top1"] for k, r in table5["rows"].items()}
   results: dict[str, Any] = dict(
     model=model,
@@ -431,13 +557,20 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     table5=table5,
     blur=dict(kernel=blur[0], sigma=blur[1]),
   )
+  if fig6:
+    results["fig6"] = _plot_feature_maps(workdir, config, first_rows(fig6, fig6_count), table5)
   if trained is not None:
-    results["baselines"] = dict(training_images=n_train, training=trained.training_summary())
+    results["baselines"] = dict(
+      training_images=n_train,
+      training_set=table5["training_set"],
+      training=trained.training_summary(),
+    )
   os.makedirs(workdir, exist_ok=True)
   table = xai.table_rows(summaries, results["requires_training"])
   text = (
     f"## Table 1 (App. D, E): explanations on the XAI metrics ({model}, {n_images} images)\n\n"
-    f"{table}\n## Table 5 (App. D): Top-1 / Top-5 (%) of the trained baselines on the same images"
+    + (f"{table5['training_set']['note']}\n\n" if trained is not None else "")
+    + f"{table}\n## Table 5 (App. D): Top-1 / Top-5 (%) of the trained baselines on the same images"
     "\n\n"
   )
   text += bottlenecks.table5_markdown(table5, model)
