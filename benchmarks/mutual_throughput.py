@@ -74,7 +74,8 @@ from stori_jax.plumbing import profiling
 from mutual import concepts, crf, features, foreground, pipeline, report
 from mutual import reference as torch_reference
 from mutual import visual_prompts
-from mutual import ellipse as reference_ellipse
+from mutual.ellipse import contours as ellipse_contours
+from mutual.ellipse import pixels as ellipse_pixels
 from mutual.paper_config import analysis_config
 from stori_jax.data import synthetic
 from stori_jax.clip.encoding import l2_normalize
@@ -139,8 +140,8 @@ JITTED = (
   (pipeline, "_kmeans_maps"),
   (crf, "_refine"),
   (visual_prompts, "_region_embeddings"),
-  (reference_ellipse, "largest_contours"),
-  (reference_ellipse, "compose_prompts"),
+  (ellipse_contours, "largest_contours"),
+  (ellipse_pixels, "compose_prompts"),
 )
 #: The vision tower called from Python inside a stage gets its own stage there (the visual
 #: prompts' tower runs inside their fused program, whose cost is the stage's).

@@ -8,7 +8,8 @@ classes, 16 fresh images each, D = 48 descriptors). The baselines train on 128 o
 class (seed 1 of the same stream; the evaluation images are seed 0), with q, the learning rate
 and the epochs scaled to the tiny model (App. D's ImageNet values: configs/mutual_eval_imagenet.py).
 Table 5's Standard MLP trains as they do; LF-CBM keeps its authors' ImageNet recipe unscaled
-(mutual.paper_config.LF_CBM_DEFAULTS).
+(mutual.paper_config.LF_CBM_DEFAULTS). The world's stream of images has no end, so there is no
+full training set to train on (App. D's); Table 5 says so ("not the paper's setting").
 A few minutes on 2 CPU cores.
 
 `:smoke` (`:variant=smoke`) evaluates 2 classes x 4 images with baselines trained for 2 epochs on

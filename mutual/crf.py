@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mutual import ellipse
+from mutual.ellipse import pixels as ellipse_pixels
 from mutual.foreground import pixel_coordinates
 
 
@@ -201,7 +201,7 @@ def refine(
     filter: "exact" (the kernels summed exactly, above) or "lattice" (SimpleCRF's permutohedral
       lattice, `lattice_refine`: the reference's CRF, label for label; max_keys unused).
     round_trip: (mean, std): refine the uint8 image the reference refines, the pixels after
-      CLIP's normalisation and back with truncation (mutual.ellipse.reference_uint8); None:
+      CLIP's normalisation and back with truncation (mutual.ellipse.pixels.reference_uint8); None:
       the pixels as given.
 
   Returns:
@@ -220,7 +220,7 @@ def refine(
       "patch mask first (mutual.foreground.upsample_mask)."
     )
   if round_trip is not None:
-    images = ellipse.reference_uint8(jnp.asarray(images), *round_trip)
+    images = ellipse_pixels.reference_uint8(jnp.asarray(images), *round_trip)
   if not 0.5 < confidence < 1.0:
     raise ValueError(f"confidence must lie in (0.5, 1), got {confidence}.")
   if min(spatial_sigma, rgb_sigma, gaussian_sigma) <= 0:

@@ -16,10 +16,16 @@ metrics of App. E (mutual.xai): Deletion, Insertion, AccDrop, AccIncrease.
 Writes to the workdir:
   table1.md, table1.json     Table 1, and Table 5 (App. D: top-1 / top-5 of the Standard MLP,
                              LF-CBM, MM-CBM, MM-ProtoSim; the concept labeler's top-all /
-                             top-10) on the evaluation images
+                             top-10) on the evaluation images, with the baselines' training set
+                             (every image of the training split, as App. D, or "not the
+                             paper's setting")
   curves.png                 the four mean curves (score / accuracy per step) per explanation
   fig7_<method>.png          App. E's Fig. 7: the first image's deletion and insertion steps
                              and its two score curves
+  fig6_feature_maps.png      App. D.2's Fig. 6: per image (the first of each class, 6 at most),
+                             the feature activation maps of the neurons of largest spatial norm
+                             (the first the main object) at the 0.9 threshold, each labelled by
+                             the concept labeler of Table 5's top-all / top-10 (with baselines)
   protocols.md, protocols.json   Table 2, App. A.1-A.4 (config.evaluation.protocols)
   layer_similarity.png       App. A.1's Fig. 1: the [CLS] token's similarity across layers
   classes/<class>.npz        a class's Table 1 pass (concepts, curves, Table 5's scores)
@@ -49,6 +55,7 @@ OUTPUTS = (
   "table1.json",
   "curves.png",
   "fig7_*.png",
+  "fig6_feature_maps.png",
   "protocols.md",
   "protocols.json",
   "layer_similarity.png",

@@ -75,7 +75,7 @@ ANALYSIS_DEFAULTS = dict(
   kmeans_seed=0,
   # Reference mode's seeding protocol: Python's `random` (the padding of contours under 5
   # points) and OpenCV's cv::theRNG() (cv2.setRNGSeed: the points its fitEllipse moves) seeded
-  # with it before each image's concepts of each method (mutual.ellipse.padded_ellipses).
+  # with it before each image's concepts of each method (mutual.ellipse.prompts.padded_ellipses).
   ellipse_seed=0,
   compute_dtype="float32",  # the vision towers' ("bfloat16" on GPU / TPU); language stages fp32
   # Concept regions (3 prompts each) per vision-tower call: the library's own call shape.
@@ -272,7 +272,7 @@ def evaluation_config(**overrides) -> ml_collections.ConfigDict:
 
 #: config.baselines.lf_cbm: the LF-CBM row of Table 5 (Oikarinen et al. 2023), its authors'
 #: recipe (Label-free-CBM train_cbm.py and its ImageNet command: clip_cutoff 0.28, n_iters 80,
-#: lam 1e-4); `mutual.baselines.train_lf_cbm` reads them. The MK paper gives none of them.
+#: lam 1e-4); `mutual.baselines.lf_cbm.train_lf_cbm` reads them. The MK paper gives none of them.
 LF_CBM_DEFAULTS = dict(
   clip_cutoff=0.28,  # keep a concept whose mean top-5 CLIP cosine over the training images > this
   proj_steps=1000,  # Adam steps of the concept projection W_c (early-stopped on the held-out set)
@@ -304,9 +304,18 @@ def baselines_config(data_overrides=None, **overrides) -> ml_collections.ConfigD
     gumbel_temperature=1.0,
     region_threshold=0.5,  # attention maps, min-max normalised, kept >= this
     cache_dtype="float32",  # or "float16" to halve the cached features
+    # The patch features to <workdir>/baselines/features/tokens.bin, read back memory-mapped
+    # (a training set larger than memory: ImageNet's); False keeps them in memory.
+    cache_on_disk=False,
     # accuracy_top_k: the labeler's relaxed accuracy looks at its top 10 descriptors (App. D.2).
+    # figure_images: the images of App. D.2's Fig. 6 (fig6_feature_maps.png; the paper's 6).
     feature_maps=dict(
-      threshold=0.9, skip_object=True, drop_rate=0.5, block_size=3, accuracy_top_k=10
+      threshold=0.9,
+      skip_object=True,
+      drop_rate=0.5,
+      block_size=3,
+      accuracy_top_k=10,
+      figure_images=6,
     ),
     # Also the Standard MLP's and (its hidden width being q) Table 5's other trained rows.
     train=dict(epochs=10, batch_size=64, learning_rate=1e-4, final_learning_rate=1e-5, seed=0),

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mutual import concepts, crf, descriptors, features, foreground, information, transport
-from mutual import ellipse, paper_config, visual_prompts
+from mutual import paper_config, visual_prompts
+from mutual.ellipse import pixels as ellipse_pixels
 from stori_jax.data import synthetic_tasks
 from stori_jax.clip.encoding import encode_texts, l2_normalize
 from stori_jax.clip.preprocess import normalize
@@ -302,9 +303,9 @@ _upsample_mask = jax.jit(foreground.upsample_mask, static_argnums=1)
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _reference_uint8(images, mean: tuple, std: tuple):
-  """The reference's uint8 round trip of uint8 images (ellipse.reference_uint8) as one program;
-  crf.refine(round_trip=...) runs it eagerly (some 14 small programs)."""
-  return ellipse.reference_uint8(images, mean, std)
+  """The reference's uint8 round trip of uint8 images (mutual.ellipse.pixels.reference_uint8) as
+  one program; crf.refine(round_trip=...) runs it eagerly (some 14 small programs)."""
+  return ellipse_pixels.reference_uint8(images, mean, std)
 
 
 @jax.jit

@@ -536,3 +536,60 @@ def plot_perturbation_steps(
   fig.subplots_adjust(left=0.02, right=0.98, top=0.85, bottom=0.13)
   save_figure(fig, path, dpi=120)
   plt.close(fig)
+
+
+def plot_feature_maps(path: str, rows: Sequence[Mapping[str, Any]], title: str = "") -> None:
+  """App. D.2's Fig. 6: per image (a row), the image and its feature activation maps, the channel
+  of largest spatial norm first (the main object, framed) and then the concepts, each map
+  normalised to [0, 1] and shown where it reaches the threshold, titled by its channel and
+  labelled below by the concept labeler's most likely descriptor.
+
+  Args:
+    rows: per image, a dict: image uint8 [S, S, 3]; caption (the image's class); channels int
+      [K]; maps float [K, h, w] in [0, 1]; regions bool [K, h, w]; valid bool [K]; labels [K]
+      str (the labeler's descriptors); threshold float.
+  """
+  plt = pyplot()
+  count = max(len(r["channels"]) for r in rows)
+  fig, axes = plt.subplots(
+    len(rows),
+    count + 1,
+    figsize=(1.8 * (count + 1), 2.1 * len(rows) + 1.0),
+    squeeze=False,
+    layout="constrained",
+  )
+  for axs, r in zip(axes, rows):
+    image = np.asarray(r["image"], np.uint8)
+    size = image.shape[0]
+    axs[0].imshow(image)
+    axs[0].set_title("\n".join(_wrapped(r.get("caption", ""), 24)[:2]), fontsize=7)
+    for k, ax in enumerate(axs[1:]):
+      if k >= len(r["channels"]):
+        ax.set_axis_off()
+        continue
+      grid = np.asarray(r["maps"][k], np.float32)
+      scale = np.ones((size // grid.shape[0], size // grid.shape[1]), np.float32)
+      values = np.kron(grid, scale)
+      shown = np.kron(np.asarray(r["regions"][k], np.float32), scale) > 0
+      ax.imshow(image, alpha=0.35)
+      ax.imshow(
+        np.ma.masked_where(~shown, values),
+        cmap="plasma",
+        vmin=float(r["threshold"]),
+        vmax=1.0,
+        interpolation="nearest",
+      )
+      ax.set_title(f"neuron {int(r['channels'][k])}" + (" (object)" if k == 0 else ""), fontsize=7)
+      label = r["labels"][k] if r["valid"][k] else "(no region)"
+      ax.set_xlabel("\n".join(_wrapped(label, 24)[:2]), fontsize=7)
+      if k == 0:
+        for spine in ax.spines.values():
+          spine.set_edgecolor("tab:red")
+          spine.set_linewidth(2)
+    for ax in axs:
+      ax.set_xticks([])
+      ax.set_yticks([])
+  title = title or "Feature activation maps (App. D.2, Fig. 6)"
+  fig.suptitle("\n".join(w for part in title.split("\n") for w in _wrapped(part, 150)), fontsize=9)
+  save_figure(fig, path, dpi=120)
+  plt.close(fig)

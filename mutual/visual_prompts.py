@@ -29,7 +29,8 @@ import numpy as np
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mutual import ellipse as reference_ellipse
+from mutual.ellipse import pixels as ellipse_pixels
+from mutual.ellipse import prompts as ellipse_prompts
 from mutual.foreground import main_regions, pixel_coordinates, upsample_mask
 from stori_jax.clip.encoding import l2_normalize_jax
 
@@ -172,10 +173,11 @@ def render_prompts(
       (mutual.ellipse: OpenCV's contour, fitEllipse and drawing, in uint8; it always uses the
       largest outer contour, whatever largest_region, and a 1-pixel stroke at any size, as
       cv2.ellipse(..., thickness=1) draws, so thickness must be 1; the reference's seeding
-      protocol with seed 0: mutual.ellipse.reference_prompts).
+      protocol with seed 0: mutual.ellipse.prompts.reference_prompts).
     round_trip: with "reference", (mean, std) of the normalisation the reference's image went
-      through before it was turned back to uint8 by truncation (mutual.ellipse.reference_uint8);
-      None takes the pixels as they are (rounded to uint8).
+      through before it was turned back to uint8 by truncation
+      (mutual.ellipse.pixels.reference_uint8); None takes the pixels as they are (rounded to
+      uint8).
 
   Returns:
     (prompted float32 [B, L, 3, H, W, 3] in [0, 1], variants in VARIANTS order (with
@@ -199,7 +201,7 @@ def render_prompts(
       )
     pixels = jnp.round(jnp.clip(images, 0.0, 1.0) * 255).astype(jnp.uint8)
     if round_trip is not None:
-      pixels = reference_ellipse.reference_uint8(pixels, *round_trip)
+      pixels = ellipse_pixels.reference_uint8(pixels, *round_trip)
     height, width = images.shape[1:3]
     maps = concept_maps.astype(jnp.int32)
     if maps.shape[1:] != (height, width):
@@ -207,7 +209,7 @@ def render_prompts(
       rows = (jnp.arange(height) * maps.shape[1]) // height
       cols = (jnp.arange(width) * maps.shape[2]) // width
       maps = maps[:, rows][:, :, cols]
-    prompted, valid = reference_ellipse.reference_prompts(pixels, maps, n_concepts, blur_size)
+    prompted, valid = ellipse_prompts.reference_prompts(pixels, maps, n_concepts, blur_size)
     return prompted.astype(jnp.float32) / 255.0, valid
   stroke = max(1.0, thickness * images.shape[1] / 224)
   return _render(
@@ -227,9 +229,9 @@ def _unit_from_uint8(images):
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _reference_pixels(pixels, mean: tuple, std: tuple):
   """float32 [0, 1] pixels -> the reference's uint8 image (8-bit values, then
-  reference_ellipse.reference_uint8's round trip)."""
+  mutual.ellipse.pixels.reference_uint8's round trip)."""
   pixels = jnp.round(jnp.clip(pixels, 0.0, 1.0) * 255).astype(jnp.uint8)
-  return reference_ellipse.reference_uint8(pixels, mean, std)
+  return ellipse_pixels.reference_uint8(pixels, mean, std)
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -283,7 +285,7 @@ def _region_prompts(pixels, maps, pairs, ellipses, stroke, blur_size, largest_re
   if ellipses is not None:
     outline, filled = ellipses
     valid = jnp.ones((len(pairs), 1), bool)
-    prompted = reference_ellipse.compose_prompts(
+    prompted = ellipse_pixels.compose_prompts(
       images, outline[:, None], filled[:, None], valid, blur_size
     )
     return prompted[:, 0].astype(jnp.float32) / 255.0
@@ -430,7 +432,7 @@ def concept_embeddings_of_maps(
       them beyond float32 summation order.
     ellipse_seed: with ellipse="reference", the seed of the reference's random padding of
       contours under 5 points and of OpenCV's cv::theRNG() (config.analysis.ellipse_seed;
-      mutual.ellipse.padded_ellipses: both seeded anew per image and method).
+      mutual.ellipse.prompts.padded_ellipses: both seeded anew per image and method).
       The reference's ellipses differ by method there, so equal regions of two maps are not
       shared in that mode.
     per_pass: on one device, images per tower pass inside a call (mutual.features.
@@ -501,7 +503,7 @@ def concept_embeddings_of_maps(
     ellipses = None
     if ellipse == "reference":
       # The reference's protocol: Python's `random` and cv::theRNG() seeded anew per map.
-      found = reference_ellipse.padded_ellipses(maps, index, n_concepts, seed=ellipse_seed)
+      found = ellipse_prompts.padded_ellipses(maps, index, n_concepts, seed=ellipse_seed)
       ellipses = (found["stroke"], found["filled"])
     embedded = _region_embeddings(
       params,

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from mutual import baselines
+from mutual.baselines import bottleneck, cache, feature_maps, fitting, suite
 from stori_jax.plumbing.errors import NonFiniteError, UserError
 from stori_jax.trainloop import loop
 from stori_jax.trainloop.checkpointer import NonFiniteWatch
@@ -25,7 +25,7 @@ def _toy(n_per_class=24, classes=3, grid=4, channels=8, seed=0):
   tokens = 0.1 * rng.normal(size=(len(labels), grid, grid, channels)).astype(np.float32)
   for i, c in enumerate(labels):
     tokens[i, c : c + 2, c : c + 2, c] += 3.0
-  return baselines.CachedFeatures(tokens, labels)
+  return cache.CachedFeatures(tokens, labels)
 
 
 def _descriptors(d=6, e=5, seed=1):
@@ -41,7 +41,7 @@ def trained():
   """Both bottlenecks trained once on the toy features: {attention: (model, result)}."""
   cached, desc = _toy(), _descriptors()
   return {
-    a: baselines.train_bottleneck(cached, desc, 3, attention=a, width=16, progress=False, **TRAIN)
+    a: bottleneck.train_bottleneck(cached, desc, 3, attention=a, width=16, progress=False, **TRAIN)
     for a in ("softmax", "gumbel")
   }
 
@@ -52,7 +52,7 @@ def test_bottleneck_learns(trained, attention):
   cached, desc = _toy(), _descriptors()
   model, result = trained[attention]
   assert result.losses[-5:].mean() < 0.5 * result.losses[:5].mean()
-  out = baselines.explain_bottleneck(model, result.params, cached.tokens, desc, cached.labels, 2)
+  out = bottleneck.explain_bottleneck(model, result.params, cached.tokens, desc, cached.labels, 2)
   assert (out["logits"].argmax(1) == cached.labels).mean() > 0.9
   assert out["ids"].shape == (72, 2) and out["regions"].shape == (72, 2, 4, 4)
 
@@ -63,7 +63,7 @@ def test_training_is_deterministic_given_the_seed(trained):
   cached, desc = _toy(), _descriptors()
   short = {**TRAIN, "epochs": 3}
   runs = [
-    baselines.train_bottleneck(
+    bottleneck.train_bottleneck(
       cached, desc, 3, attention="gumbel", width=16, progress=False, **{**short, "seed": s}
     )[1]
     for s in (0, 0, 1)
@@ -84,8 +84,8 @@ def test_cbm_explanation_is_the_largest_contributions_to_the_explained_class(tra
   model, result = trained["softmax"]
   tokens = cached.tokens[:5]
   predicted = np.array([0, 1, 2, 0, 1])
-  out = baselines.explain_bottleneck(model, result.params, tokens, desc, predicted, 3, 0.5)
-  _, u, attention = model.apply({"params": result.params}, baselines._flat(tokens), desc)
+  out = bottleneck.explain_bottleneck(model, result.params, tokens, desc, predicted, 3, 0.5)
+  _, u, attention = model.apply({"params": result.params}, cache.flat_tokens(tokens), desc)
   w = np.asarray(result.params["classifier"]["kernel"])  # [D, C]
   for i, p in enumerate(predicted):
     contribution = np.asarray(u[i]) * w[:, p]
@@ -100,10 +100,10 @@ def test_protosim_assigns_every_token_to_exactly_one_descriptor(trained):
   cached = _toy()
   desc = _descriptors()
   model, result = trained["gumbel"]
-  _, _, attention = model.apply({"params": result.params}, baselines._flat(cached.tokens), desc)
+  _, _, attention = model.apply({"params": result.params}, cache.flat_tokens(cached.tokens), desc)
   np.testing.assert_allclose(np.asarray(attention).sum(axis=1), 1.0, atol=1e-6)
   assert set(np.unique(np.round(np.asarray(attention), 6))) <= {0.0, 1.0}
-  out = baselines.explain_bottleneck(
+  out = bottleneck.explain_bottleneck(
     model, result.params, cached.tokens, desc, cached.labels, 6, 0.5
   )
   regions = out["regions"] & out["valid"][..., None, None]
@@ -116,7 +116,7 @@ def test_protosim_assigns_every_token_to_exactly_one_descriptor(trained):
 
 @pytest.mark.slow
 def test_gumbel_training_noise_is_used_and_seeded():
-  model = baselines.MultimodalBottleneck(3, 8, "gumbel")
+  model = bottleneck.MultimodalBottleneck(3, 8, "gumbel")
   tokens, desc = jnp.asarray(_toy().tokens[:4]).reshape(4, 16, 8), jnp.asarray(_descriptors())
   params = model.init({"params": jax.random.PRNGKey(0), "gumbel": jax.random.PRNGKey(1)}, tokens,
                       desc, train=True)["params"]  # fmt: skip
@@ -135,7 +135,7 @@ def test_gumbel_training_noise_is_used_and_seeded():
 def test_feature_map_concepts_match_a_numpy_reference():
   rng = np.random.default_rng(3)
   tokens = rng.normal(size=(2, 5, 5, 12)).astype(np.float32)
-  channels, regions, valid = baselines.feature_map_concepts(tokens, 3, 0.9, skip_object=True)
+  channels, regions, valid = feature_maps.feature_map_concepts(tokens, 3, 0.9, skip_object=True)
   for i in range(2):
     norms = np.sqrt((tokens[i] ** 2).sum(axis=(0, 1)))
     want = np.argsort(-norms)[1:4]  # the largest-norm channel (the object) skipped
@@ -144,12 +144,12 @@ def test_feature_map_concepts_match_a_numpy_reference():
       m = tokens[i, :, :, c]
       np.testing.assert_array_equal(regions[i, j], (m - m.min()) / (m.max() - m.min()) >= 0.9)
   assert valid.all()
-  kept, _, _ = baselines.feature_map_concepts(tokens, 3, 0.9, skip_object=False)
+  kept, _, _ = feature_maps.feature_map_concepts(tokens, 3, 0.9, skip_object=False)
   np.testing.assert_array_equal(kept[:, 1:], channels[:, :2])
 
 
 def test_dropblock_drops_square_blocks_at_about_the_rate():
-  keep = np.asarray(baselines.dropblock(jax.random.PRNGKey(0), (400, 14, 14), 0.3, 3))
+  keep = np.asarray(feature_maps.dropblock(jax.random.PRNGKey(0), (400, 14, 14), 0.3, 3))
   assert set(np.unique(keep)) <= {0.0, 1.0}
   assert 0.55 < keep.mean() < 0.85
   # Every dropped patch lies in a fully dropped 3 x 3 block.
@@ -162,9 +162,9 @@ def test_dropblock_drops_square_blocks_at_about_the_rate():
         for b in range(c - 2, c + 1)
       )  # fmt: skip
   np.testing.assert_array_equal(
-    keep, baselines.dropblock(jax.random.PRNGKey(0), (400, 14, 14), 0.3, 3)
+    keep, feature_maps.dropblock(jax.random.PRNGKey(0), (400, 14, 14), 0.3, 3)
   )
-  everything = np.asarray(baselines.dropblock(jax.random.PRNGKey(0), (4, 3, 3), 1.0, 3))
+  everything = np.asarray(feature_maps.dropblock(jax.random.PRNGKey(0), (4, 3, 3), 1.0, 3))
   assert everything.sum(axis=(1, 2)).min() > 0  # never an empty image
 
 
@@ -175,25 +175,25 @@ def test_labeler_names_a_region_by_its_class_descriptors():
   targets = np.zeros((3, 6), np.float32)
   for c in range(3):
     targets[c, 2 * c : 2 * c + 2] = 1
-  model, result = baselines.train_labeler(
+  model, result = feature_maps.train_labeler(
     cached, targets, drop_rate=0.3, block_size=2, progress=False, **{**TRAIN, "epochs": 30}
   )
   assert result.losses[-5:].mean() < result.losses[:5].mean()
-  out = baselines.explain_feature_maps(model, result.params, cached.tokens, 2, 0.9, True)
+  out = feature_maps.explain_feature_maps(model, result.params, cached.tokens, 2, 0.9, True)
   assert out["ids"].shape == (96, 2) and out["label_scores"].shape == (96, 2, 6)
   # The largest-norm channel is the class's lit channel; with skip_object=False its region is
   # the lit block, and its label one of the class's descriptors.
-  own = baselines.explain_feature_maps(model, result.params, cached.tokens, 1, 0.9, False)
+  own = feature_maps.explain_feature_maps(model, result.params, cached.tokens, 1, 0.9, False)
   assert (own["channels"][:, 0] == cached.labels).all()
   hit = targets[cached.labels, own["ids"][:, 0]]
   assert hit.mean() > 0.9
 
 
 def test_descriptor_targets_and_fit_errors():
-  t = baselines.descriptor_targets(["a", "b"], {"a": ["x", "y"], "b": ["y", "zz"]}, ["x", "y", "z"])
+  t = cache.descriptor_targets(["a", "b"], {"a": ["x", "y"], "b": ["y", "zz"]}, ["x", "y", "z"])
   np.testing.assert_array_equal(t, [[1, 1, 0], [0, 1, 0]])
   with pytest.raises(ValueError, match="no training examples"):
-    baselines.fit(lambda p, b, k, s: 0.0, {}, {"x": np.zeros((0, 2))}, epochs=1)
+    fitting.fit(lambda p, b, k, s: 0.0, {}, {"x": np.zeros((0, 2))}, epochs=1)
 
 
 @pytest.mark.slow
@@ -211,9 +211,9 @@ def test_train_all_and_explain_on_toy_features():
       train=dict(TRAIN, epochs=1),
     )
   )
-  trained = baselines.train_all(cached, desc, targets, config, progress=False)
+  trained = suite.train_all(cached, desc, targets, config, progress=False)
   out = trained.explain(cached.tokens[:4], desc, np.zeros(4, int), config)
-  assert set(out) == set(baselines.NAMES)
+  assert set(out) == set(suite.NAMES)
   for e in out.values():
     assert e["ids"].shape == (4, 2) and e["regions"].shape == (4, 2, 4, 4)
   summary = trained.training_summary()
@@ -230,11 +230,11 @@ def test_train_all_checkpoints_under_its_workdir_and_a_rerun_resumes(tmp_path, c
       train=dict(TRAIN, epochs=1),
     )
   )
-  first = baselines.train_all(cached, desc, targets, config, progress=False, workdir=str(tmp_path))
-  for name in baselines.NAMES:  # the toy has no embeddings: no Standard nor LF-CBM
-    assert sorted(os.listdir(tmp_path / baselines.FOLDERS[name] / "checkpoints")) == ["3", "4"]
+  first = suite.train_all(cached, desc, targets, config, progress=False, workdir=str(tmp_path))
+  for name in suite.NAMES:  # the toy has no embeddings: no Standard nor LF-CBM
+    assert sorted(os.listdir(tmp_path / suite.FOLDERS[name] / "checkpoints")) == ["3", "4"]
   capfd.readouterr()
-  again = baselines.train_all(cached, desc, targets, config, progress=False, workdir=str(tmp_path))
+  again = suite.train_all(cached, desc, targets, config, progress=False, workdir=str(tmp_path))
   assert capfd.readouterr().err.count("Resumed from step 4 of 4") == 3
   for a, b in zip(
     (first.cbm, first.protosim, first.labeler), (again.cbm, again.protosim, again.labeler)
@@ -281,7 +281,7 @@ def _reference_fit(
       key = jax.random.fold_in(base, len(losses))
       params, state, loss = step(params, state, chunk, key, jnp.float32(len(losses) / total))
       losses.append(float(loss))
-  return baselines.TrainResult(params, np.asarray(losses, np.float32), 0.0)
+  return fitting.TrainResult(params, np.asarray(losses, np.float32), 0.0)
 
 
 def _assert_same_params(a, b):
@@ -302,19 +302,19 @@ def test_fit_trains_to_the_numbers_of_the_loop_it_replaced(which, monkeypatch):
 
   def train():
     if which == "gumbel":
-      model, result = baselines.train_bottleneck(
+      model, result = bottleneck.train_bottleneck(
         cached, desc, 3, attention="gumbel", width=16, progress=False, **{**TRAIN, "epochs": 10}
       )
-      out = baselines.explain_bottleneck(model, result.params, cached.tokens, desc, cached.labels)
+      out = bottleneck.explain_bottleneck(model, result.params, cached.tokens, desc, cached.labels)
       return result, (out["logits"].argmax(1) == cached.labels).mean()
-    model, result = baselines.train_labeler(
+    model, result = feature_maps.train_labeler(
       cached, targets, drop_rate=0.3, block_size=2, progress=False, **{**TRAIN, "epochs": 10}
     )
-    out = baselines.explain_feature_maps(model, result.params, cached.tokens, 1, 0.9, False)
+    out = feature_maps.explain_feature_maps(model, result.params, cached.tokens, 1, 0.9, False)
     return result, targets[cached.labels, out["ids"][:, 0]].mean()
 
   new, new_accuracy = train()
-  monkeypatch.setattr(baselines, "fit", _reference_fit)
+  monkeypatch.setattr(fitting, "fit", _reference_fit)
   old, old_accuracy = train()
   assert len(new.losses) == 10 * (72 // 16)
   np.testing.assert_array_equal(new.losses, old.losses)
@@ -360,12 +360,12 @@ def test_a_stopped_fit_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_pat
   loss_fn, params = _softmax_regression(x)
   common = dict(epochs=5, batch_size=16, learning_rate=0.1, final_learning_rate=0.01, seed=3)
   common.update(progress=False, checkpoint_every=3)
-  straight = baselines.fit(
+  straight = fitting.fit(
     loss_fn, params, {"x": x, "labels": cached.labels}, workdir=str(tmp_path / "a"), **common
   )
   assert len(straight.losses) == 20
   with pytest.raises(Stopped):  # stopped while the batch of step 11 (0-based) was gathered
-    baselines.fit(
+    fitting.fit(
       loss_fn,
       params,
       {"x": StopsAfter(x, 11), "labels": cached.labels},
@@ -374,7 +374,7 @@ def test_a_stopped_fit_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_pat
     )
   assert sorted(os.listdir(tmp_path / "b" / "checkpoints")) == ["6", "9"]
   capfd.readouterr()
-  resumed = baselines.fit(
+  resumed = fitting.fit(
     loss_fn, params, {"x": x, "labels": cached.labels}, workdir=str(tmp_path / "b"), **common
   )
   assert f"Resumed from step 9 of 20 in {tmp_path / 'b'}" in capfd.readouterr().err
@@ -391,7 +391,7 @@ def test_a_diverged_fit_stops_with_the_nonfinite_paragraph(tmp_path):
     return jnp.where(progress < 0.5, 1.0, jnp.nan) * finite_loss(params, batch, key, progress)
 
   with pytest.raises(NonFiniteError) as error:
-    baselines.fit(
+    fitting.fit(
       loss_fn,
       params,
       {"x": x, "labels": cached.labels},
@@ -443,10 +443,44 @@ def test_a_fit_is_one_jitted_step_per_step_and_reads_nothing_back_until_the_end(
   checks = []
   check = NonFiniteWatch.check
   monkeypatch.setattr(NonFiniteWatch, "check", lambda w, *a: (checks.append(1), check(w, *a))[1])
-  result = baselines.fit(
+  result = fitting.fit(
     loss_fn, params, {"x": x, "labels": cached.labels}, epochs=5, batch_size=16, progress=False
   )
   assert len(dispatched) == 20 and programs == [1]
   assert reads and set(reads) == {20}, reads
   assert len(checks) <= 3  # the last step's log and checkpoint, and the loop's end
   assert np.isfinite(result.losses).all() and result.losses.shape == (20,)
+
+
+def test_features_cached_on_disk_equal_the_cache_in_memory_and_train_alike(tmp_path, monkeypatch):
+  """cache_features(directory=...): the patch features written as they come and read back
+  memory-mapped (every ImageNet training image does not fit in memory), the same values and the
+  same fit as the cache in memory."""
+  toy = _toy()
+
+  def encoded(bundle, images, kind="tokens", batch_size=64):
+    del bundle, kind, batch_size
+    rows = np.asarray(images)  # here the row indices of the toy features
+    return toy.tokens[rows].mean(axis=(1, 2)), toy.tokens[rows]
+
+  monkeypatch.setattr(cache, "encode_features", encoded)
+  classes = [
+    type("Class", (), dict(images=np.flatnonzero(toy.labels == c), label=c))() for c in range(3)
+  ]
+  memory = cache.cache_features(None, classes, dtype=np.float16, progress=False)
+  disk = cache.cache_features(
+    None, classes, dtype=np.float16, progress=False, directory=str(tmp_path / "features")
+  )
+  assert isinstance(disk.tokens, np.memmap) and not isinstance(memory.tokens, np.memmap)
+  assert (tmp_path / "features/tokens.bin").stat().st_size == toy.tokens.size * 2
+  for a, b in ((memory.tokens, disk.tokens), (memory.labels, disk.labels)):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(memory.embeddings, disk.embeddings)
+  losses = []
+  for cached in (memory, disk):
+    loss_fn, params = _softmax_regression(cached.tokens.mean(axis=(1, 2)))
+    loss = lambda p, b, k, s: loss_fn(p, {"x": b["tokens"].mean(axis=(1, 2)), **b}, k, s)  # noqa: E731
+    arrays = {"tokens": cached.tokens, "labels": cached.labels}
+    losses.append(fitting.fit(loss, params, arrays, epochs=2, batch_size=16, progress=False).losses)
+  np.testing.assert_array_equal(*losses)

@@ -12,7 +12,10 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import top_k_accuracy_score
 
-from mutual import baselines, paper_config
+from mutual import paper_config
+from mutual.baselines import cache, suite
+from mutual.baselines import lf_cbm as lf_cbm_baseline
+from mutual.baselines import standard as standard_baseline
 from mutual.protocols import bottlenecks
 from stori_jax.plumbing.config_files import ConfigError, load_config
 
@@ -29,7 +32,7 @@ def _toy(n_per_class=24, classes=3, grid=4, channels=8, width=6, seed=0):
   for i, c in enumerate(labels):
     tokens[i, c : c + 2, c : c + 2, c] += 3.0
     embeddings[i, c] += 2.0
-  return baselines.CachedFeatures(tokens, labels, embeddings + 1.0)
+  return cache.CachedFeatures(tokens, labels, embeddings + 1.0)
 
 
 def _descriptors(d=6, e=6, seed=1):
@@ -117,15 +120,15 @@ def test_lf_cbm_settings_are_its_authors_imagenet_recipe_and_refuse_bad_values()
   assert (d["interpretability_cutoff"], d["alpha"], d["step_size"]) == (0.45, 0.99, 0.1)
   assert (d["saga_batch_size"], d["tol"]) == (256, 1e-4)
   assert paper_config.baselines_config().lf_cbm.to_dict() == d
-  assert baselines.lf_cbm_settings(ml_collections.ConfigDict({})) == d  # a config without it
+  assert lf_cbm_baseline.lf_cbm_settings(ml_collections.ConfigDict({})) == d  # a config without it
   bad = paper_config.baselines_config(lf_cbm=dict(alpha=0.0, n_iters=2.5, val_fraction=1))
   with pytest.raises(ConfigError) as error:
-    baselines.lf_cbm_settings(bad)
+    lf_cbm_baseline.lf_cbm_settings(bad)
   for key in ("lf_cbm.alpha", "lf_cbm.n_iters", "lf_cbm.val_fraction"):
     assert key in str(error.value)
   # train_all refuses it before it trains anything (the fit would fail on the toy's shapes).
   with pytest.raises(ConfigError, match="lf_cbm.lam"):
-    baselines.train_all(None, None, None, _config(lam=-1.0), progress=False)
+    suite.train_all(None, None, None, _config(lam=-1.0), progress=False)
 
 
 def test_cubed_cosine_similarity_is_theirs():
@@ -137,8 +140,8 @@ def test_cubed_cosine_similarity_is_theirs():
     x, y = (x - x.mean(0)) ** 3, (y - y.mean(0)) ** 3
     return (x / np.linalg.norm(x, axis=0) * y / np.linalg.norm(y, axis=0)).sum(0)
 
-  np.testing.assert_allclose(baselines.cubed_cosine_similarity(a, b), theirs(a, b), atol=1e-5)
-  np.testing.assert_allclose(baselines.cubed_cosine_similarity(a, 3 * a + 1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(lf_cbm_baseline.cubed_cosine_similarity(a, b), theirs(a, b), atol=1e-5)
+  np.testing.assert_allclose(lf_cbm_baseline.cubed_cosine_similarity(a, 3 * a + 1), 1.0, atol=1e-5)
 
 
 def test_glm_saga_reaches_sklearns_elastic_net_solution():
@@ -150,7 +153,7 @@ def test_glm_saga_reaches_sklearns_elastic_net_solution():
   x = rng.normal(size=(n, k)) + 1.5 * np.eye(c, k)[y]
   x = ((x - x.mean(0)) / x.std(0, ddof=1)).astype(np.float32)
   lam, alpha = 0.02, 0.99
-  ours = baselines.glm_saga(
+  ours = lf_cbm_baseline.glm_saga(
     x, y, c, lam=lam, alpha=alpha, epochs=3000, batch_size=32, tol=1e-7, progress=False
   )
   assert ours.converged and np.all(np.diff(ours.objectives[-50:]) <= 1e-6)
@@ -179,8 +182,8 @@ def test_glm_saga_stops_at_the_epoch_limit_and_a_stronger_penalty_zeros_more():
   x = np.asarray(_toy().embeddings, np.float32)
   x = (x - x.mean(0)) / x.std(0, ddof=1)
   y = _toy().labels
-  weak = baselines.glm_saga(x, y, 3, lam=1e-4, epochs=7, progress=False)
-  strong = baselines.glm_saga(x, y, 3, lam=0.3, epochs=7, progress=False)
+  weak = lf_cbm_baseline.glm_saga(x, y, 3, lam=1e-4, epochs=7, progress=False)
+  strong = lf_cbm_baseline.glm_saga(x, y, 3, lam=0.3, epochs=7, progress=False)
   assert len(weak.objectives) == 7 and not weak.converged
   assert (np.abs(strong.weight) > 1e-5).sum() < (np.abs(weak.weight) > 1e-5).sum()
   assert ((x @ weak.weight + weak.bias).argmax(1) == y).mean() > 0.95
@@ -195,7 +198,7 @@ def test_lf_cbm_drops_the_concepts_its_cutoffs_name():
   cutoff = float((top5[:3].min() + top5[3:].max()) / 2)
   assert top5[:3].min() > top5[3:].max()  # the toy separates them
   settings = dict(clip_cutoff=cutoff, interpretability_cutoff=0.0, proj_steps=200, n_iters=20)
-  model, record = baselines.train_lf_cbm(cached, text, 3, settings, progress=False)
+  model, record = lf_cbm_baseline.train_lf_cbm(cached, text, 3, settings, progress=False)
   np.testing.assert_array_equal(model.concepts, [0, 1, 2])
   assert record["after_clip_cutoff"] == 3 and record["descriptors"] == 6
   assert record["projection_step"] % 50 == 0 or record["projection_step"] == 199
@@ -205,9 +208,9 @@ def test_lf_cbm_drops_the_concepts_its_cutoffs_name():
   np.testing.assert_allclose(act.mean(0), 0, atol=1e-4)
   np.testing.assert_allclose(act.std(0, ddof=1), 1, atol=1e-4)
   with pytest.raises(ConfigError, match="clip_cutoff"):
-    baselines.train_lf_cbm(cached, text, 3, dict(clip_cutoff=0.999), progress=False)
+    lf_cbm_baseline.train_lf_cbm(cached, text, 3, dict(clip_cutoff=0.999), progress=False)
   with pytest.raises(ConfigError, match="interpretability_cutoff"):
-    baselines.train_lf_cbm(
+    lf_cbm_baseline.train_lf_cbm(
       cached, text, 3, dict(clip_cutoff=-1.0, interpretability_cutoff=0.9999), progress=False
     )
 
@@ -236,29 +239,25 @@ def _config(**lf_cbm):
 def test_train_all_adds_table5_rows_and_a_rerun_loads_them(tmp_path, capfd):
   cached, text = _toy(), _descriptors()
   targets = np.eye(3, 6, dtype=np.float32)
-  first = baselines.train_all(
-    cached, text, targets, _config(), progress=False, workdir=str(tmp_path)
-  )
+  first = suite.train_all(cached, text, targets, _config(), progress=False, workdir=str(tmp_path))
   out = first.classify(cached.tokens[:5], cached.embeddings[:5], text)
-  assert set(out) == {*baselines.CLASSIFIERS, baselines.LABELER}
-  assert all(out[n].shape == (5, 3) for n in baselines.CLASSIFIERS)
-  assert out[baselines.LABELER].shape == (5, 6)
+  assert set(out) == {*suite.CLASSIFIERS, suite.LABELER}
+  assert all(out[n].shape == (5, 3) for n in suite.CLASSIFIERS)
+  assert out[suite.LABELER].shape == (5, 6)
   summary = first.training_summary()
   assert summary["Standard"]["steps"] == 2 * (72 // 16)
   assert summary["LF-CBM"]["after_interpretability_cutoff"] == 6
   assert sorted(os.listdir(tmp_path / "standard" / "checkpoints")) == ["7", "8"]  # keep=2
   assert os.listdir(tmp_path / "lf_cbm") == ["lf_cbm.npz"]  # whole: no partial file left
   capfd.readouterr()
-  again = baselines.train_all(
-    cached, text, targets, _config(), progress=False, workdir=str(tmp_path)
-  )
+  again = suite.train_all(cached, text, targets, _config(), progress=False, workdir=str(tmp_path))
   assert "Resumed from step 8 of 8" in capfd.readouterr().err
   assert again.training_summary()["LF-CBM"] == summary["LF-CBM"]
   for name, logits in again.classify(cached.tokens[:5], cached.embeddings[:5], text).items():
     np.testing.assert_array_equal(logits, out[name], err_msg=name)
   # Without embeddings, only Table 1's baselines (the old caches).
-  plain = baselines.CachedFeatures(cached.tokens, cached.labels)
-  old = baselines.train_all(plain, text, targets, _config(), progress=False)
+  plain = cache.CachedFeatures(cached.tokens, cached.labels)
+  old = suite.train_all(plain, text, targets, _config(), progress=False)
   assert old.standard is None and old.lf_cbm is None
   assert set(old.classify(cached.tokens[:2], None, text)) == {
     "MM-CBM",
@@ -269,7 +268,7 @@ def test_train_all_adds_table5_rows_and_a_rerun_loads_them(tmp_path, capfd):
 
 def test_standard_mlp_learns_the_toy_classes():
   cached = _toy()
-  model, result = baselines.train_standard(
+  model, result = standard_baseline.train_standard(
     cached,
     3,
     hidden=16,
@@ -283,8 +282,8 @@ def test_standard_mlp_learns_the_toy_classes():
   logits = model.apply({"params": result.params}, cached.embeddings)
   assert (np.asarray(logits).argmax(1) == cached.labels).mean() > 0.95
   with pytest.raises(ValueError, match="image embeddings"):
-    baselines.train_standard(
-      baselines.CachedFeatures(cached.tokens, cached.labels), 3, hidden=8, epochs=1
+    standard_baseline.train_standard(
+      cache.CachedFeatures(cached.tokens, cached.labels), 3, hidden=8, epochs=1
     )
 
 
@@ -306,14 +305,14 @@ def test_standard_and_lf_cbm_beat_chance_on_the_embedded_world():
 
   def encode(per_class, seed):
     classes = list(data.synthetic_classes(per_class, seed=seed))
-    e, t = baselines.encode_features(bundle, np.concatenate([c.images for c in classes]))
+    e, t = cache.encode_features(bundle, np.concatenate([c.images for c in classes]))
     return e, t, np.concatenate([np.full(per_class, c.label, np.int32) for c in classes])
 
   train_e, train_t, train_l = encode(24, 1)
   test_e, _, test_l = encode(8, 0)
-  cached = baselines.CachedFeatures(train_t, train_l, train_e)
+  cached = cache.CachedFeatures(train_t, train_l, train_e)
   b = config.baselines
-  model, result = baselines.train_standard(
+  model, result = standard_baseline.train_standard(
     cached,
     12,
     hidden=int(b.width),
@@ -324,8 +323,8 @@ def test_standard_and_lf_cbm_beat_chance_on_the_embedded_world():
     progress=False,
   )
   standard = bottlenecks.topk_accuracy(model.apply({"params": result.params}, test_e), test_l)
-  lf, record = baselines.train_lf_cbm(
-    cached, bank.descriptor_embeddings, 12, baselines.lf_cbm_settings(b), progress=False
+  lf, record = lf_cbm_baseline.train_lf_cbm(
+    cached, bank.descriptor_embeddings, 12, lf_cbm_baseline.lf_cbm_settings(b), progress=False
   )
   lf_cbm = bottlenecks.topk_accuracy(lf.logits(test_e), test_l)
   for acc in (standard, lf_cbm):
@@ -349,9 +348,69 @@ def test_evaluation_writes_table5_and_the_labeler_accuracy(tmp_path):
   assert results["top1"] == {name: r["top1"] for name, r in rows.items()}
   labeler = results["table5"]["labeler"]
   assert labeler["images"] == 8 and 0 <= labeler["top_all"] <= labeler["top_10"] <= 100
-  assert set(results["baselines"]["training"]) == {*baselines.NAMES, "Standard", "LF-CBM"}
+  assert set(results["baselines"]["training"]) == {*suite.NAMES, "Standard", "LF-CBM"}
   saved = json.loads((tmp_path / "table1.json").read_text())
   assert saved["table5"]["rows"]["LF-CBM"]["top5"] == rows["LF-CBM"]["top5"]
   table = (tmp_path / "table1.md").read_text()
   assert "## Table 5 (App. D)" in table and "| LF-CBM | ✓ | ✓ | ✗ |" in table
   assert "| top-all |" in table
+  # The baselines' training set, said with Table 5 (the smoke run's 8 images a class).
+  setting = saved["table5"]["training_set"]
+  assert setting == saved["baselines"]["training_set"] and not setting["paper_setting"]
+  assert table.count(setting["note"]) == 2 and "not the paper's setting" in setting["note"]
+  # App. D.2's Fig. 6: one image of each class in turn, 6 of them, each with its object
+  # channel and the Feature Maps concepts labelled by the labeler's descriptors.
+  assert (tmp_path / "fig6_feature_maps.png").stat().st_size > 20_000
+  shown = saved["fig6"]
+  assert [(r["class_name"], r["image"]) for r in shown[:2]] == [
+    ("red striped circle", 0),
+    ("red dotted star", 0),
+  ]
+  assert len(shown) == 6 and [r["image"] for r in shown] == [0, 0, 1, 1, 2, 2]
+  for r in shown:
+    assert len(r["neurons"]) == 1 + config.baselines.n_concepts
+    assert r["object_neuron"] == r["neurons"][0]
+    assert all(d is None or (isinstance(d, str) and d) for d in r["descriptors"])
+
+
+def test_imagenet_baselines_train_on_every_image_and_quick_says_it_is_not_the_papers():
+  """§4 and App. D: "we train them on the full ImageNet training set". The ImageNet config's
+  default takes every training image (their features on disk); `:quick`'s 20 per class, and the
+  embedded world's generated images, are marked as not the paper's setting in Table 5."""
+  from mutual.evaluation import runner as evaluation
+
+  def config(name, argument=None):
+    return load_config(os.path.join(ROOT, "configs", name), argument)
+
+  full, quick = config("mutual_eval_imagenet.py"), config("mutual_eval_imagenet.py", "quick")
+  assert full.baselines.data.images_per_class == 0 and full.baselines.cache_on_disk
+  assert quick.baselines.data.images_per_class == 20 and not quick.baselines.cache_on_disk
+  assert quick.name == "mutual_eval_imagenet_quick"
+  # Nothing else differs.
+  same = quick.to_dict()
+  same["baselines"]["data"]["images_per_class"] = 0
+  same["baselines"]["cache_on_disk"] = True
+  same["name"] = full.name
+  assert same == full.to_dict()
+  with pytest.raises(ConfigError, match="quick"):
+    config("mutual_eval_imagenet.py", "fast")
+
+  paper = evaluation.training_set(full, 1_281_167)
+  assert paper["paper_setting"] and paper["full_training_set"]
+  assert paper["images_per_class"] is None and "not the paper's setting" not in paper["note"]
+  assert paper["note"] == (
+    "Baselines trained on every image of the training split (1,281,167 images), as App. D."
+  )
+  capped = evaluation.training_set(quick, 20_000)
+  assert not capped["paper_setting"] and capped["images_per_class"] == 20
+  assert "at most 20 images per class" in capped["note"]
+  assert "not the paper's setting" in capped["note"]
+  world = evaluation.training_set(config("mutual_eval_synthetic.py"), 1536)
+  assert not world["paper_setting"] and world["full_training_set"] is None
+  assert "128 generated images per class" in world["note"]
+  assert "not the paper's setting" in world["note"]
+
+  result = bottlenecks.table5({"Standard": np.eye(3)}, np.arange(3))
+  result["training_set"] = capped
+  text = bottlenecks.table5_markdown(result, "ViT-B/16")
+  assert text.index(capped["note"]) < text.index("| Model |")

@@ -19,7 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-from mutual import ellipse
+from mutual.ellipse import pixels, prompts
+from mutual.ellipse import rules as ellipse_rules
 
 cv2 = pytest.importorskip("cv2")
 if tuple(int(p) for p in cv2.__version__.split(".")[:2]) >= (4, 13):
@@ -29,15 +30,15 @@ N_CONCEPTS = 5
 # The reference's colour order of the concept ids (utils.get_label_colors' first five).
 COLORS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (255, 165, 0)]
 RULES = {
-  ellipse.FITTED: "least squares",
-  ellipse.DIRECT: "5-point direct fit",
-  ellipse.DIRECT_RETRIED: "5-point direct fit redone on points moved by cv::theRNG",
-  ellipse.DIRECT_FALLBACK: "5-point direct fit singular twice: least squares",
-  ellipse.DEGENERATE: "degenerate least squares on points moved by cv::theRNG",
-  ellipse.FEW_POINTS: "padding raises (randint(0, -1))",
-  ellipse.UNDRAWABLE: "box size not a number (cv2.ellipse raises)",
-  ellipse.UNLISTED: "degenerate contour longer than listed",
-  ellipse.ABSENT: "absent",
+  ellipse_rules.FITTED: "least squares",
+  ellipse_rules.DIRECT: "5-point direct fit",
+  ellipse_rules.DIRECT_RETRIED: "5-point direct fit redone on points moved by cv::theRNG",
+  ellipse_rules.DIRECT_FALLBACK: "5-point direct fit singular twice: least squares",
+  ellipse_rules.DEGENERATE: "degenerate least squares on points moved by cv::theRNG",
+  ellipse_rules.FEW_POINTS: "padding raises (randint(0, -1))",
+  ellipse_rules.UNDRAWABLE: "box size not a number (cv2.ellipse raises)",
+  ellipse_rules.UNLISTED: "degenerate contour longer than listed",
+  ellipse_rules.ABSENT: "absent",
 }
 # Regions per padded_ellipses call: one compiled program per image size.
 CALL = 64
@@ -156,7 +157,7 @@ def sweep(seed: int, count: int, size: int, ellipse_seed: int = 0):
   rng = np.random.default_rng(seed + 1)
   images = rng.integers(0, 256, (count, size, size, 3), dtype=np.uint8)
   mean, std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
-  images = np.asarray(ellipse.reference_uint8(images, mean, std))
+  images = np.asarray(pixels.reference_uint8(images, mean, std))
   pairs = np.argwhere(
     (maps[:, None] == np.arange(N_CONCEPTS)[None, :, None, None]).any(axis=(2, 3))
   )
@@ -165,9 +166,9 @@ def sweep(seed: int, count: int, size: int, ellipse_seed: int = 0):
   rules, prompted = [], []
   for start in range(0, len(pairs), CALL):
     index = pairs[np.minimum(np.arange(start, start + CALL), len(pairs) - 1)]
-    found = ellipse.padded_ellipses(device_maps, index, N_CONCEPTS, seed=ellipse_seed)
+    found = prompts.padded_ellipses(device_maps, index, N_CONCEPTS, seed=ellipse_seed)
     stroke, filled = found["stroke"][:, None], found["filled"][:, None]
-    drawn = ellipse.compose_prompts(images[index[:, 1]], stroke, filled, np.ones((CALL, 1), bool))
+    drawn = pixels.compose_prompts(images[index[:, 1]], stroke, filled, np.ones((CALL, 1), bool))
     real = min(CALL, len(pairs) - start)
     rules.append(np.asarray(found["rule"])[:real])
     prompted.append(np.asarray(drawn)[:real, 0])
@@ -178,7 +179,7 @@ def sweep(seed: int, count: int, size: int, ellipse_seed: int = 0):
     if b not in want:
       want[b] = opencv_prompts(images[b], maps[b], ellipse_seed)
     theirs, rule = want[b][c], int(rules[row])
-    flagged = rule in ellipse.REFERENCE_FAILS
+    flagged = rule in ellipse_rules.REFERENCE_FAILS
     if isinstance(theirs, str):
       out[theirs] += 1
       if theirs == "fails" and not flagged:
@@ -220,7 +221,7 @@ def _check(found, least):
   # solves on LAPACK's SVD where OpenCV runs its Jacobi SVD (round-off apart): at most 2% of
   # those regions, one at least, may differ.
   for cause, (n, same) in found["causes"].items():
-    allowed = max(1, n // 50) if cause == RULES[ellipse.DEGENERATE] else 0
+    allowed = max(1, n // 50) if cause == RULES[ellipse_rules.DEGENERATE] else 0
     assert n - same <= allowed, (cause, found["unequal"])
 
 
@@ -231,8 +232,12 @@ def test_prompt_path_is_opencvs_at_64():
   _check(found, least=700)
   causes = found["causes"]
   # The sample holds 5-point fits of each outcome and degenerate fits (points moved by theRNG).
-  assert causes[RULES[ellipse.DIRECT]][0] >= 15, causes
-  for rule in (ellipse.DIRECT_RETRIED, ellipse.DIRECT_FALLBACK, ellipse.DEGENERATE):
+  assert causes[RULES[ellipse_rules.DIRECT]][0] >= 15, causes
+  for rule in (
+    ellipse_rules.DIRECT_RETRIED,
+    ellipse_rules.DIRECT_FALLBACK,
+    ellipse_rules.DEGENERATE,
+  ):
     assert causes[RULES[rule]][0] >= 1, causes
 
 
@@ -251,6 +256,10 @@ def test_prompt_path_is_opencvs_sweep(size, count):
   _check(found, least=count * 4)
   if size == 64:
     causes = found["causes"]
-    for rule in (ellipse.DIRECT_RETRIED, ellipse.DIRECT_FALLBACK, ellipse.DEGENERATE):
+    for rule in (
+      ellipse_rules.DIRECT_RETRIED,
+      ellipse_rules.DIRECT_FALLBACK,
+      ellipse_rules.DEGENERATE,
+    ):
       assert causes[RULES[rule]][0] >= 10, causes
     assert found["fails"] >= 1

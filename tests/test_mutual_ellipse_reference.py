@@ -14,12 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mutual import ellipse, visual_prompts
+from mutual import visual_prompts
+from mutual.ellipse import contours as ellipse_contours
+from mutual.ellipse import direct_fit, drawing, least_squares, pixels, prompts, random_replay
+from mutual.ellipse import rules as ellipse_rules
 from stori_jax.data import synthetic
 
 PIN = "pip install 'opencv-python-headless>=4.8,<4.13'"
 RULE_NAMES = {
-  getattr(ellipse, name): name
+  getattr(ellipse_rules, name): name
   for name in (
     "FITTED",
     "FEW_POINTS",
@@ -212,7 +215,7 @@ def masks():
 @pytest.mark.slow
 def test_largest_contour_is_opencvs(cv2, masks):
   for name, group in masks.items():
-    traced = ellipse.largest_contours(jnp.asarray(group), listed=40)
+    traced = ellipse_contours.largest_contours(jnp.asarray(group), listed=40)
     found = {k: np.asarray(v) for k, v in traced.items()}
     for i, mask in enumerate(group):
       if not mask.any():
@@ -237,18 +240,18 @@ def test_contours_and_fits_exact_past_their_budgets(masks):
   """Tracing only the listed boundary pixels changes nothing, and chunks with more boundary
   pixels than `capacity` are traced at full size; likewise the fit's row budget."""
   group = jnp.asarray(masks["blobs"][:8])
-  full = jax.jit(jax.vmap(ellipse.largest_contour))(group)
-  assert int(np.max(np.asarray(jax.vmap(ellipse.boundary_count)(group)))) > 64
-  small = ellipse.largest_contours(group, chunk=4, capacity=64)
-  listed = ellipse.largest_contours(group, chunk=4, capacity=1000)
+  full = jax.jit(jax.vmap(ellipse_contours.largest_contour))(group)
+  assert int(np.max(np.asarray(jax.vmap(ellipse_contours.boundary_count)(group)))) > 64
+  small = ellipse_contours.largest_contours(group, chunk=4, capacity=64)
+  listed = ellipse_contours.largest_contours(group, chunk=4, capacity=1000)
   for key in full:
     np.testing.assert_array_equal(np.asarray(small[key]), np.asarray(full[key]), err_msg=key)
     np.testing.assert_array_equal(np.asarray(listed[key]), np.asarray(full[key]), err_msg=key)
-  points = ellipse.largest_contours(jnp.asarray(masks["hand-made"]))["points"]
+  points = ellipse_contours.largest_contours(jnp.asarray(masks["hand-made"]))["points"]
   assert int(np.max(np.sum(np.asarray(points) > 0, axis=(1, 2)))) > 48 * 64 // 12
   with jax.enable_x64(True):
-    every_row = jax.jit(jax.vmap(ellipse._fit_ellipse))(points)  # pylint: disable=protected-access
-  for got, want in zip(ellipse.fit_ellipses(points), every_row):
+    every_row = jax.jit(jax.vmap(least_squares._fit_ellipse))(points)  # pylint: disable=protected-access
+  for got, want in zip(least_squares.fit_ellipses(points), every_row):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
@@ -257,32 +260,36 @@ def test_fit_ellipse_is_opencvs(cv2, masks):
   """concept_ellipses' fits against cv2.fitEllipse, theRNG seeded with 3 before each (as
   concept_ellipses seeds it): the 5-point fits bit for bit, least squares to round-off."""
   for name, group in masks.items():
-    found = ellipse.concept_ellipses(jnp.asarray(group), seed=3)
+    found = prompts.concept_ellipses(jnp.asarray(group), seed=3)
     center, size, angle, rule = (np.asarray(found[k]) for k in ("center", "size", "angle", "rule"))
     for i, mask in enumerate(group):
       where = f"{name} mask {i}"
       if not mask.any():
-        assert rule[i] == ellipse.ABSENT, where
+        assert rule[i] == ellipse_rules.ABSENT, where
         continue
       contour = _opencv_contour(cv2, mask)
       if len(contour) < 5:
-        assert rule[i] == ellipse.FEW_POINTS, where
+        assert rule[i] == ellipse_rules.FEW_POINTS, where
         want = _zero_box(contour)
         np.testing.assert_array_equal(center[i], want[0], err_msg=where)
         assert (size[i] == 0).all() and angle[i] == 0, where
         continue
       if len(contour) == 5:
-        assert rule[i] in (ellipse.DIRECT, ellipse.DIRECT_RETRIED, ellipse.DIRECT_FALLBACK), where
+        assert rule[i] in (
+          ellipse_rules.DIRECT,
+          ellipse_rules.DIRECT_RETRIED,
+          ellipse_rules.DIRECT_FALLBACK,
+        ), where
       elif _collinear(contour):
-        assert rule[i] == ellipse.DEGENERATE, where
+        assert rule[i] == ellipse_rules.DEGENERATE, where
       elif name != "hand-made":  # blobs and concept regions are never degenerate
-        assert rule[i] == ellipse.FITTED, where
-      if rule[i] != ellipse.FITTED and not _is_412(cv2):
+        assert rule[i] == ellipse_rules.FITTED, where
+      if rule[i] != ellipse_rules.FITTED and not _is_412(cv2):
         continue
       cv2.setRNGSeed(3)
       (cx, cy), (w, h), a = cv2.fitEllipse(contour)
       got = np.asarray([*center[i], *size[i], angle[i]], np.float32)
-      if rule[i] in (ellipse.DIRECT, ellipse.DIRECT_RETRIED):
+      if rule[i] in (ellipse_rules.DIRECT, ellipse_rules.DIRECT_RETRIED):
         np.testing.assert_array_equal(got, np.float32([cx, cy, w, h, a]), err_msg=where)
         continue
       np.testing.assert_allclose(center[i], [cx, cy], atol=0.5, err_msg=where)
@@ -308,38 +315,38 @@ def test_five_point_fits_are_opencvs_bit_for_bit(cv2):
   zeros = np.zeros((count, 2), np.float32)
   center, size, angle, rule = map(
     np.asarray,
-    ellipse.ordered_fits(
+    direct_fit.ordered_fits(
       zeros,
       zeros,
       np.zeros(count, np.float32),
-      np.full(count, ellipse.DIRECT, np.int32),
+      np.full(count, ellipse_rules.DIRECT, np.int32),
       listed,
       n,
       np.zeros((count, 4, 2), np.int32),
       np.zeros(count, np.int32),
       np.zeros(count, np.int32),
-      ellipse.opencv_rng_words(11, 64),
+      random_replay.opencv_rng_words(11, 64),
       np.uint64(0),
     ),
   )
-  stroke, filled = map(np.asarray, ellipse.ellipse_masks(center, size, angle, side, side))
+  stroke, filled = map(np.asarray, drawing.ellipse_masks(center, size, angle, side, side))
   seen = {}
   for i in range(count):
     cv2.setRNGSeed(11)
     box = cv2.fitEllipse(xy[i][:, None])
     tally = seen.setdefault(int(rule[i]), [0, 0])
     tally[0] += 1
-    if rule[i] == ellipse.UNDRAWABLE:
+    if rule[i] == ellipse_rules.UNDRAWABLE:
       assert np.isnan(box[1]).any(), i
       tally[1] += 1
       continue
     want = np.float32([*box[0], *box[1], box[2]])
     got = np.float32([*center[i], *size[i], angle[i]])
-    if rule[i] in (ellipse.DIRECT, ellipse.DIRECT_RETRIED):
+    if rule[i] in (ellipse_rules.DIRECT, ellipse_rules.DIRECT_RETRIED):
       np.testing.assert_array_equal(got, want, err_msg=f"set {i}: {xy[i].tolist()}")
       tally[1] += 1
       continue
-    assert rule[i] == ellipse.DIRECT_FALLBACK, (i, rule[i])
+    assert rule[i] == ellipse_rules.DIRECT_FALLBACK, (i, rule[i])
     drawn = []
     for thickness in (1, -1):
       image = np.zeros((side, side), np.uint8)
@@ -348,9 +355,13 @@ def test_five_point_fits_are_opencvs_bit_for_bit(cv2):
     tally[1] += bool(np.array_equal(stroke[i], drawn[0]) and np.array_equal(filled[i], drawn[1]))
   print({RULE_NAMES[r]: v for r, v in seen.items()})
   # All three outcomes occur: the sample exercises theRNG's retry and the fallback.
-  for outcome in (ellipse.DIRECT, ellipse.DIRECT_RETRIED, ellipse.DIRECT_FALLBACK):
+  for outcome in (
+    ellipse_rules.DIRECT,
+    ellipse_rules.DIRECT_RETRIED,
+    ellipse_rules.DIRECT_FALLBACK,
+  ):
     assert seen[outcome][0] >= 20, seen
-  total, same = seen[ellipse.DIRECT_FALLBACK]
+  total, same = seen[ellipse_rules.DIRECT_FALLBACK]
   assert same >= 0.97 * total, seen
 
 
@@ -374,7 +385,7 @@ def test_ellipse_masks_are_cv2_ellipse(cv2):
   # range (clipLine intersects in double).
   center[20], angle[21], size[22], size[23] = np.nan, np.nan, (2.5, 6291758.0), (9.0, 3e9)
   size[24, 1] = np.inf
-  stroke, filled = map(np.asarray, ellipse.ellipse_masks(center, size, angle, height, width))
+  stroke, filled = map(np.asarray, drawing.ellipse_masks(center, size, angle, height, width))
   for i in range(n):
     box = (tuple(map(float, center[i])), tuple(map(float, size[i])), float(angle[i]))
     image = np.zeros((height, width), np.uint8)
@@ -388,11 +399,11 @@ def test_ellipse_masks_are_cv2_ellipse(cv2):
 def test_gray_and_blur_are_opencvs(cv2):
   image = np.random.default_rng(2).integers(0, 256, (37, 53, 3), dtype=np.uint8)
   np.testing.assert_array_equal(
-    np.asarray(ellipse.gray_u8(jnp.asarray(image))), cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
+    np.asarray(pixels.gray_u8(jnp.asarray(image))), cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
   )
   for size in (3, 5, 9, 11, 15):
     np.testing.assert_array_equal(
-      np.asarray(ellipse.gaussian_blur_u8(jnp.asarray(image), size)),
+      np.asarray(pixels.gaussian_blur_u8(jnp.asarray(image), size)),
       cv2.GaussianBlur(image, (size, size), 0),
       err_msg=f"size {size}",
     )
@@ -407,7 +418,7 @@ def test_reference_uint8_is_the_torch_round_trip():
   tensor = transforms.Normalize(mean, std)(transforms.ToTensor()(values))
   x = tensor.numpy().transpose(1, 2, 0)
   want = (np.clip(np.asarray(std) * x + np.asarray(mean), 0, 1) * 255).astype(np.uint8)
-  got = np.asarray(ellipse.reference_uint8(jnp.asarray(values), mean, std))
+  got = np.asarray(pixels.reference_uint8(jnp.asarray(values), mean, std))
   np.testing.assert_array_equal(got, want)
   assert torch.is_tensor(tensor)
   # The truncation loses a grey level on many values (that is the point of reproducing it).
@@ -424,12 +435,12 @@ def _check_prompts(cv2, images, maps, n_concepts):
   """reference_prompts against the reference's loop run on OpenCV itself, under the protocol
   (random.seed(0) and cv2.setRNGSeed(0) before each image's concepts, visited in colour order):
   pixel-equal, with mutual.ellipse's zero-size box where the reference raises."""
-  prompted, valid = map(np.asarray, ellipse.reference_prompts(images, maps, n_concepts))
+  prompted, valid = map(np.asarray, prompts.reference_prompts(images, maps, n_concepts))
   exact = _is_412(cv2)
   for b in range(len(images)):
     random.seed(0)
     cv2.setRNGSeed(0)
-    for c in ellipse.reference_order(n_concepts):
+    for c in random_replay.reference_order(n_concepts):
       mask = maps[b] == c
       assert valid[b, c] == mask.any()
       if not mask.any():
@@ -486,15 +497,15 @@ def test_render_prompts_reference_variant():
   coarse = maps[:, ::8, ::8]  # a patch grid, upsampled nearest inside
   got, valid = visual_prompts.render_prompts(unit, coarse, 3, ellipse="reference")
   upsampled = np.repeat(np.repeat(coarse, 8, axis=1), 8, axis=2)
-  want, want_valid = ellipse.reference_prompts(images, upsampled, 3)
+  want, want_valid = prompts.reference_prompts(images, upsampled, 3)
   np.testing.assert_array_equal(_to_uint8(got), np.asarray(want))
   np.testing.assert_array_equal(np.asarray(valid), np.asarray(want_valid))
   mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
   round_trip, _ = visual_prompts.render_prompts(
     unit, coarse, 3, ellipse="reference", round_trip=(mean, std)
   )
-  truncated = np.asarray(ellipse.reference_uint8(jnp.asarray(images), mean, std))
-  want, _ = ellipse.reference_prompts(truncated, upsampled, 3)
+  truncated = np.asarray(pixels.reference_uint8(jnp.asarray(images), mean, std))
+  want, _ = prompts.reference_prompts(truncated, upsampled, 3)
   np.testing.assert_array_equal(_to_uint8(round_trip), np.asarray(want))
   default, _ = visual_prompts.render_prompts(unit, coarse, 3)
   moments, _ = visual_prompts.render_prompts(unit, coarse, 3, ellipse="moments")
@@ -511,8 +522,8 @@ def test_concept_embeddings_reference_variant(tiny_synthetic):
   images, maps = _world_maps(**WORLD, seed=6)
   got, valid = visual_prompts.concept_embeddings(bundle, images, maps, 3, ellipse="reference")
   mean, std = bundle.preprocess_config.mean, bundle.preprocess_config.std
-  truncated = np.asarray(ellipse.reference_uint8(jnp.asarray(images), mean, std))
-  prompted, _ = ellipse.reference_prompts(truncated, maps, 3)
+  truncated = np.asarray(pixels.reference_uint8(jnp.asarray(images), mean, std))
+  prompted, _ = prompts.reference_prompts(truncated, maps, 3)
   for b in range(len(images)):
     rows = np.asarray(prompted[b]).reshape(-1, 64, 64, 3).astype(np.float32) / 255
     embedded = np.array(bundle.encode_image((rows - np.float32(mean)) / np.float32(std)))

@@ -155,7 +155,8 @@ def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
     )
     for name in ("table1.md", "table1.json", "curves.png", "protocols.md", "protocols.json"):
       assert (workdir / name).stat().st_size > 200, name
-    for name in ("fig7_pca.png", "fig7_kmeans.png"):  # App. E's Fig. 7, the first image
+    # App. E's Fig. 7 (the first image), App. D.2's Fig. 6 (the labelled feature maps).
+    for name in ("fig7_pca.png", "fig7_kmeans.png", "fig6_feature_maps.png"):
       assert (workdir / name).stat().st_size > 5000, name
     # Sections by their names in the paper, never the config's keys ("table2"); every output
     # listed at the end.
@@ -163,7 +164,15 @@ def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
     assert not set(protocols.PROTOCOLS) & {line.strip() for line in lines}
     for name in protocols.PROTOCOLS:
       assert f"## {protocols.TITLES[name]}" in lines, name
-    files = ("run.json", "table1.md", "table1.json", "curves.png", "protocols.md", "protocols.json")
+    files = (
+      "run.json",
+      "table1.md",
+      "table1.json",
+      "curves.png",
+      "fig6_feature_maps.png",
+      "protocols.md",
+      "protocols.json",
+    )
     assert set(files) <= set(evaluate.OUTPUTS)
     assert_ends_with_outputs(done.stdout, *files)
     # One bar per stage, each named: no unlabelled bar (transformers' "Loading weights").
@@ -288,6 +297,87 @@ def test_real_data_path_runs_on_image_folders(tmp_path):
   config.evaluation.protocols = ("ot_entropy",)
   results = evaluation.run(config, str(tmp_path / "out"), progress=False)
   assert results["images"] == 6 and results["baselines"]["training_images"] == 8
+  # Every training image (App. D), their patch features on disk.
+  setting = results["baselines"]["training_set"]
+  assert setting["paper_setting"] and setting["images_per_class"] is None
+  table = (tmp_path / "out/table1.md").read_text()
+  assert "Baselines trained on every image of the training split (8 images), as App. D." in table
+  features = tmp_path / "out/baselines/features/tokens.bin"
+  assert features.stat().st_size == 8 * 8 * 8 * 96 * 2  # 8 x 8 patches of 96 channels, float16
   assert list(results["explanations"]) == list(ROWS)
   assert "ot_entropy" in results["protocols"]
   assert (tmp_path / "out/table1.md").read_text().count("| Yes |") == 3
+
+
+def test_fig6_names_each_map_by_the_labelers_top_descriptor(tmp_path, monkeypatch):
+  """App. D.2's Fig. 6: per image the object channel (largest spatial norm) then Feature Maps'
+  concepts, each region labelled by the trained labeler's most likely descriptor (the labeler of
+  Table 5's top-all / top-10), and the figure shows exactly those labels."""
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import ml_collections  # pylint: disable=import-outside-toplevel
+
+  from mutual.baselines import cache, feature_maps, suite  # pylint: disable=import-outside-toplevel
+
+  rng = np.random.default_rng(3)
+  tokens = rng.normal(size=(12, 4, 4, 8)).astype(np.float32)
+  labels = np.repeat(np.arange(3), 4).astype(np.int32)
+  targets = np.eye(3, 6, dtype=np.float32)
+  model, result = feature_maps.train_labeler(
+    cache.CachedFeatures(tokens, labels),
+    targets,
+    drop_rate=0.3,
+    block_size=2,
+    epochs=2,
+    batch_size=4,
+    learning_rate=1e-2,
+    progress=False,
+  )
+  trained = suite.Baselines(None, None, (model, result))
+  bank = type("Bank", (), {"descriptors": [f"descriptor {d}" for d in range(6)]})()
+  settings = ml_collections.ConfigDict(
+    dict(n_concepts=2, feature_maps=dict(threshold=0.9, figure_images=3))
+  )
+  images = rng.integers(0, 256, size=(4, 16, 16, 3), dtype=np.uint8)
+  cls = data.ClassImages(0, "class a", images, tuple("abcd"))
+  rows = evaluation.feature_map_rows(cls, tokens[:4], trained, bank, settings)
+  assert len(rows) == 3  # figure_images
+  concepts, _, _ = feature_maps.feature_map_concepts(tokens[:3], 2, 0.9, True)
+  for i, r in enumerate(rows):
+    norms = np.sqrt((tokens[i] ** 2).sum(axis=(0, 1)))
+    assert r["channels"][0] == norms.argmax()  # the object: the largest spatial norm
+    np.testing.assert_array_equal(r["channels"][1:], np.asarray(concepts)[i])
+    for k, region in enumerate(r["regions"]):
+      np.testing.assert_array_equal(region, r["maps"][k] >= 0.9 - 1e-6)
+      logits = model.apply(
+        {"params": result.params}, tokens[i].reshape(1, 16, 8), region.reshape(1, 16) * 1.0
+      )
+      assert (
+        r["ids"][k] == int(np.argmax(logits)) and r["labels"][k] == bank.descriptors[r["ids"][k]]
+      )
+  closed, close = [], plt.close
+  monkeypatch.setattr(plt, "close", lambda fig=None: (closed.append(fig), close(fig)))
+  config = _config()
+  config.baselines.feature_maps.threshold = 0.9
+  setting = dict(
+    paper_setting=False, note="Baselines trained on few images: not the paper's setting."
+  )
+  shown = evaluation._plot_feature_maps(str(tmp_path), config, rows, {"training_set": setting})
+  assert (tmp_path / "fig6_feature_maps.png").stat().st_size > 10_000
+  (fig,) = closed
+  grid = np.asarray(fig.axes).reshape(3, 4)  # image, object, 2 concepts
+  for r, axs, record in zip(rows, grid, shown):
+    assert axs[0].get_title() == "class a"
+    assert axs[1].get_title() == f"neuron {r['channels'][0]} (object)"
+    for k, ax in enumerate(axs[1:]):
+      label = r["labels"][k] if r["valid"][k] else "(no region)"
+      assert ax.get_xlabel().replace("\n", " ") == label
+    assert record["neurons"] == [int(c) for c in r["channels"]]
+    assert record["object_neuron"] == int(r["channels"][0])
+  assert "not the paper's setting" in fig._suptitle.get_text()
+
+
+def test_fig6_takes_one_image_of_each_class_in_turn():
+  per_class = [["a0", "a1", "a2"], ["b0"], ["c0", "c1"]]
+  assert evaluation.first_rows(per_class, 5) == ["a0", "b0", "c0", "a1", "c1"]
+  assert evaluation.first_rows(per_class, 2) == ["a0", "b0"]
+  assert evaluation.first_rows([], 6) == []

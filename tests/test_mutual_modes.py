@@ -11,7 +11,8 @@ from sklearn.decomposition import PCA
 from sklearn.preprocessing import MinMaxScaler
 from sklearn.utils.extmath import svd_flip
 
-from mutual import concepts, ellipse, paper_config, pipeline
+from mutual import concepts, paper_config, pipeline
+from mutual.ellipse import pixels
 from stori_jax.plumbing.config_files import ConfigError
 
 STAGES = ("ellipse", "crf_confidence", "pca_sign_rule", "kmeans_init", "crf_filter")
@@ -131,7 +132,7 @@ def test_vision_side_passes_each_stage_on(tiny_synthetic, monkeypatch):
     expected = images
     if stages["crf_filter"] == "lattice":  # the reference's CRF: on its uint8 round trip
       mean, std = bundle.preprocess_config.mean, bundle.preprocess_config.std
-      expected = np.asarray(ellipse.reference_uint8(images, tuple(mean), tuple(std)))
+      expected = np.asarray(pixels.reference_uint8(images, tuple(mean), tuple(std)))
       assert not np.array_equal(expected, images)  # the round trip changes pixels
     np.testing.assert_array_equal(drawn["images"], expected)
     assert seen == dict(

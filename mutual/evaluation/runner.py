@@ -22,7 +22,6 @@ from tqdm import tqdm
 
 import stori_jax
 from mutual import (
-  baselines,
   data,
   features,
   foreground,
@@ -33,6 +32,9 @@ from mutual import (
   run_flags,
   xai,
 )
+from mutual.baselines import cache as baseline_cache
+from mutual.baselines import lf_cbm as baseline_lf_cbm
+from mutual.baselines import suite as baseline_suite
 from mutual.protocols import bottlenecks
 from stori_jax.plumbing import jsonio
 from stori_jax.plumbing.config_files import ConfigError
@@ -80,22 +82,65 @@ def train_baselines(
   bundle, config, train_dataset, class_names, per_class, bank, size, progress=True, workdir=None
 ):
   """Caches the training images' features (`train_dataset`, a data.Dataset) and trains the
-  three baselines (checkpoints under `workdir`, resumed by a rerun: `baselines.train_all`)."""
+  three baselines (checkpoints under `workdir`, resumed by a rerun:
+  `mutual.baselines.suite.train_all`)."""
   b = config.baselines
   train_classes = train_dataset.classes(size)
-  cached = baselines.cache_features(
+  # Every image of a large training set: the patch features on disk, beside the checkpoints.
+  on_disk = workdir is not None and b.get("cache_on_disk", False)
+  cached = baseline_cache.cache_features(
     bundle,
     train_classes,
     kind=config.analysis.feature_kind,
     batch_size=min(64, int(config.evaluation.batch_size)),
     dtype=np.dtype(b.cache_dtype),
     progress=progress,
+    directory=os.path.join(workdir, "features") if on_disk else None,
   )
-  targets = baselines.descriptor_targets(class_names, per_class, bank.descriptors)
-  trained = baselines.train_all(
+  targets = baseline_cache.descriptor_targets(class_names, per_class, bank.descriptors)
+  trained = baseline_suite.train_all(
     cached, bank.descriptor_embeddings, targets, b, progress, workdir=workdir
   )
   return trained, len(cached)
+
+
+def training_set(config, images: int) -> dict:
+  """How the baselines' training set stands to the paper's: §4 and App. D train them "on the full
+  ImageNet training set", every image of the training split (config.baselines.data's
+  images_per_class 0); a cap per class, or the embedded world's generated images, is not the
+  paper's setting, and Table 5 (printed, table1.md, table1.json) says so.
+
+  Returns:
+    dict: images (trained on), images_per_class (the cap; None: every image), full_training_set
+    (bool; None for the embedded world, whose stream has no end), paper_setting (bool), note
+    (the sentence Table 5 prints).
+  """
+  d = _merged(config, config.baselines.data).data
+  cap = int(d.get("images_per_class") or 0) or None
+  count = f"{images:,} images"
+  if d.source == "synthetic":
+    full = None
+    note = (
+      f"{cap} generated images per class of the embedded world ({count}): not the paper's "
+      "setting (App. D trains them on the full ImageNet training set)"
+    )
+  elif cap:
+    full = False
+    note = (
+      f"at most {cap} images per class of the training split ({count}): not the paper's "
+      "setting (App. D trains them on the full training set: "
+      "config.baselines.data.images_per_class=0)"
+    )
+  else:
+    full = True
+    note = f"every image of the training split ({count}), as App. D"
+  return dict(
+    images=int(images),
+    images_per_class=cap,
+    full_training_set=full,
+    paper_setting=bool(full),
+    note=f"Baselines trained on {note}.",
+  )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,7 +154,8 @@ def explanations(cls, result, config, baseline_explanations=None) -> dict:
   Args:
     cls: a data.ClassImages; result: pipeline.analyze_class's output for its images.
     config: the evaluation config.
-    baseline_explanations: `baselines.Baselines.explain` output for the same images, or None.
+    baseline_explanations: `mutual.baselines.suite.Baselines.explain` output for the same
+      images, or None.
 
   The method's concepts are the analysis's pixel regions with their first (largest transport
   mass) descriptor; the baselines' are their regions, upsampled nearest from the patch grid.
@@ -149,13 +195,26 @@ def first_image_steps(images, ordered, ordered_valid, blur) -> dict[str, np.ndar
 
 
 def class_curves(
-  bundle, cls, result, bank, config, score_fn, blur, trained=None, image_embeddings=None, steps=None
+  bundle,
+  cls,
+  result,
+  bank,
+  config,
+  score_fn,
+  blur,
+  trained=None,
+  image_embeddings=None,
+  steps=None,
+  feature_maps=None,
 ):
   """Perturbation curves of every explanation of one class: ({row: xai.Curves}, the trained
-  baselines' class and labeler scores, `baselines.Baselines.classify`, {} without them).
+  baselines' class and labeler scores, `mutual.baselines.suite.Baselines.classify`, {} without
+  them).
   image_embeddings: float32 [B, E] unit, computed if None.
   steps: a dict to receive, per row of the method ("Ours (...)"), the first image's perturbed
-  images (`first_image_steps`), or None."""
+  images (`first_image_steps`), or None.
+  feature_maps: a list to receive the Fig. 6 rows (`feature_map_rows`) of the class's first
+  images, or None."""
   e = config.evaluation
   images = cls.images
   batch = len(images)
@@ -167,9 +226,11 @@ def class_curves(
     )
   ex, extra = None, {}
   if trained is not None:
-    raw, tokens = baselines.encode_features(bundle, images, config.analysis.feature_kind)
+    raw, tokens = baseline_cache.encode_features(bundle, images, config.analysis.feature_kind)
     ex = trained.explain(tokens, bank.descriptor_embeddings, predicted, config.baselines)
     extra = trained.classify(tokens, raw, bank.descriptor_embeddings)  # Table 5
+    if feature_maps is not None:
+      feature_maps += feature_map_rows(cls, tokens, trained, bank, config.baselines)
   rows = explanations(cls, result, config, ex)
   stages = paper_config.analysis_stages(config.analysis)  # the analysis mode's prompts
   curves = {}
@@ -213,6 +274,42 @@ def class_curves(
   return curves, extra
 
 
+def feature_map_rows(cls, tokens, trained, bank, settings) -> list[dict]:
+  """App. D.2's Fig. 6 rows of the class's first images (settings.feature_maps.figure_images at
+  most; settings: config.baselines): each image, its object channel and Feature Maps concepts
+  (`Baselines.feature_map_figure`: the labeler of Table 5's top-all / top-10), their normalised
+  maps and regions, and the descriptors the labeler names them by."""
+  count = min(int(settings.feature_maps.get("figure_images", 6)), len(cls.images))
+  if count == 0:
+    return []
+  fig = trained.feature_map_figure(tokens[:count], settings)
+  return [
+    dict(
+      image=cls.images[i],
+      caption=cls.name,
+      class_name=cls.name,
+      index=i,
+      channels=fig["channels"][i],
+      maps=fig["maps"][i],
+      regions=fig["regions"][i],
+      valid=fig["valid"][i],
+      ids=fig["ids"][i],
+      labels=[bank.descriptors[j] for j in fig["ids"][i]],
+      threshold=float(settings.feature_maps.threshold),
+    )
+    for i in range(count)
+  ]
+
+
+def first_rows(per_class: list[list], count: int) -> list:
+  """Up to `count` rows, one image of each class in turn (the classes' first images, then
+  their second ...)."""
+  rows = []
+  for i in range(max((len(c) for c in per_class), default=0)):
+    rows += [c[i] for c in per_class if i < len(c)]
+  return rows[:count]
+
+
 # ---------------------------------------------------------------------------------------------
 # Outputs.
 
@@ -243,6 +340,33 @@ def plot_curves(path: str, summaries: Mapping[str, Mapping], title: str = "") ->
   fig.tight_layout()
   save_figure(fig, path, dpi=120)
   plt.close(fig)
+
+
+def _plot_feature_maps(workdir: str, config, rows: list[dict], table5: Mapping) -> list[dict]:
+  """fig6_feature_maps.png (App. D.2, Fig. 6) from `feature_map_rows`' rows; returns what it
+  shows per image (table1.json's "fig6")."""
+  model = config.model.get("name", config.model.source)
+  fm = config.baselines.feature_maps
+  title = (
+    f"{config.name}: {model}, Feature Maps (App. D.2, Fig. 6): per image the "
+    f"{len(rows[0]['channels'])} neurons of largest spatial norm, the first the main object; "
+    f"each map normalised to [0, 1] and shown >= {float(fm.threshold):g}, labelled by the "
+    "concept labeler of Table 5's top-all / top-10"
+  )
+  setting = table5.get("training_set") or {}
+  if setting and not setting["paper_setting"]:
+    title += f"\n{setting['note']}"
+  report.plot_feature_maps(os.path.join(workdir, "fig6_feature_maps.png"), rows, title=title)
+  return [
+    dict(
+      class_name=r["class_name"],
+      image=int(r["index"]),
+      object_neuron=int(r["channels"][0]),
+      neurons=[int(c) for c in r["channels"]],
+      descriptors=[label if v else None for label, v in zip(r["labels"], r["valid"])],
+    )
+    for r in rows
+  ]
 
 
 def _plot_steps(workdir: str, config, cls, steps, curves) -> None:
@@ -449,7 +573,11 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
         progress,
         workdir=os.path.join(workdir, "baselines"),
       )
-      baselines_summary = dict(training_images=n_train, training=trained.training_summary())
+      baselines_summary = dict(
+        training_images=n_train,
+        training_set=training_set(config, n_train),
+        training=trained.training_summary(),
+      )
       report.write_json(summary_path, baselines_summary)
   e = config.evaluation
   blur = xai.blur_kernel(size, float(e.blur_sigma))
@@ -462,6 +590,8 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   parts: dict[str, list] = {}
   scores: dict[str, list] = {bottlenecks.ZERO_SHOT: []}  # Table 5's logits, and the labeler's
   labels: list = []
+  fig6_count = int(config.baselines.feature_maps.get("figure_images", 6))
+  fig6: list[list] = []  # Fig. 6's candidate rows, per class, of the first fig6_count classes
   wanted_classes = set(todo)
   stream = dataset.classes(size, read=lambda i: i in wanted_classes)
   for index, cls in enumerate(
@@ -471,7 +601,16 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       arrays = _read_class(workdir, cls)
     else:
       arrays = _evaluate_class(
-        bundle, cls, bank, config, score_fn, blur, trained, concepts, steps=index == 0
+        bundle,
+        cls,
+        bank,
+        config,
+        score_fn,
+        blur,
+        trained,
+        concepts,
+        steps=index == 0,
+        feature_maps=trained is not None and index < fig6_count,
       )
       if index == 0:  # Fig. 7: the first image's steps
         _plot_steps(workdir, config, cls, arrays.pop("steps"), _curves_of(arrays))
@@ -480,6 +619,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
         _class_path(workdir, cls.label),
         {**arrays, "state": np.array(jsonio.dumps_strict(states[index]))},
       )
+    rows = _fig6_rows(arrays, cls)
+    if rows:
+      fig6.append(rows)
     concepts.add_arrays(cls.label, _prefixed(arrays, "concepts/"))
     for name, c in _curves_of(arrays).items():
       parts.setdefault(name, []).append(c)
@@ -488,39 +630,44 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     labels.append(np.full(len(cls), cls.label))
   if not parts:
     raise ConfigError("No images were evaluated: check config.data (classes, images_per_class).")
-  order = [n for n in baselines.NAMES if n in parts]
+  order = [n for n in baseline_suite.NAMES if n in parts]
   order += [n for n in parts if n.startswith("Ours")] + [n for n in parts if n.startswith("Random")]
   summaries = {name: xai.summarize(xai.Curves.concatenate(parts[name])) for name in order}
   n_images = len(concepts)
   for name in summaries:
     summaries[name]["images"] = n_images
   model = config.model.get("name", config.model.source)
-  labeler = scores.pop(baselines.LABELER, None)
+  labeler = scores.pop(baseline_suite.LABELER, None)
   table5 = bottlenecks.table5(
     {k: np.concatenate(v) for k, v in scores.items()},
     np.concatenate(labels),
     None if labeler is None else np.concatenate(labeler),
-    baselines.descriptor_targets(class_names, dict(zip(class_names, lists)), descriptors),
+    baseline_cache.descriptor_targets(class_names, dict(zip(class_names, lists)), descriptors),
     int(config.baselines.feature_maps.get("accuracy_top_k", 10)),
   )
+  if baselines_summary is not None:
+    table5["training_set"] = baselines_summary["training_set"]
   top1 = {k: r["top1"] for k, r in table5["rows"].items()}
   results: dict[str, Any] = dict(
     model=model,
     images=n_images,
     explanations=summaries,
-    requires_training={n: n in baselines.NAMES for n in summaries},
+    requires_training={n: n in baseline_suite.NAMES for n in summaries},
     beats_random=beats_random(summaries),
     top1=top1,
     table5=table5,
     blur=dict(kernel=blur[0], sigma=blur[1]),
   )
+  if fig6:
+    results["fig6"] = _plot_feature_maps(workdir, config, first_rows(fig6, fig6_count), table5)
   if baselines_summary is not None:
     results["baselines"] = baselines_summary
   os.makedirs(workdir, exist_ok=True)
   table = xai.table_rows(summaries, results["requires_training"])
   text = (
     f"## Table 1 (App. D, E): explanations on the XAI metrics ({model}, {n_images} images)\n\n"
-    f"{table}\n## Table 5 (App. D): Top-1 / Top-5 (%) of the trained baselines on the same images"
+    + (f"{table5['training_set']['note']}\n\n" if "training_set" in table5 else "")
+    + f"{table}\n## Table 5 (App. D): Top-1 / Top-5 (%) of the trained baselines on the same images"
     "\n\n"
   )
   text += bottlenecks.table5_markdown(table5, model)
@@ -589,17 +736,21 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
 _CURVE_FIELDS = tuple(f.name for f in dataclasses.fields(xai.Curves))
 
 
-def _evaluate_class(bundle, cls, bank, config, score_fn, blur, trained, concepts, steps: bool):
+def _evaluate_class(
+  bundle, cls, bank, config, score_fn, blur, trained, concepts, steps: bool, feature_maps: bool
+):
   """One class's Table 1 pass as flat arrays (what `run` keeps in its class file): its
   analysis's concepts ("concepts/..."), every explanation's curves ("curves/<row>/<field>", the
   rows in order in "rows"), Table 5's scores ("scores/<row>", the zero-shot logits first);
-  with `steps`, also "steps": the first image's perturbed images (Fig. 7, not kept)."""
+  with `steps`, also "steps": the first image's perturbed images (Fig. 7, not kept); with
+  `feature_maps`, Fig. 6's rows of the class's first images ("fig6/<field>", `_fig6_arrays`)."""
   a = config.analysis
   result = pipeline.analyze_class(bundle, cls.images, bank, a, tuple(a.methods))
   embeddings = protocols.image_embeddings(bundle, cls.images)
   first = {} if steps else None
+  maps = [] if feature_maps else None
   curves, predictions = class_curves(
-    bundle, cls, result, bank, config, score_fn, blur, trained, embeddings, first
+    bundle, cls, result, bank, config, score_fn, blur, trained, embeddings, first, maps
   )
   out: dict[str, Any] = {
     f"concepts/{k}": v for k, v in concepts.class_arrays(result, embeddings).items()
@@ -613,7 +764,40 @@ def _evaluate_class(bundle, cls, bank, config, score_fn, blur, trained, concepts
     out[f"scores/{name}"] = np.asarray(p)
   if steps:
     out["steps"] = first
+  out.update(_fig6_arrays(maps or []))
   return out
+
+
+#: The array fields of a Fig. 6 row (`feature_map_rows`), kept in the class file by image.
+_FIG6_ARRAYS = ("image", "channels", "maps", "regions", "valid", "ids", "labels")
+
+
+def _fig6_arrays(rows: list[dict]) -> dict[str, np.ndarray]:
+  """A class's Fig. 6 rows as stacked arrays ("fig6/<field>", one entry per row)."""
+  if not rows:
+    return {}
+  out = {f"fig6/{f}": np.stack([np.asarray(r[f]) for r in rows]) for f in _FIG6_ARRAYS}
+  out["fig6/index"] = np.array([r["index"] for r in rows])
+  out["fig6/threshold"] = np.array(rows[0]["threshold"])
+  return out
+
+
+def _fig6_rows(arrays, cls) -> list[dict]:
+  """The Fig. 6 rows `_fig6_arrays` kept (none when the class has none)."""
+  if "fig6/index" not in arrays:
+    return []
+  rows = []
+  for i, index in enumerate(arrays["fig6/index"]):
+    row = {f: arrays[f"fig6/{f}"][i] for f in _FIG6_ARRAYS}
+    row["labels"] = [str(x) for x in row["labels"]]
+    row.update(
+      caption=cls.name,
+      class_name=cls.name,
+      index=int(index),
+      threshold=float(arrays["fig6/threshold"]),
+    )
+    rows.append(row)
+  return rows
 
 
 def _curves_of(arrays) -> dict[str, xai.Curves]:
@@ -680,7 +864,7 @@ def _check_config(config) -> None:
       f"{protocols.PROTOCOLS}"
     )
   if config.baselines.enabled:
-    baselines.lf_cbm_settings(config.baselines)  # LF-CBM's recipe, before any work
+    baseline_lf_cbm.lf_cbm_settings(config.baselines)  # LF-CBM's recipe, before any work
   if config.baselines.enabled and int(config.baselines.n_concepts) != int(
     config.analysis.n_concepts
   ):

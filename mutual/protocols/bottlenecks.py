@@ -97,7 +97,7 @@ def labeler_accuracy(scores, labels, targets, k: int = 10) -> dict:
 
   Args:
     scores: float [N, D]; labels: int [N]; targets: float / bool [C, D], class c's descriptors
-      (`baselines.descriptor_targets`).
+      (`mutual.baselines.cache.descriptor_targets`).
 
   Returns:
     dict: top_all, top_<k> (%), top_all_recall, top_<k>_recall (%), images (counted), and
@@ -171,10 +171,14 @@ def _mark(flag) -> str:
 
 def table5_markdown(result: Mapping, model: str) -> str:
   """Table 5 in the paper's layout (with the paper's ImageNet numbers beside), then the labeler's
-  accuracy."""
+  accuracy; with a `training_set` (the evaluation's `training_set`), its note first."""
   lines = [
     f"Model: {model}, {result['images']} images. Paper: ImageNet val, CLIP ViT-B/16.",
     "",
+  ]
+  if result.get("training_set"):
+    lines += [result["training_set"]["note"], ""]
+  lines += [
     "| Model | Vis. | Lan. | MMB | Top-1 | Top-5 | Paper Top-1 | Paper Top-5 |",
     "|---|---|---|---|---|---|---|---|",
   ]

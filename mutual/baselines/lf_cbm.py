@@ -1,0 +1,433 @@
+"""Table 5's LF-CBM row (Oikarinen et al. 2023), as their code Label-free-CBM builds it
+(`train_lf_cbm`): concepts whose top-5 CLIP cosine is too low dropped, a linear projection W_c
+of the image embedding trained to match the concepts' CLIP cosines under the cubed-cosine
+similarity (`fit_projection`), concepts the projection does not match dropped, the projected
+concepts standardised, and a sparse final layer fitted by GLM-SAGA (`glm_saga`, the solver
+ported to JAX) with the elastic net. The recipe's settings: `paper_config.LF_CBM_DEFAULTS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from mutual import paper_config
+from mutual.baselines import cache
+from stori_jax.plumbing.config_files import ConfigError
+
+
+def cubed_cosine_similarity(clip_scores, activations) -> jax.Array:
+  """LF-CBM's match of a concept's activations to its CLIP scores (their
+  `cos_similarity_cubed_single`): each column centred over the images, cubed, and the cosine of
+  the two columns.
+
+  Args:
+    clip_scores: float [N, K], CLIP's image-concept cosines.
+    activations: float [N, K], the projection's outputs.
+
+  Returns:
+    float32 [K] (NaN for a constant column, as theirs).
+  """
+
+  def prepared(x):
+    x = x.astype(jnp.float32)
+    x = (x - jnp.mean(x, axis=0, keepdims=True)) ** 3
+    return x / jnp.linalg.norm(x, axis=0, keepdims=True)
+
+  return jnp.sum(prepared(jnp.asarray(clip_scores)) * prepared(jnp.asarray(activations)), axis=0)
+
+
+def fit_projection(
+  train_x,
+  train_clip,
+  val_x,
+  val_clip,
+  *,
+  steps: int = 1000,
+  learning_rate: float = 1e-3,
+  batch_size: int = 50000,
+  seed: int = 0,
+  progress: bool = True,
+) -> tuple[np.ndarray, int, float]:
+  """LF-CBM's concept projection W_c, trained as train_cbm.py trains it: no bias, torch's default
+  initialisation U(-1/sqrt(E), 1/sqrt(E)), Adam, each step on `batch_size` images drawn without
+  replacement (all of them when fewer), maximising the mean cubed-cosine similarity; every 50
+  steps (and at the last) the held-out similarity is measured after the step, and the fit stops
+  at the first check that does not improve on the best, keeping the best.
+
+  Args:
+    train_x, val_x: float [N, E] / [M, E] backbone features (here the image embeddings).
+    train_clip, val_clip: float [N, K] / [M, K] CLIP image-concept cosines.
+
+  Returns:
+    (W_c float32 [E, K], the step of the kept weights, their mean held-out similarity.)
+  """
+  train_x = jnp.asarray(train_x, jnp.float32)
+  train_clip = jnp.asarray(train_clip, jnp.float32)
+  val_x = jnp.asarray(val_x, jnp.float32)
+  val_clip = jnp.asarray(val_clip, jnp.float32)
+  n, width = train_x.shape
+  bound = 1.0 / np.sqrt(width)
+  weight = jax.random.uniform(
+    jax.random.PRNGKey(seed), (width, train_clip.shape[1]), jnp.float32, -bound, bound
+  )
+  optimizer = optax.adam(learning_rate)
+
+  @jax.jit
+  def step(weight, opt_state, idx):
+    def loss_fn(w):
+      return -jnp.mean(cubed_cosine_similarity(train_clip[idx], train_x[idx] @ w))
+
+    grads = jax.grad(loss_fn)(weight)
+    updates, opt_state = optimizer.update(grads, opt_state, weight)
+    return optax.apply_updates(weight, updates), opt_state
+
+  @jax.jit
+  def held_out(w):
+    return jnp.mean(cubed_cosine_similarity(val_clip, val_x @ w))
+
+  rng = np.random.default_rng(seed)
+  batch = min(int(batch_size), n)
+  opt_state = optimizer.init(weight)
+  best, best_step, best_weight = -np.inf, 0, weight
+  every = jnp.arange(n)
+  for i in tqdm(range(int(steps)), desc="LF-CBM projection", disable=not progress):
+    idx = every if batch == n else jnp.asarray(rng.choice(n, batch, replace=False))
+    weight, opt_state = step(weight, opt_state, idx)
+    if i % 50 == 0 or i == steps - 1:
+      similarity = float(held_out(weight))
+      if i == 0 or similarity > best:
+        best, best_step, best_weight = similarity, i, weight
+      else:  # their rule: stop as soon as the held-out similarity stops rising
+        break
+  return np.asarray(best_weight), best_step, float(best)
+
+
+@dataclasses.dataclass(frozen=True)
+class SagaResult:
+  """`glm_saga`'s fit: weight float32 [K, C], bias float32 [C]; objectives float32 [epochs], the
+  elastic-net objective after each full epoch; converged: stopped by the tolerance."""
+
+  weight: np.ndarray
+  bias: np.ndarray
+  objectives: np.ndarray
+  converged: bool
+
+
+def glm_saga(
+  x,
+  labels,
+  num_classes: int,
+  *,
+  lam: float,
+  alpha: float = 0.99,
+  step_size: float = 0.1,
+  epochs: int = 80,
+  batch_size: int = 256,
+  tol: float = 1e-4,
+  seed: int = 0,
+  progress: bool = True,
+) -> SagaResult:
+  """LF-CBM's sparse final layer: the glm_saga package's proximal SAGA (Wong et al. 2021) in JAX.
+
+  Minimises mean cross-entropy(x W + b) + lam' (alpha |W|_1 + (1 - alpha) / 2 |W|^2), the bias
+  unpenalised, with lam' = lam / alpha (glm_saga's path of one lambda when LF-CBM hands it
+  `max_reg` = lam). From W = b = 0, each epoch visits a fresh permutation in batches of
+  `batch_size` (the last one smaller); a batch's gradient is SAGA's (its examples' new logit
+  gradients, minus the ones stored for them, plus the stored average; a table [N, C] holds the
+  last logit gradient of every example), then the elastic net's proximal step,
+  soft-threshold(W, step lam' alpha) / (1 + step lam' (1 - alpha)). It stops (without that
+  update) once an update would move (W, b) by at most `tol` in L2 norm, or after `epochs`.
+
+  Args:
+    x: float [N, K] (LF-CBM standardises its concept activations first); labels: int [N].
+
+  Returns:
+    SagaResult. The table is on the device: N x C float32 (ImageNet: 5 GB).
+  """
+  x = np.asarray(x, np.float32)
+  n, width = x.shape
+  classes = int(num_classes)
+  strength = float(lam) / max(0.001, float(alpha))
+  threshold = step_size * strength * alpha
+  shrink = 1.0 + step_size * strength * (1.0 - alpha)
+  # Row n is padding: its features and stored gradient stay 0.
+  xs = jnp.concatenate([jnp.asarray(x), jnp.zeros((1, width), jnp.float32)])
+  ys = jnp.concatenate([jnp.asarray(labels, jnp.int32), jnp.zeros((1,), jnp.int32)])
+  batch = min(int(batch_size), n)
+  per_epoch = -(-n // batch)
+
+  def one_batch(carry, idx):
+    w, b, table, w_avg, b_avg, stopped, loss_sum = carry
+    mask = (idx < n).astype(jnp.float32)
+    count = jnp.sum(mask)
+    batch_x = xs[idx]
+    logits = batch_x @ w + b
+    target = jax.nn.one_hot(ys[idx], classes)
+    loss = jnp.sum(optax.softmax_cross_entropy(logits, target) * mask)
+    new = (jax.nn.softmax(logits) - target) * mask[:, None]
+    old = table[idx]
+    w_grad, w_old = batch_x.T @ new / count, batch_x.T @ old / count
+    b_grad, b_old = jnp.sum(new, axis=0) / count, jnp.sum(old, axis=0) / count
+    w_new = w - step_size * (w_grad - w_old + w_avg)
+    w_new = jnp.sign(w_new) * jnp.maximum(jnp.abs(w_new) - threshold, 0.0) / shrink
+    b_new = b - step_size * (b_grad - b_old + b_avg)
+    live = jnp.logical_not(stopped)
+    table = table.at[idx].set(jnp.where(live, new, old))
+    w_avg = w_avg + jnp.where(live, (w_grad - w_old) * count / n, 0.0)
+    b_avg = b_avg + jnp.where(live, (b_grad - b_old) * count / n, 0.0)
+    moved = jnp.sqrt(jnp.sum((w_new - w) ** 2) + jnp.sum((b_new - b) ** 2))
+    stop = live & (moved <= tol)
+    apply = live & jnp.logical_not(stop)
+    w, b = jnp.where(apply, w_new, w), jnp.where(apply, b_new, b)
+    loss_sum = loss_sum + jnp.where(live, loss, 0.0)
+    return (w, b, table, w_avg, b_avg, stopped | stop, loss_sum), None
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def epoch(carry, order):
+    carry = (*carry[:-1], jnp.zeros((), jnp.float32))
+    carry, _ = jax.lax.scan(one_batch, carry, order)
+    w = carry[0]
+    penalty = strength * (alpha * jnp.sum(jnp.abs(w)) + 0.5 * (1.0 - alpha) * jnp.sum(w**2))
+    return carry, carry[-1] / n + penalty
+
+  carry = (
+    jnp.zeros((width, classes), jnp.float32),
+    jnp.zeros((classes,), jnp.float32),
+    jnp.zeros((n + 1, classes), jnp.float32),
+    jnp.zeros((width, classes), jnp.float32),
+    jnp.zeros((classes,), jnp.float32),
+    jnp.zeros((), bool),
+    jnp.zeros((), jnp.float32),
+  )
+  rng = np.random.default_rng(seed)
+  objectives, converged = [], False
+  bar = tqdm(range(int(epochs)), desc="LF-CBM final layer (GLM-SAGA)", disable=not progress)
+  for _ in bar:
+    order = np.full(per_epoch * batch, n, np.int32)
+    order[:n] = rng.permutation(n)
+    carry, objective = epoch(carry, jnp.asarray(order.reshape(per_epoch, batch)))
+    if bool(carry[5]):
+      converged = True
+      break
+    objectives.append(float(objective))
+  bar.close()
+  return SagaResult(
+    np.asarray(carry[0]), np.asarray(carry[1]), np.asarray(objectives, np.float32), converged
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelFreeCBM:
+  """A trained LF-CBM: image embedding -> standardised concept activations -> sparse classifier.
+
+  Attributes:
+    concepts: int32 [K], the kept descriptors (indices into the bank).
+    projection: float32 [E, K], W_c (transposed).
+    mean, std: float32 [K], the training activations' mean and standard deviation (ddof 1).
+    weight: float32 [K, C], W_g (transposed); bias: float32 [C].
+  """
+
+  concepts: np.ndarray
+  projection: np.ndarray
+  mean: np.ndarray
+  std: np.ndarray
+  weight: np.ndarray
+  bias: np.ndarray
+
+  def concept_activations(self, embeddings) -> np.ndarray:
+    """embeddings float [B, E] (unnormalised) -> float32 [B, K]."""
+    x = np.asarray(embeddings, np.float32) @ self.projection
+    return (x - self.mean) / self.std
+
+  def logits(self, embeddings) -> np.ndarray:
+    """embeddings float [B, E] (unnormalised) -> float32 [B, C]."""
+    return self.concept_activations(embeddings) @ self.weight + self.bias
+
+
+def lf_cbm_settings(config) -> dict:
+  """config.baselines.lf_cbm over paper_config.LF_CBM_DEFAULTS (a config without the section
+  gets the defaults), checked.
+
+  Raises:
+    ConfigError naming every bad value.
+  """
+  settings = dict(paper_config.LF_CBM_DEFAULTS)
+  given = config.get("lf_cbm", None)
+  if given is not None:
+    settings.update(given.to_dict() if hasattr(given, "to_dict") else dict(given))
+  unknown = set(settings) - set(paper_config.LF_CBM_DEFAULTS)
+  problems = [f"unknown keys {sorted(unknown)}"] if unknown else []
+  rules = dict(
+    clip_cutoff=(lambda v: -1 <= v < 1, "a cosine in [-1, 1)"),
+    interpretability_cutoff=(lambda v: -1 <= v < 1, "a similarity in [-1, 1)"),
+    proj_steps=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+    proj_batch_size=(lambda v: isinstance(v, int) and v >= 2, "an integer >= 2"),
+    proj_learning_rate=(lambda v: v > 0, "> 0"),
+    lam=(lambda v: v >= 0, ">= 0"),
+    alpha=(lambda v: 0 < v <= 1, "in (0, 1]"),
+    step_size=(lambda v: v > 0, "> 0"),
+    n_iters=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+    saga_batch_size=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+    tol=(lambda v: v >= 0, ">= 0"),
+    val_fraction=(lambda v: 0 < v < 1, "in (0, 1)"),
+  )
+  for key, (ok, meaning) in rules.items():
+    value = settings.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+      problems.append(f"config.baselines.lf_cbm.{key} must be {meaning}, got {value!r}")
+  if problems:
+    raise ConfigError(
+      "; ".join(problems) + " (LF-CBM's recipe: mutual.paper_config.LF_CBM_DEFAULTS)."
+    )
+  return settings
+
+
+def _lf_cbm_path(workdir: str | None) -> str | None:
+  return None if workdir is None else os.path.join(workdir, "lf_cbm.npz")
+
+
+def train_lf_cbm(
+  cached: cache.CachedFeatures,
+  descriptor_embeddings: np.ndarray,
+  num_classes: int,
+  settings: Mapping[str, Any] | None = None,
+  *,
+  seed: int = 0,
+  progress: bool = True,
+  workdir: str | None = None,
+) -> tuple[LabelFreeCBM, dict]:
+  """Trains Table 5's LF-CBM on the cached image embeddings, following train_cbm.py:
+
+  1. CLIP's concept scores: the cosines of the image embeddings with the descriptors (the same
+     CLIP is backbone and concept scorer: Table 5's models all use the analysed CLIP).
+  2. Concepts whose mean top-5 score over the training images is <= clip_cutoff are dropped.
+  3. W_c (`fit_projection`) on the training images less a held-out `val_fraction` (seeded),
+     which steers its early stop; concepts whose held-out cubed-cosine similarity is <=
+     interpretability_cutoff are dropped.
+  4. The activations of every training image, standardised by their mean and std (ddof 1),
+     and the sparse final layer (`glm_saga`).
+
+  Args:
+    cached: the training images (their `embeddings` and labels).
+    descriptor_embeddings: float [D, E], the bank's unit descriptor embeddings (no template,
+      as LF-CBM encodes its concepts).
+    settings: `lf_cbm_settings`' keys (default: paper_config.LF_CBM_DEFAULTS).
+    workdir: the finished model is kept in <workdir>/lf_cbm.npz and a rerun loads it.
+
+  Returns:
+    (LabelFreeCBM, record): the record holds descriptors, after_clip_cutoff,
+    after_interpretability_cutoff, projection_step, held_out_similarity, saga_epochs,
+    converged, objective, nonzero_weights (|w| > 1e-5, their count) and seconds.
+
+  Raises:
+    ConfigError: no concept survives a cutoff (names the setting to lower), or fewer than 4
+      training images.
+  """
+  s = {**paper_config.LF_CBM_DEFAULTS, **dict(settings or {})}
+  path = _lf_cbm_path(workdir)
+  if path is not None and os.path.exists(path):
+    with np.load(path) as saved:
+      model = LabelFreeCBM(*(saved[f.name] for f in dataclasses.fields(LabelFreeCBM)))
+      record = json.loads(str(saved["record"]))
+    return model, record
+  start = time.perf_counter()
+  embeddings = cache.embeddings_of(cached, "LF-CBM")
+  n = len(embeddings)
+  if n < 4:
+    raise ConfigError(
+      f"LF-CBM needs at least 4 training images (2 of them held out), got {n}: raise "
+      "config.baselines.data.images_per_class."
+    )
+  unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+  text = np.asarray(descriptor_embeddings, np.float32)
+  text = text / np.linalg.norm(text, axis=1, keepdims=True)
+  scores = unit @ text.T  # [N, D]
+  order = np.random.default_rng(seed).permutation(n)
+  held = min(n - 2, max(2, int(round(float(s["val_fraction"]) * n))))
+  val, train = np.sort(order[:held]), np.sort(order[held:])
+
+  top5 = np.sort(scores[train], axis=0)[-min(5, len(train)) :].mean(axis=0)
+  active = np.flatnonzero(top5 > float(s["clip_cutoff"]))
+  if not len(active):
+    raise ConfigError(
+      f"LF-CBM: no descriptor's mean top-5 CLIP cosine exceeds config.baselines.lf_cbm."
+      f"clip_cutoff ({s['clip_cutoff']}; the highest is {top5.max():.3f}): lower it."
+    )
+  projection, best_step, best = fit_projection(
+    embeddings[train],
+    scores[train][:, active],
+    embeddings[val],
+    scores[val][:, active],
+    steps=int(s["proj_steps"]),
+    learning_rate=float(s["proj_learning_rate"]),
+    batch_size=int(s["proj_batch_size"]),
+    seed=seed,
+    progress=progress,
+  )
+  similarity = np.asarray(
+    cubed_cosine_similarity(scores[val][:, active], embeddings[val] @ projection)
+  )
+  interpretable = similarity > float(s["interpretability_cutoff"])
+  if not interpretable.any():
+    raise ConfigError(
+      "LF-CBM: no descriptor's projection matches its CLIP scores above config.baselines."
+      f"lf_cbm.interpretability_cutoff ({s['interpretability_cutoff']}; the best is "
+      f"{np.nanmax(similarity):.3f}): lower it."
+    )
+  projection = projection[:, interpretable]
+  activations = embeddings @ projection
+  mean, std = activations.mean(axis=0), activations.std(axis=0, ddof=1)
+  saga = glm_saga(
+    (activations - mean) / std,
+    cached.labels,
+    num_classes,
+    lam=float(s["lam"]),
+    alpha=float(s["alpha"]),
+    step_size=float(s["step_size"]),
+    epochs=int(s["n_iters"]),
+    batch_size=int(s["saga_batch_size"]),
+    tol=float(s["tol"]),
+    seed=seed,
+    progress=progress,
+  )
+  model = LabelFreeCBM(
+    active[interpretable].astype(np.int32),
+    projection.astype(np.float32),
+    mean.astype(np.float32),
+    std.astype(np.float32),
+    saga.weight,
+    saga.bias,
+  )
+  record = dict(
+    descriptors=int(len(text)),
+    after_clip_cutoff=int(len(active)),
+    after_interpretability_cutoff=int(interpretable.sum()),
+    projection_step=int(best_step),
+    held_out_similarity=float(best),
+    saga_epochs=int(len(saga.objectives) + (1 if saga.converged else 0)),
+    converged=bool(saga.converged),
+    objective=float(saga.objectives[-1]) if len(saga.objectives) else float("nan"),
+    nonzero_weights=int((np.abs(saga.weight) > 1e-5).sum()),
+    seconds=round(time.perf_counter() - start, 3),
+  )
+  if path is not None:
+    os.makedirs(workdir, exist_ok=True)
+    partial = path + ".partial.npz"
+    np.savez(
+      partial,
+      record=json.dumps(record),
+      **{f.name: getattr(model, f.name) for f in dataclasses.fields(LabelFreeCBM)},
+    )
+    os.replace(partial, path)  # whole or absent: a stopped run leaves no half model
+  return model, record
