@@ -33,7 +33,9 @@ LAYERS = (
   ("stori_jax.world_metrics", "stori_jax.explorer"),
   ("stori_jax.pretraining",),
   ("stori_jax.grid",),
-  # mutual builds on stori_jax; its stages first, then what runs them.
+  # mutual builds on stori_jax; its stages first, then what runs them. mt19937 replays the
+  # reference's generators for the stages.
+  ("mutual.mt19937",),
   (
     "mutual.ellipse",
     "mutual.information",
