@@ -390,7 +390,6 @@ def part_reference(ctx: Context) -> None:
   """The per-image reference pipeline on the accelerator (torch on CUDA) for a few images."""
   import torch  # pylint: disable=import-outside-toplevel
 
-  from mutual import concepts  # pylint: disable=import-outside-toplevel
   from mutual import reference as mutual_reference  # pylint: disable=import-outside-toplevel
   from stori_jax.reference import clip_towers  # pylint: disable=import-outside-toplevel
 
@@ -433,7 +432,6 @@ def part_reference(ctx: Context) -> None:
       crf=crf,
       joint=bool(analysis.joint_foreground),
       kmeans_seed=int(analysis.kmeans_seed),
-      kmeans_start=concepts.kmeans_start_indices,
       device=device,
     )
     if device.type == "cuda":

@@ -524,7 +524,6 @@ def main(argv):
       crf=reference_crf,
       joint=bool(analysis.joint_foreground),
       kmeans_seed=int(analysis.kmeans_seed),
-      kmeans_start=concepts.kmeans_start_indices,
       desc_tokens=tokens,
       device=torch_device,
     )

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mutual import mt19937
 from stori_jax.clip.encoding import l2_normalize_jax
 
 _HIGHEST = jax.lax.Precision.HIGHEST  # accelerators would otherwise multiply in bf16 / tf32
@@ -32,7 +33,8 @@ def _flatten(features, mask, n_concepts: int):
 
 #: PCA sign conventions (`pca_components`): scikit-learn's before and from release 1.5.
 PCA_SIGN_RULES = ("sklearn<1.5", "sklearn>=1.5")
-#: K-means starts (`kmeans_concepts`): seeded k-means++ restarts, or one random start.
+#: K-means starts (`kmeans_concepts`): seeded k-means++ restarts, or kmeans_pytorch's one
+#: random start under the seeding protocol.
 KMEANS_INITS = ("k-means++", "random")
 
 
@@ -183,65 +185,83 @@ def kmeans(key, x, weights, k: int, n_init: int = 10, max_iter: int = 300):
   return centers[best], labels[best]
 
 
-def random_start(key, weights, k: int) -> jax.Array:
-  """k distinct indices of weighted rows (weights bool [N], at least k true), drawn uniformly:
-  kmeans_pytorch's start (numpy.random.choice without replacement). int32 [k]."""
-  p = weights.astype(jnp.float32)
-  return jax.random.choice(key, weights.shape[0], (k,), replace=False, p=p / jnp.sum(p))
+def reference_words(seed: int, size: int, k: int, max_iter: int = 500) -> np.ndarray:
+  """uint32 words of the reference K-means' generators under the seeding protocol
+  (np.random.seed(seed), torch.manual_seed(seed): one stream, `mt19937.legacy_words`), enough
+  for the start's shuffle of up to `size` rows and for k redraws in each of max_iter iterations
+  (the torch generator reads them from its own first word)."""
+  return mt19937.legacy_words(seed, max(mt19937.permutation_words(size), k * max_iter))
 
 
-def kmeans_start_indices(mask: np.ndarray, n_concepts: int, seed: int = 0) -> np.ndarray:
-  """The seeded K-means start of `kmeans_concepts(init="random")` for a foreground bool
-  [B, h, w]: int [L] indices into the B*h*w patches. The reference-mode checks hand it to
-  `mutual.reference.analyze_class`, whose own start is unseeded, so that
-  both sides start from the same rows."""
-  start_key, _ = jax.random.split(jax.random.PRNGKey(seed))
-  weights = jnp.asarray(np.asarray(mask).reshape(-1))
-  return np.asarray(random_start(start_key, weights, n_concepts))
+def random_start(words, weights, k: int) -> jax.Array:
+  """kmeans_pytorch's start: `np.random.choice(N, k, replace=False)` from numpy's legacy
+  generator (`words`, its stream from the seed), N the number of weighted rows (weights bool
+  [M]), the i-th weighted row standing for row i of the reference's foreground tokens. int32
+  [k] indices into the M rows."""
+  size = weights.shape[0]
+  rows = jnp.nonzero(weights, size=size, fill_value=0)[0].astype(jnp.int32)
+  n = jnp.sum(weights.astype(jnp.int32))
+  return rows[mt19937.legacy_choice(words, n, k, size)]
+
+
+def _direct_squared_distances(x, centers):
+  # kmeans_pytorch's pairwise_distance: ((x - c) ** 2).sum(-1), not the expanded product.
+  return jnp.sum((x[:, None, :] - centers[None, :, :]) ** 2, axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames=("max_iter",))
-def kmeans_pytorch_loop(key, x, weights, centers, tol: float = 1e-4, max_iter: int = 500):
-  """kmeans_pytorch's iterations from the given centres over the weighted rows of x [N, D].
+def kmeans_pytorch_loop(words, x, weights, centers, tol: float = 1e-4, max_iter: int = 500):
+  """kmeans_pytorch's iterations from the given centres over the weighted rows of x [M, D].
 
-  Each iteration assigns every row to its nearest centre (euclidean), then moves each centre to
-  the mean of its weighted rows; a centre left with none jumps to a random weighted row (drawn
-  with `key`). The loop stops once the squared sum of the centres' moves (euclidean norms) is
-  below tol, or after max_iter iterations. As kmeans_pytorch does, it returns the assignments of
-  the last iteration, i.e. to the centres before their final move.
+  Each iteration assigns every row to its nearest centre (euclidean, as pairwise_distance
+  computes it), then moves each centre, in index order, to the mean of its weighted rows; a
+  centre left with none moves to a random weighted row, `X[torch.randint(N, (1,))]` as the
+  kmeans_pytorch the authors call does (GitHub, after release 0.3, which would make it NaN),
+  each redraw reading the next word of torch's CPU generator (`words`, its stream from the
+  seed: uint32 [W], at least k * max_iter). The loop stops once the squared sum of the
+  centres' moves (euclidean norms) is below tol, or after max_iter iterations (iter_limit).
+  As kmeans_pytorch does, it returns the assignments of the last iteration, i.e. to the
+  centres before their final move.
 
-  Returns (centers float32 [k, D], assignments int32 [N]).
+  Returns (centers float32 [k, D], assignments int32 [M]).
   """
-  k, n = centers.shape[0], x.shape[0]
+  k, m = centers.shape[0], x.shape[0]
+  if m >= mt19937.TORCH_32_BIT_LIMIT:  # torch.randint would read two words a draw
+    raise ValueError(f"the reference K-means replays at most 2**28 - 1 rows, got {m}.")
   w = weights.astype(x.dtype)
-  p = w / jnp.maximum(jnp.sum(w), 1.0)
+  rows = jnp.nonzero(weights, size=m, fill_value=0)[0]
+  n = jnp.maximum(jnp.sum(weights.astype(jnp.int32)), 1)
 
   def cond(state):
     _, _, shift, step, _ = state
     return (step == 0) | ((shift**2 >= tol) & (step < max_iter))
 
   def body(state):
-    centers, _, _, step, key = state
-    key, draw = jax.random.split(key)
-    labels = jnp.argmin(_squared_distances(x, centers), axis=1).astype(jnp.int32)
+    centers, _, _, step, cursor = state
+    labels = jnp.argmin(_direct_squared_distances(x, centers), axis=1).astype(jnp.int32)
     sums = jax.ops.segment_sum(x * w[:, None], labels, num_segments=k)
     counts = jax.ops.segment_sum(w, labels, num_segments=k)
-    spare = x[jax.random.choice(draw, n, (k,), p=p)]
-    new = jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1.0)[:, None], spare)
+    empty = counts == 0
+    # The empty clusters draw in index order, one word each.
+    draws = cursor + jnp.cumsum(empty.astype(jnp.int32)) - 1
+    spare = x[rows[mt19937.torch_randint(words, draws, n)]]
+    new = jnp.where(empty[:, None], spare, sums / jnp.maximum(counts, 1.0)[:, None])
     shift = jnp.sum(jnp.sqrt(jnp.sum((new - centers) ** 2, axis=1)))
-    return new, labels, shift, step + 1, key
+    return new, labels, shift, step + 1, cursor + jnp.sum(empty.astype(jnp.int32))
 
-  init = (centers, jnp.zeros(n, jnp.int32), jnp.asarray(jnp.inf, x.dtype), 0, key)
+  init = (centers, jnp.zeros(m, jnp.int32), jnp.asarray(jnp.inf, x.dtype), 0, jnp.int32(0))
   centers, labels, _, _, _ = jax.lax.while_loop(cond, body, init)
   return centers, labels
 
 
-def random_start_kmeans(key, x, weights, k: int, tol: float = 1e-4, max_iter: int = 500):
-  """K-means of the weighted rows of x [N, D] as kmeans_pytorch runs it: `random_start`, then
-  `kmeans_pytorch_loop` (same key, same result). Returns (centers [k, D], assignments int32 [N])."""
-  start, loop = jax.random.split(key)
-  centers = x[random_start(start, weights, k)]
-  return kmeans_pytorch_loop(loop, x, weights, centers, tol, max_iter)
+@functools.partial(jax.jit, static_argnames=("k", "max_iter"))
+def random_start_kmeans(words, x, weights, k: int, tol: float = 1e-4, max_iter: int = 500):
+  """K-means of the weighted rows of x [M, D] as the authors' kmeans_pytorch call runs under
+  the seeding protocol: `random_start` from numpy's generator, then `kmeans_pytorch_loop` with
+  torch's; both read `words` (`reference_words(seed, M, k, max_iter)`: the two generators give
+  the same stream, each from its first word). Returns (centers [k, D], assignments int32 [M])."""
+  centers = x[random_start(words, weights, k)]
+  return kmeans_pytorch_loop(words, x, weights, centers, tol, max_iter)
 
 
 def kmeans_concepts(
@@ -259,15 +279,16 @@ def kmeans_concepts(
     features: float32 [B, h, w, D] patch features.
     mask: bool [B, h, w] foreground patches.
     n_concepts: number of clusters.
-    seed: PRNG seed of the starts (same seed, same result).
+    seed: seed of the starts (same seed, same result); with "random" the seeding protocol's
+      (an int in [0, 2**32), given to np.random.seed and torch.manual_seed).
     n_init: number of k-means++ starts; the one with the lowest inertia is kept ("k-means++").
     max_iter: iterations at most; default 300 ("k-means++") or 500 ("random", the reference's
       iter_limit).
-    init: "k-means++": n_init seeded k-means++ starts, Lloyd until the assignments settle;
-      "random": one start at distinct random tokens, kmeans_pytorch's loop
-      (`random_start_kmeans`), as the reference code runs it. The reference draws its start
-      with numpy's unseeded global generator, so its exact clusters cannot be reproduced; this
-      one is deterministic given the seed.
+    init: "k-means++": n_init seeded k-means++ starts (JAX's PRNG), Lloyd until the assignments
+      settle; "random": the authors' kmeans_pytorch call (`random_start_kmeans`) under the
+      seeding protocol: its clusters are those of utils.kmeans_clustering run after
+      np.random.seed(seed) and torch.manual_seed(seed) (the start from numpy's legacy generator,
+      an empty cluster's redraw from torch's), which the authors leave unseeded.
 
   Returns:
     int32 [B, h, w]: cluster index in [0, n_concepts), -1 on background.
@@ -275,9 +296,10 @@ def kmeans_concepts(
   _check_choice("init", init, KMEANS_INITS)
   x, fg = _flatten(features, mask, n_concepts)
   x = l2_normalize_jax(x, axis=1)
-  key = jax.random.PRNGKey(seed)
   if init == "random":
-    _, labels = random_start_kmeans(key, x, fg, n_concepts, max_iter=max_iter or 500)
+    max_iter = max_iter or 500
+    words = jnp.asarray(reference_words(seed, x.shape[0], n_concepts, max_iter))
+    _, labels = random_start_kmeans(words, x, fg, n_concepts, max_iter=max_iter)
   else:
-    _, labels = kmeans(key, x, fg, n_concepts, n_init, max_iter or 300)
+    _, labels = kmeans(jax.random.PRNGKey(seed), x, fg, n_concepts, n_init, max_iter or 300)
   return jnp.where(fg, labels, -1).reshape(jnp.shape(mask))

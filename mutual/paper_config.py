@@ -72,6 +72,9 @@ ANALYSIS_DEFAULTS = dict(
   joint_foreground=True,  # one spectral split over the B images (reference); False: per image
   center_features=False,  # centre the patch features before the split (not in the reference)
   n_concepts=5,  # L
+  # Reference mode's K-means seeding protocol: np.random.seed and torch.manual_seed with it
+  # before each class's kmeans_pytorch call (its start and empty-cluster redraws; mutual.
+  # concepts.random_start_kmeans); improved mode's k-means++ starts take it as a PRNG key.
   kmeans_seed=0,
   # Reference mode's seeding protocol: Python's `random` (the padding of contours under 5
   # points) and OpenCV's cv::theRNG() (cv2.setRNGSeed: the points its fitEllipse moves) seeded
@@ -199,6 +202,7 @@ def check_analysis(analysis) -> dict:
     ("n_concepts", 1, "visual concepts per image"),
     ("top_descriptors", 1, "descriptors chosen per concept"),
     ("ellipse_seed", 0, "the seed of the reference's ellipse padding"),
+    ("kmeans_seed", 0, "the seed of the K-means starts"),
   ):
     value = analysis_value(analysis, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
@@ -210,6 +214,12 @@ def check_analysis(analysis) -> dict:
     raise ConfigError(
       "config.analysis.ellipse_seed must be below 2**31 (2147483648): OpenCV's cv2.setRNGSeed, "
       f"which the reference seeds with it, takes a 32-bit int; got {analysis.ellipse_seed}."
+    )
+  # np.random.seed takes [0, 2**32): the protocol's seed of the authors' K-means call.
+  if analysis_value(analysis, "kmeans_seed") >= 2**32:
+    raise ConfigError(
+      "config.analysis.kmeans_seed must be below 2**32 (4294967296): np.random.seed, which the "
+      f"reference's K-means protocol seeds with it, takes no more; got {analysis.kmeans_seed}."
     )
   return stages
 

@@ -11,7 +11,8 @@ clip-interpret-mutual-knowledge, utils.py) step by step, to check `mutual.pipeli
     contourArea, fitEllipse, ellipse drawing, RGB2GRAY and GaussianBlur;
   * scikit-learn: PCA (with the sign rule of releases before 1.5 applied explicitly, so any
     release gives the reference's labels) and MinMaxScaler;
-  * kmeans_pytorch: the reference's K-means loop;
+  * kmeans_pytorch: the reference's K-means (PyPI's 0.3 with the two changes of the GitHub
+    code the authors call, or that code itself: `kmeans_labels`);
   * SimpleCRF (`denseCRF.densecrf`): the dense CRF, with the reference's one-hot unary.
 
 The images go through one at a time from the CRF on, as in the reference; the spectral split and
@@ -20,8 +21,9 @@ encoded descriptors and classes (the reference loads them as precomputed linear 
 
 Where the reference is random or undefined, both sides share one deterministic rule (docs/
 design.md, "Analysis modes"):
-  * K-means start: the reference draws it with numpy's unseeded generator; here it is the
-    project's seeded draw (mutual.concepts.random_start), handed to kmeans_pytorch;
+  * K-means: kmeans_pytorch draws its start from numpy's global generator and an empty
+    cluster's new centre from torch's, both unseeded in the reference; both are seeded with
+    `kmeans_seed` (np.random.seed, torch.manual_seed) right before the class's call;
   * contours under 5 points are padded as utils.py pads them, from Python's `random`, and
     OpenCV's fits that move points by cv::theRNG() (a 5-point direct fit whose determinant is
     round-off, a degenerate least-squares fit) draw from theRNG: both generators are seeded with
@@ -37,17 +39,16 @@ design.md, "Analysis modes"):
     within 1e-4 of each other (relative to the row's maximum, in the same buckets as
     mutual.transport.top_descriptors) are ordered by raw score;
   * a CRF that removes the whole foreground keeps the unrefined mask, and an image without
-    candidates gets an empty visual set (MI 0), where the reference would fail;
-  * a K-means centre left without tokens (kmeans_pytorch 0.3 would make it NaN) jumps to a
-    random token, as later kmeans_pytorch releases do (counted in `stats`).
+    candidates gets an empty visual set (MI 0), where the reference would fail.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import random
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import cv2
 import jax
@@ -231,41 +232,83 @@ def pca_labels(fg_tokens: np.ndarray, n_concepts: int, sign_rule: str = "sklearn
   return scaled.argmax(axis=-1)
 
 
-def kmeans_labels(fg_tokens: torch.Tensor, start: np.ndarray, n_concepts: int, stats=None):
-  """utils.kmeans_clustering: kmeans_pytorch on the L2-normalised tokens, euclidean, from the
-  tokens `start` (int [n_concepts] rows of fg_tokens). int [N] labels."""
+#: utils.kmeans_clustering's iter_limit.
+KMEANS_ITER_LIMIT = 500
+
+
+class _IterLimit(Exception):
+  """Stops kmeans_pytorch 0.3's loop at the authors' iter_limit (`kmeans_labels`)."""
+
+
+def kmeans_labels(fg_tokens: torch.Tensor, n_concepts: int, seed: int = 0, stats=None):
+  """utils.kmeans_clustering under the seeding protocol: np.random.seed(seed) and
+  torch.manual_seed(seed), then kmeans_pytorch on the L2-normalised tokens as the authors call
+  it (euclidean, iter_limit 500): the start from numpy's global generator, an empty cluster's
+  new centre from torch's. int [N] labels.
+
+  The authors' call (tqdm_flag, iter_limit) needs kmeans_pytorch from GitHub, whose loop also
+  moves a centre left without tokens to `X[torch.randint(len(X), (1,))]`. PyPI's release 0.3
+  has neither (the centre would become NaN and the loop has no limit); with it, both are
+  added here as GitHub's code has them: the empty cluster's row drawn by the same
+  torch.randint, the loop stopped after 500 iterations with that iteration's assignments.
+  stats["empty_clusters"] counts the redraws."""
   import kmeans_pytorch  # optional: the mutual extra
 
   unit = F.normalize(fg_tokens, p=2, dim=-1)
-  original_initialize = kmeans_pytorch.initialize
   original_index_select = torch.index_select
-
-  def initialize(x, num_clusters):
-    del num_clusters
-    return x[torch.as_tensor(start, dtype=torch.long, device=x.device)].clone()
-
-  rng = np.random.default_rng(0)
+  legacy = "iter_limit" not in inspect.signature(kmeans_pytorch.kmeans).parameters
 
   def index_select(x, dim, index):
-    # A centre with no tokens left would average nothing (NaN in kmeans_pytorch 0.3); later
-    # releases move it to a random token.
-    if index.numel() == 0 and x is unit:
+    if index.numel() == 0 and x.data_ptr() == unit.data_ptr():
       if stats is not None:
         stats["empty_clusters"] = stats.get("empty_clusters", 0) + 1
-      index = torch.as_tensor([int(rng.integers(len(x)))], device=x.device)
+      if legacy:  # GitHub's kmeans_pytorch: selected = X[torch.randint(len(X), (1,))]
+        return x[torch.randint(len(x), (1,))]
     return original_index_select(x, dim, index)
 
-  kmeans_pytorch.initialize = initialize
-  torch.index_select = index_select
+  patches = [(torch, "index_select", index_select)]
+  if legacy:
+    last = {}
+    distance = kmeans_pytorch.pairwise_distance
+
+    def pairwise_distance(*args, **kwargs):
+      last["distances"] = distance(*args, **kwargs)
+      return last["distances"]
+
+    class Meter:  # kmeans_pytorch 0.3's tqdm: update() ends each iteration
+      def __init__(self, *args, **kwargs):
+        self.iterations = 0
+
+      def set_postfix(self, *args, **kwargs):
+        pass
+
+      def update(self):
+        self.iterations += 1
+        if self.iterations >= KMEANS_ITER_LIMIT:
+          raise _IterLimit
+
+    patches += [(kmeans_pytorch, "pairwise_distance", pairwise_distance)]
+    patches += [(kmeans_pytorch, "tqdm", Meter)]
+    kwargs = {}
+  else:
+    kwargs = dict(tqdm_flag=False, iter_limit=KMEANS_ITER_LIMIT)
+  originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+  for owner, name, value in patches:
+    setattr(owner, name, value)
   try:
+    # The protocol: both global generators seeded right before the authors' call.
+    np.random.seed(seed)
+    torch.manual_seed(seed)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
       labels, _ = kmeans_pytorch.kmeans(
-        X=unit, num_clusters=n_concepts, distance="euclidean", device=unit.device
+        X=unit, num_clusters=n_concepts, distance="euclidean", device=unit.device, **kwargs
       )
+  except _IterLimit:
+    labels = torch.argmin(last["distances"], dim=1)
   finally:
-    kmeans_pytorch.initialize = original_initialize
-    torch.index_select = original_index_select
-  return labels.numpy()
+    for owner, name, value in originals:
+      setattr(owner, name, value)
+  return labels.cpu().numpy()
 
 
 def crf_mask(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -480,7 +523,6 @@ def analyze_class(
   joint: bool = True,
   crf: bool = True,
   kmeans_seed: int = 0,
-  kmeans_start: Callable[[np.ndarray, int, int], np.ndarray] | None = None,
   pca_sign_rule: str = "sklearn<1.5",
   ellipse_seed: int = 0,
   offset: float = 0.02,
@@ -499,11 +541,9 @@ def analyze_class(
     methods: "pca" and / or "kmeans".
     joint: one spectral split over the B images (the reference) or one per image.
     crf: SimpleCRF refinement (the reference); False uses the upsampled patch mask.
-    kmeans_seed: the seed of the K-means start.
-    kmeans_start: (foreground bool [B, h, w], n_concepts, seed) -> int [L] indices into the
-      B*h*w patches: the K-means start. None draws it as kmeans_pytorch does
-      (`numpy.random.choice` without replacement, seeded with kmeans_seed); the checks pass
-      `mutual.concepts.kmeans_start_indices` so that both sides start from the same rows.
+    kmeans_seed: the K-means seeding protocol's seed, in [0, 2**32): np.random.seed and
+      torch.manual_seed are called with it right before the class's kmeans_pytorch call
+      (`kmeans_labels`), leaving both global generators moved.
     pca_sign_rule: "sklearn<1.5" (the reference's) or "sklearn>=1.5".
     ellipse_seed: Python's `random` and OpenCV's cv::theRNG() are seeded with it
       (random.seed, cv2.setRNGSeed) before each image's concepts of each method are prompted
@@ -553,13 +593,9 @@ def analyze_class(
     if method == "pca":
       labels = pca_labels(fg_tokens.cpu().numpy(), n_concepts, pca_sign_rule)
     elif method == "kmeans":
-      position = np.cumsum(fg.reshape(-1)) - 1  # patch index -> row of fg_tokens
-      if kmeans_start is None:
-        rows = np.random.default_rng(kmeans_seed).choice(int(fg.sum()), n_concepts, replace=False)
-      else:
-        rows = position[kmeans_start(fg, n_concepts, kmeans_seed)]
-      start = rows
-      labels = kmeans_labels(fg_tokens, start, n_concepts, stats)
+      # utils.kmeans_clustering, once per class on the B images' foreground tokens (in
+      # image, row, column order), after np.random.seed and torch.manual_seed.
+      labels = kmeans_labels(fg_tokens, n_concepts, kmeans_seed, stats)
     else:
       raise ValueError(f"unknown method {method!r}")
     grid = np.full((batch, side, side), -1)

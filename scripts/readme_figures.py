@@ -540,7 +540,7 @@ def mutual_modes_figures() -> dict[str, str]:
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   import stori_jax  # pylint: disable=import-outside-toplevel
-  from mutual import concepts, data, pipeline, report  # pylint: disable=import-outside-toplevel
+  from mutual import data, pipeline, report  # pylint: disable=import-outside-toplevel
   from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(CONFIGS, "mutual_synthetic.py"))
@@ -580,7 +580,6 @@ def mutual_modes_figures() -> dict[str, str]:
           joint=bool(a.joint_foreground),
           crf=use_crf,
           kmeans_seed=int(a.kmeans_seed),
-          kmeans_start=concepts.kmeans_start_indices,
           ellipse_seed=int(a.ellipse_seed),
         )
         for m in methods:

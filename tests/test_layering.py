@@ -43,6 +43,8 @@ LAYERS = (
   ("stori_jax.grid",),
   # mutual builds on stori_jax; its stages first, then what runs them. `mutual.reference` (the
   # authors' pipeline in PyTorch) imports nothing of mutual: it is the independent check.
+  # mt19937 replays the reference's generators for the stages.
+  ("mutual.mt19937",),
   (
     "mutual.reference",
     "mutual.ellipse",

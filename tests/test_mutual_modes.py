@@ -1,7 +1,6 @@
 """config.analysis.mode (issue 18): the mode -> stage resolution, the two PCA sign rules and the
 reference's single random-start K-means, each against an independent implementation."""
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -252,29 +251,37 @@ def _blobs(seed=0, n=120, d=8, k=4):
   return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
+def _words(seed, size, k):
+  return jnp.asarray(concepts.reference_words(seed, size, k))
+
+
 def test_random_start_draws_distinct_foreground_rows():
   weights = np.zeros(50, bool)
   weights[::3] = True
   for seed in range(5):
-    rows = np.asarray(concepts.random_start(jax.random.PRNGKey(seed), jnp.asarray(weights), 5))
+    rows = np.asarray(concepts.random_start(_words(seed, 50, 5), jnp.asarray(weights), 5))
     assert len(set(rows.tolist())) == 5 and np.all(weights[rows])
+    # np.random.choice over the foreground rows, as kmeans_pytorch draws from its tokens.
+    np.random.seed(seed)
+    np.testing.assert_array_equal(rows, np.flatnonzero(weights)[np.random.choice(17, 5, False)])
 
 
 def test_kmeans_pytorch_loop_equals_a_numpy_implementation():
   x = _blobs()
   weights = np.ones(len(x), bool)
-  start = np.asarray(concepts.random_start(jax.random.PRNGKey(3), jnp.asarray(weights), 4))
+  words = _words(3, len(x), 4)
+  start = np.asarray(concepts.random_start(words, jnp.asarray(weights), 4))
   want_labels, want_centers, steps = _pytorch_kmeans(x.astype(np.float64), x[start])
   assert steps > 1  # the loop did move the centres
   centers, labels = concepts.kmeans_pytorch_loop(
-    jax.random.PRNGKey(0), jnp.asarray(x), jnp.asarray(weights), jnp.asarray(x[start])
+    words, jnp.asarray(x), jnp.asarray(weights), jnp.asarray(x[start])
   )
   np.testing.assert_array_equal(labels, want_labels)
   np.testing.assert_allclose(centers, want_centers, atol=1e-5)
   # An iteration limit stops it early, with the assignments of the last iteration.
   one_labels, _, _ = _pytorch_kmeans(x.astype(np.float64), x[start], max_iter=1)
   _, labels = concepts.kmeans_pytorch_loop(
-    jax.random.PRNGKey(0), jnp.asarray(x), jnp.asarray(weights), jnp.asarray(x[start]), 1e-4, 1
+    words, jnp.asarray(x), jnp.asarray(weights), jnp.asarray(x[start]), 1e-4, 1
   )
   np.testing.assert_array_equal(labels, one_labels)
 
@@ -285,10 +292,9 @@ def test_background_rows_neither_start_nor_move_a_cluster():
   weights[::4] = False
   noisy = x.copy()
   noisy[~weights] = 100.0  # far-off background rows would drag any centre they joined
-  key = jax.random.PRNGKey(2)
-  a_centers, _ = concepts.random_start_kmeans(key, jnp.asarray(noisy), jnp.asarray(weights), 3)
-  start, _ = jax.random.split(key)
-  rows = np.asarray(concepts.random_start(start, jnp.asarray(weights), 3))
+  words = _words(2, len(x), 3)
+  a_centers, _ = concepts.random_start_kmeans(words, jnp.asarray(noisy), jnp.asarray(weights), 3)
+  rows = np.asarray(concepts.random_start(words, jnp.asarray(weights), 3))
   _, want, _ = _pytorch_kmeans(x[weights].astype(np.float64), x[rows])
   np.testing.assert_allclose(a_centers, want, atol=1e-5)
 

@@ -6,7 +6,7 @@ world."""
 import numpy as np
 import pytest
 
-from mutual import concepts, crf, paper_config, pipeline, visual_prompts, xai
+from mutual import crf, paper_config, pipeline, visual_prompts, xai
 from mutual.protocols import blur
 from stori_jax.data import synthetic
 
@@ -121,7 +121,6 @@ def test_reference_mode_agrees_with_the_torch_reference_per_image(tiny_synthetic
       joint=True,
       crf=use_crf,
       kmeans_seed=int(a.kmeans_seed),
-      kmeans_start=concepts.kmeans_start_indices,
       ellipse_seed=int(a.ellipse_seed),
     )
     for method in same:

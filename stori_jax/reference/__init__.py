@@ -1,2 +1,4 @@
-"""PyTorch references: the CLIP towers of the parity tool (`clip_towers`) and the mutual-knowledge
-pipeline as the authors ran it (`mutual_knowledge`). Both need the `torch` extra."""
+"""PyTorch references of the CLIP layer: CLIP's towers as open_clip and transformers build them
+(`clip_towers`) and the block-by-block comparison of the parity tool (`parity_report`). Both need
+the `torch` extra. The mutual-knowledge pipeline as the authors ran it lives beside what it
+checks, in `mutual.reference`."""
