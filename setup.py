@@ -2,11 +2,17 @@
 
 import setuptools
 
+# Lower bounds the code runs on: jax.shard_map at the top level (the sharded few-shot classifier,
+# text_classifier.py) arrived in JAX 0.6.1; flax 0.10.7 is the first release made for JAX 0.6
+# (it requires jax>=0.6.0); orbax-checkpoint 0.11.13 and these two pass the checkpointing,
+# classifier, training-loop and compilation-cache tests (the other pins stay as installed).
+# Accelerators: `pip install -e . "jax[tpu]"` on a TPU VM, `pip install -e . "jax[cuda12]"` on
+# an NVIDIA GPU (README, Install).
 CORE = [
-  "jax>=0.4.30",
-  "flax>=0.8.5",
+  "jax>=0.6.1",
+  "flax>=0.10.7",
   "optax>=0.2.2",
-  "orbax-checkpoint>=0.5.20",
+  "orbax-checkpoint>=0.11.13",
   "ott-jax>=0.4.6",
   "numpy>=1.24",
   "scikit-learn>=1.3",
@@ -28,6 +34,9 @@ EXTRAS = {
   # The interactive retrieval explorer (`python -m stori_jax.explore`): flask, and werkzeug,
   # which flask brings and the server imports itself (make_server, HTTPException).
   "explore": ["flask>=2.3", "werkzeug>=2.3"],
+  # TFDS datasets (`--config.data.source=tfds`, celeb_a for retrieval, mutual's TFDS splits):
+  # without them those readers say to `pip install "stori-jax[tfds]"` (stori_jax/data/tfds.py).
+  "tfds": ["tensorflow-datasets>=4.9", "tensorflow>=2.13"],
   # Reference implementations the mutual-knowledge stages are compared against (a C++ dense
   # CRF; OpenCV and kmeans_pytorch, the reference pipeline's libraries, for mutual/reference.py;
   # its SimpleCRF builds from source only: CPPFLAGS=-DNPY_IN_ARRAY=NPY_ARRAY_IN_ARRAY pip install

@@ -29,8 +29,9 @@ with at least 15 s of it left):
                SimpleCRF's CRF when it is installed) on a few images of the same class;
   train_ours   the few-shot SToRI train step at ImageNet size (100 classes x 10 CuPL-like
                prompts, 256 images, ViT-B/16; benchmarks/train_step.py's `ours_runner`
-               without its agreement check): set-up, prefix cache, image features and first
-               step (one compiled program) apart, then steps until the budget;
+               without its agreement check): set-up, prefix cache, image features, the step
+               compiled from shapes while the device computes those two, and the first step
+               apart, then steps until the budget;
   train_torch  the same step in PyTorch eager on the same GPU (`torch_runner`);
   reweight     the weighted / plain text-tower time ratio of ViT-L/14 at batch 256, fp32 and
                bf16 (benchmarks/reweight_overhead.py's `measure`);
@@ -48,7 +49,7 @@ date, the sizes, each part's figures and a summary; a table is printed at the en
 Where the time goes: every part records its XLA compilations so far (`part_compiles`: count,
 seconds, and per jitted function's name), its XLA_FLAGS and autotune level; the train and
 mutual parts their set-up seconds and compilations, the train part each phase's seconds and
-compilations (`phases`: prefix, image, state, first_call) as the phase ends, the mutual part
+compilations (`phases`: prefix, image, state, step_compile, wait, first_call) as the phase ends, the mutual part
 the programs its first class compiles (`compile_programs_first_class`).
 
 GEMM autotuning: the children of --gpu_autotune_parts (crf, train_ours, reweight, features) run
@@ -485,8 +486,9 @@ def _time_steps(ctx: Context, run, steps: int) -> None:
 
 def part_train_ours(ctx: Context) -> None:
   """This implementation's few-shot train step at ImageNet size: set-up (random weights,
-  prompts, images), then ours_runner's phases (prefix cache, image features, the state, the
-  first step: one compiled program), each with its seconds and compilations as it ends (an
+  prompts, images), then ours_runner's phases (prefix cache and image features dispatched, the
+  state, the step compiled from shapes meanwhile, the wait for the device, the first step),
+  each with its seconds and compilations as it ends (an
   H200 run once spent its 100 s before the first step finished), then the timed steps. The
   runner's agreement check (a value_and_grad program of its own) is left out: only the step
   is timed here."""

@@ -53,6 +53,11 @@ One run also prints (and `--json` writes):
     bodies (K-means' Lloyd steps, Sinkhorn, connected components) are counted once by XLA, so
     those stages' FLOPs are lower bounds; eager glue (normalisation, the class-score product)
     is not counted;
+  * `device_calls_per_class`: executions of compiled programs (device calls: jitted functions
+    and eager ops) for one steady-state class, counted after everything else
+    (stori_jax.plumbing.profiling.device_calls, which turns JAX's C++ dispatch path off for the
+    count and reads the programs back from this run's own persistent compilation cache, a
+    temporary folder), and `device_calls_by_program`;
   * the machine's dense fp32 matmul rate (a 4096 x 4096 product, best of 3, in JAX and in
     PyTorch, measured in the same run) and the pipeline's achieved FLOP/s as a fraction of it.
 """
@@ -62,6 +67,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
+import shutil
+import tempfile
 import time
 
 import jax
@@ -106,6 +114,11 @@ flags.DEFINE_integer(
   "host / device split and the compilations after warm-up.",
 )
 flags.DEFINE_bool(
+  "device_calls",
+  True,
+  "Count the device calls (compiled-program executions) of a steady-state class at the end.",
+)
+flags.DEFINE_bool(
   "crf", False, "The dense CRF on both sides (the reference's needs SimpleCRF: else it runs off)."
 )
 FLAGS = flags.FLAGS
@@ -121,7 +134,11 @@ STAGES = (
   (features, "patch_features", "tower: patch features"),
   (features, "embeddings_and_patches", "tower: embeddings + patch features"),
   (foreground, "prominent_patches", "foreground split"),
+  (pipeline, "_tower_outputs", "tower outputs: normalise, float32"),
+  (pipeline, "_scores", "class scores"),
   (pipeline, "_upsample_mask", "masks: upsample"),
+  (pipeline, "_coarse_pixel_maps", "masks: upsample + pixel concept maps"),
+  (pipeline, "_pixel_maps", "masks: pixel concept maps"),
   (pipeline, "_reference_uint8", "CRF"),
   (crf, "refine", "CRF"),
   (pipeline, "concept_maps", "concepts (PCA, K-means)"),
@@ -428,6 +445,18 @@ def matmul_rate(side: int, dtype: str = "float32", repeats: int = 3, device="cpu
 
 def main(argv):
   del argv
+  # A persistent compilation cache of this run alone: the device-call count at the end drops
+  # JAX's in-memory caches and reads the programs back from it instead of compiling them again.
+  cache_dir = tempfile.mkdtemp(prefix="mutual_throughput_cache_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = cache_dir
+  profiling.use_compilation_cache(True)
+  try:
+    _main()
+  finally:
+    shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def _main():
   if FLAGS.arch:
     arch = FLAGS.arch
   else:
@@ -475,6 +504,7 @@ def main(argv):
 
   with profiling.compilations() as warmup:
     run_jax(timed)
+  steady_images = []
   start = time.perf_counter()
   plain = run_jax(timed)
   jax_seconds = time.perf_counter() - start
@@ -485,6 +515,7 @@ def main(argv):
   compiled = profiling.Compilations()
   for index in range(FLAGS.timed_classes):
     images = synthetic.generate(FLAGS.images, (31, 2 + index), image_size=size, max_objects=1)
+    steady_images.append(images.images)
     with profiling.compilations() as class_compiles, clock.split():
       run_jax(images.images)
     compiled.count += class_compiles.count
@@ -548,6 +579,20 @@ def main(argv):
   for method in pipeline.METHODS:  # the wrappers change no output
     np.testing.assert_array_equal(profiled[method]["curve"], plain[method]["curve"])
   stages = profile.table(profiled_seconds)
+  device_calls, device_calls_by_program = None, None
+  if FLAGS.device_calls:
+    # Steady state: a class's calls after another class has run in the same block (the first
+    # one reads its programs back from the cache). Counting slows dispatch: nothing is timed.
+    with profiling.device_calls() as calls:
+      run_jax(timed)
+      first, first_names = calls.count, dict(calls.names)
+      run_jax(steady_images[0] if steady_images else timed)
+    device_calls = calls.count - first
+    device_calls_by_program = {
+      name: count - first_names.get(name, 0)
+      for name, count in calls.by_name().items()
+      if count - first_names.get(name, 0)
+    }
   machine = matmul_rate(FLAGS.matmul, FLAGS.compute_dtype, device=torch_device)
   rate = max(machine["jax_gflop_per_s"], machine["torch_gflop_per_s"])
   flops = sum(profile.flops.values())
@@ -581,10 +626,15 @@ def main(argv):
     # The warm-up class's compilations: how many, their seconds, and per program (jitted
     # function's name; an eager op outside jit compiles one named after the op).
     compiles_warmup=int(warmup.count),
+    # Programs the warm-up class read from this run's own cache folder (compiled earlier in
+    # the run by another jitted function with the same program).
+    programs_from_cache_warmup=int(warmup.from_cache),
     compile_seconds_warmup=round(warmup.seconds, 3),
     compile_programs_warmup=warmup.by_name(),
     compiles_after_warmup=int(compiled.count),
     compile_seconds_after_warmup=round(compiled.seconds, 3),
+    device_calls_per_class=device_calls,
+    device_calls_by_program=device_calls_by_program,
     reference_images_per_s=round(FLAGS.images / ref_seconds, 3),
     speedup=round(ref_seconds / jax_seconds, 2),
     reference_equal_work_images_per_s=round(FLAGS.images / equal_seconds, 3),
@@ -613,7 +663,8 @@ def main(argv):
     ),
   )
   print_profile(stages, profiled_seconds)
-  shown = {k: v for k, v in figures.items() if k not in ("profile", "compile_programs_warmup")}
+  hidden = ("profile", "compile_programs_warmup", "device_calls_by_program")
+  shown = {k: v for k, v in figures.items() if k not in hidden}
   print(json.dumps(shown, indent=1))
   if FLAGS.json:
     report.write_json(FLAGS.json, figures)

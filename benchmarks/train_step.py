@@ -163,6 +163,27 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
     "memory_devices", 8, "--memory: devices the prompts are sharded over.", flag_values=values
   )
   flags.DEFINE_integer("memory_batch", 256, "--memory: images per step.", flag_values=values)
+  flags.DEFINE_bool(
+    "setup_only",
+    False,
+    "Time only our set-up and first step, phase by phase (programs, compile seconds), then one "
+    "more step; no naive or PyTorch step.",
+    flag_values=values,
+  )
+  flags.DEFINE_bool(
+    "compile_ahead",
+    True,
+    "Ours: compile the train step from shapes while the device computes the prefix cache and "
+    "image features (ours_runner); false: each set-up phase blocks, the first call compiles.",
+    flag_values=values,
+  )
+  flags.DEFINE_string(
+    "compilation_cache",
+    "",
+    "A folder for JAX's persistent compilation cache (a second run reads its programs there); "
+    "empty: off, so that compile times are measured.",
+    flag_values=values,
+  )
 
 
 def options(**overrides) -> types.SimpleNamespace:
@@ -518,16 +539,23 @@ def setup(opts, with_torch: bool) -> Setup:
   )
 
 
-def ours_runner(s: Setup, check: bool = True, on_phase=None) -> dict:
+def ours_runner(s: Setup, check: bool = True, on_phase=None, compile_ahead: bool = True) -> dict:
   """This implementation's step, ready to run: run() takes one step (blocked on) and returns its
-  metrics; first_call_s (the first step, with its compilation), prefix_s and image_s (the
-  one-time prefix cache and image features, both with their compilation), the step-0 loss;
-  with `check`, check_loss, embeddings float32 [C, E] and grads float32 [P, 77] at the check
-  point (a value_and_grad program of its own, compiled before the first step: leave it out
-  where only the step is timed); phases:
-  {phase: {"seconds", "compiles": profiling.Compilations.as_dict(programs=True)}} for prefix,
-  image, state, check (with `check`) and first_call (the step: one program), each also passed
-  to on_phase(name, figures) as it ends (a caller that may be stopped keeps what it got)."""
+  metrics; first_call_s (the first step), prefix_s and image_s (the one-time prefix cache and
+  image features, both with their compilation), the step-0 loss; with `check`, check_loss,
+  embeddings float32 [C, E] and grads float32 [P, 77] at the check point (a value_and_grad
+  program of its own, compiled before the first step: leave it out where only the step is
+  timed); phases: {phase: {"seconds", "compiles": profiling.Compilations.as_dict(programs=True)}}
+  for prefix, image, state, step_compile and wait (with `compile_ahead`), check (with `check`)
+  and first_call, each also passed to on_phase(name, figures) as it ends (a caller that may be
+  stopped keeps what it got).
+
+  compile_ahead: the set-up that does not depend on the weights' values runs while the device
+  computes what does. The prefix cache and the image features are dispatched (JAX runs them
+  asynchronously) and the train step is compiled from the arguments' shapes and shardings
+  meanwhile (`step_compile`: `.lower(...).compile()`, whose program the first call reuses); the
+  `wait` phase is the device time left after that. Without it each phase blocks on its result
+  and the first call compiles the step (the set-up as it was)."""
   bundle, bank, opts = s.bundle, s.bank, s.opts
   phases = {}
 
@@ -545,18 +573,36 @@ def ours_runner(s: Setup, check: bool = True, on_phase=None) -> dict:
   # 1. Ours: the prefix cache and image features are computed once, before the steps.
   with phase("prefix"):
     classifier = WeightedTextClassifier(bundle, bank, opts.start_block, s.mesh)
-    jax.block_until_ready(classifier.prefix)
+    if not compile_ahead:
+      jax.block_until_ready(classifier.prefix)
   with phase("image"):
-    # Normalised on the host: eager jnp ops would compile a program each.
-    features = l2_normalize(np.asarray(bundle.encode_image(s.pixels)))
+    image = bundle.encode_image(s.pixels)
+    if not compile_ahead:
+      image = jax.block_until_ready(image)
   opt_config = ml_collections.ConfigDict({"optim": {"lr": opts.lr}})
   method = stori_method(opt_config, classifier, s.total_steps)
   train_step = make_train_step(method, bundle.logit_scale)
-  features_d, labels_d = classifier.replicate(features), classifier.replicate(s.labels)
   check_parts = [classifier._shard(p) for p in to_buckets(bank, s.check_full)]
+  replicated = NamedSharding(s.mesh, PartitionSpec())
   with phase("state"):
     # Placed as the step's outputs are: the step compiles once (trainer.init_train_state).
-    state = init_train_state(method, check_parts, NamedSharding(s.mesh, PartitionSpec()))
+    state = init_train_state(method, check_parts, replicated)
+  if compile_ahead:
+    with phase("step_compile"):
+      # The step's program from shapes and shardings alone (the prefix cache's arrays are still
+      # being computed; lowering reads only their shapes); the first call reuses it.
+      embed = int(s.config.embed_dim)
+      train_step.lower(
+        state,
+        method.context,
+        jax.ShapeDtypeStruct((opts.batch, embed), jnp.float32, sharding=replicated),
+        jax.ShapeDtypeStruct((opts.batch,), jnp.int32, sharding=replicated),
+      ).compile()
+    with phase("wait"):
+      jax.block_until_ready((classifier.prefix, image))
+  # Normalised on the host: eager jnp ops would compile a program each.
+  features = l2_normalize(np.asarray(image))
+  features_d, labels_d = classifier.replicate(features), classifier.replicate(s.labels)
   figures = {}
   if check:
 
@@ -926,10 +972,73 @@ def memory(opts):
   }
 
 
+def setup_only(opts) -> dict:
+  """Our set-up at this size, phase by phase: set-up (weights, prompts, images), then
+  ours_runner's phases and one more step. Reports seconds and XLA programs (compiled or read
+  from the persistent cache) per phase, and what of it does not depend on the weights."""
+  start = time.perf_counter()
+  with profiling.compilations() as compiled:
+    s = setup(opts, with_torch=False)
+  setup_s = time.perf_counter() - start
+  device = jax.devices()[0]
+  print(
+    f"{opts.arch}: {len(s.bank.texts)} prompts, {opts.batch} images/step, {device.platform} x "
+    f"{s.mesh.size}, compile_ahead={opts.compile_ahead}, persistent cache "
+    f"{opts.compilation_cache or 'off'}",
+    flush=True,
+  )
+  rows = {"setup": dict(seconds=setup_s, compiles=compiled.as_dict(programs=True))}
+
+  def show(name, figures):
+    rows[name] = figures
+    c = figures["compiles"]
+    print(
+      f"  {name:<13} {figures['seconds']:8.2f} s  programs compiled {c['count']:3d} "
+      f"({c['seconds']:6.2f} s), from cache {c['from_cache']:3d} ({c['cache_seconds']:5.2f} s)",
+      flush=True,
+    )
+
+  show("setup", rows["setup"])
+  ours = ours_runner(s, check=False, on_phase=show, compile_ahead=opts.compile_ahead)
+  start = time.perf_counter()
+  ours["run"]()
+  step_s = time.perf_counter() - start
+  total = sum(r["seconds"] for r in rows.values())
+  programs = sum(r["compiles"]["count"] + r["compiles"]["from_cache"] for r in rows.values())
+  compile_s = sum(r["compiles"]["seconds"] for r in rows.values())
+  print(
+    f"  set-up to the end of the first step: {total:.1f} s, {programs} programs, "
+    f"{compile_s:.1f} s compiling; a later step {step_s:.2f} s"
+  )
+  return dict(
+    mode="setup_only",
+    arch=opts.arch,
+    num_prompts=len(s.bank.texts),
+    batch=opts.batch,
+    buckets=[[b.length, b.num_prompts] for b in s.bank.buckets],
+    device=f"{device.platform}:{device.device_kind}",
+    compile_ahead=opts.compile_ahead,
+    compilation_cache=bool(opts.compilation_cache),
+    phases=rows,
+    total_seconds=total,
+    programs=programs,
+    compile_seconds=compile_s,
+    later_step_seconds=step_s,
+  )
+
+
 def main(argv, values: flags.FlagValues = flags.FLAGS):
   del argv
   opts = types.SimpleNamespace(**{name: values[name].value for name in values})
-  result = memory(opts) if opts.memory else benchmark(opts)
+  if opts.compilation_cache:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = opts.compilation_cache
+  profiling.use_compilation_cache(bool(opts.compilation_cache))
+  if opts.memory:
+    result = memory(opts)
+  elif opts.setup_only:
+    result = setup_only(opts)
+  else:
+    result = benchmark(opts)
   if opts.json:
     with open(opts.json, "w", encoding="utf-8") as f:
       json.dump(result, f, indent=2)

@@ -11,6 +11,13 @@
      OT entropy diagnostic.
 `analyze_class` (`vision_side`, then the language stages) returns numpy arrays per image;
 `mutual.report` turns them into JSON and figures.
+
+Device calls (compiled-program executions) per class are few and the host waits late: the glue
+between stages runs as a few fused programs (the tower's outputs normalised and converted in one,
+every method's pixel maps in one, the language stages of both methods' images in one call), and
+nothing is read back to the host before the visual prompts need their region counts.
+`benchmarks/mutual_throughput.py` counts them (`device_calls_per_class`: 31 for the tiny model's
+class of 16 images, down from 39; the results are the same bit for bit).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from mutual import concepts, crf, descriptors, features, foreground, information
 from mutual import paper_config, visual_prompts
 from mutual.ellipse import pixels as ellipse_pixels
 from stori_jax.data import synthetic_tasks
-from stori_jax.clip.encoding import encode_texts, l2_normalize
+from stori_jax.clip.encoding import encode_texts, l2_normalize, l2_normalize_jax
 from stori_jax.clip.preprocess import normalize
 
 METHODS = ("pca", "kmeans")
@@ -281,9 +288,12 @@ def pixel_concepts(maps: jax.Array, pixel_mask: jax.Array) -> jax.Array:
 
 
 @jax.jit
-def _float32(image_embeddings, patch):
-  """The tower outputs as float32 (exact), in one program."""
-  return image_embeddings.astype(jnp.float32), patch.astype(jnp.float32)
+def _tower_outputs(image_embeddings, patch):
+  """The tower's outputs as the stages read them, in one program (the three eager ops of the
+  normalisation and the conversion were four device calls): the embeddings L2-normalised in the
+  tower's dtype, as `features.embeddings_and_patches` normalises them, then both as float32
+  (exact)."""
+  return l2_normalize_jax(image_embeddings).astype(jnp.float32), patch.astype(jnp.float32)
 
 
 @jax.jit
@@ -299,6 +309,20 @@ def _scores(image_embeddings, class_embeddings_t):
 
 
 _upsample_mask = jax.jit(foreground.upsample_mask, static_argnums=1)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _coarse_pixel_maps(fg, maps: tuple, size: int):
+  """Without the CRF, in one program: the foreground upsampled to the image (the refined
+  foreground then, as no CRF empties it) and every method's pixel concept map on it."""
+  coarse = foreground.upsample_mask(fg, size)
+  return coarse, tuple(pixel_concepts(m, coarse) for m in maps)
+
+
+@jax.jit
+def _pixel_maps(maps: tuple, refined):
+  """Every method's pixel concept map on the refined foreground, in one program."""
+  return tuple(pixel_concepts(m, refined) for m in maps)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -347,12 +371,13 @@ def vision_side(
   tower_batch = int(paper_config.analysis_value(analysis, "tower_batch"))
   per_pass = features.images_per_pass(bundle, tower_batch)
   x = normalize(images, bundle.preprocess_config.mean, bundle.preprocess_config.std)
-  # One tower pass gives both (the embeddings and the patch grid).
+  # One tower pass gives both (the embeddings and the patch grid); the splits and fits run in
+  # float32 whatever the towers' compute dtype. (device_put: the host array goes to the device
+  # with no program of its own.)
   image_embeddings, patch = features.embeddings_and_patches(
-    bundle, x, kind=analysis.feature_kind, per_pass=per_pass
+    bundle, jax.device_put(x), kind=analysis.feature_kind, per_pass=per_pass, normalize=False
   )
-  # The splits and fits run in float32 whatever the towers' compute dtype.
-  image_embeddings, patch = _float32(image_embeddings, patch)
+  image_embeddings, patch = _tower_outputs(image_embeddings, patch)
   class_scores, predicted = _scores(
     image_embeddings, np.ascontiguousarray(np.asarray(bank.class_embeddings).T)
   )
@@ -360,9 +385,25 @@ def vision_side(
     patch, joint=bool(analysis.joint_foreground), center=bool(analysis.center_features)
   )
   size = images.shape[1]
-  coarse = _upsample_mask(fg, size)
-  confidence = stages["crf_confidence"]
+  n = int(analysis.n_concepts)
+  # Nothing waits for the device until the visual prompts need their region counts: the host
+  # dispatches the stages below while the tower and the split run (the arrays of `out` are read
+  # back at the end).
+  maps = {
+    method: concept_maps(
+      patch,
+      fg,
+      method,
+      n,
+      int(analysis.kmeans_seed),
+      pca_sign_rule=stages["pca_sign_rule"],
+      kmeans_init=stages["kmeans_init"],
+    )
+    for method in methods
+  }
+  del patch
   if analysis.crf:
+    coarse = _upsample_mask(fg, size)
     # The reference's CRF ("lattice") refines the uint8 image it draws on (the round trip,
     # which crf.refine(round_trip=...) would run op by op).
     drawn = images
@@ -373,33 +414,17 @@ def vision_side(
         tuple(map(float, preprocess.mean)),
         tuple(map(float, preprocess.std)),
       )
-    refined = crf.refine(drawn, coarse, confidence=confidence, filter=stages["crf_filter"])
-  else:
-    refined = coarse
-  # Where the CRF removes a whole foreground, keep the unrefined one (the reference would fail
-  # to fit an ellipse there).
-  refined = _keep_nonempty(refined, coarse)
-  out: dict[str, Any] = dict(
-    image_embeddings=np.asarray(image_embeddings),
-    predicted=np.asarray(predicted),
-    class_scores=np.asarray(class_scores),
-    foreground=np.asarray(fg),
-    refined=np.asarray(refined),
-  )
-  n = int(analysis.n_concepts)
-  maps, pixel_maps = {}, {}
-  for method in methods:
-    maps[method] = concept_maps(
-      patch,
-      fg,
-      method,
-      n,
-      int(analysis.kmeans_seed),
-      pca_sign_rule=stages["pca_sign_rule"],
-      kmeans_init=stages["kmeans_init"],
+    refined = crf.refine(
+      drawn, coarse, confidence=stages["crf_confidence"], filter=stages["crf_filter"]
     )
-    pixel_maps[method] = pixel_concepts(maps[method], refined)
-  del patch
+    # Where the CRF removes a whole foreground, keep the unrefined one (the reference would
+    # fail to fit an ellipse there).
+    refined = _keep_nonempty(refined, coarse)
+    pixel_maps = dict(zip(methods, _pixel_maps(tuple(maps[m] for m in methods), refined)))
+  else:
+    # The unrefined foreground is never empty where a concept map has a region.
+    refined, pixels = _coarse_pixel_maps(fg, tuple(maps[m] for m in methods), size)
+    pixel_maps = dict(zip(methods, pixels))
   # The present regions of both methods share the tower calls.
   embedded = visual_prompts.concept_embeddings_of_maps(
     bundle,
@@ -410,6 +435,13 @@ def vision_side(
     chunk=chunk,
     per_pass=per_pass,
     ellipse_seed=int(paper_config.analysis_value(analysis, "ellipse_seed")),
+  )
+  out: dict[str, Any] = dict(
+    image_embeddings=np.asarray(image_embeddings),
+    predicted=np.asarray(predicted),
+    class_scores=np.asarray(class_scores),
+    foreground=np.asarray(fg),
+    refined=np.asarray(refined),
   )
   for method, (embeddings, valid) in zip(methods, embedded):
     out[method] = dict(
@@ -444,26 +476,32 @@ def analyze_class(
   out: dict[str, Any] = {
     k: vision[k] for k in ("predicted", "class_scores", "foreground", "refined")
   }
-  # Transferred once for both methods (device_put compiles nothing; jnp.asarray would).
+  # Both methods' images in one call: the stages treat each image on its own, so the methods'
+  # B images each, stacked as 2B rows, give what two calls gave (one program run, not two).
+  # Transferred once (device_put compiles nothing; jnp.asarray would).
+  count = len(methods)
   descriptor_embeddings, class_embeddings = jax.device_put(
     (np.asarray(bank.descriptor_embeddings), np.asarray(bank.class_embeddings))
   )
-  for method in methods:
+  stages = language_stages(
+    np.concatenate([vision[m]["concept_embeddings"] for m in methods]),
+    np.concatenate([vision[m]["concept_valid"] for m in methods]),
+    np.concatenate([vision["image_embeddings"]] * count),
+    descriptor_embeddings,
+    class_embeddings,
+    np.concatenate([vision["predicted"]] * count),
+    **options,
+  )
+  stages = {k: np.asarray(v) for k, v in stages.items()}
+  batch = len(vision["predicted"])
+  for index, method in enumerate(methods):
     v = vision[method]
-    stages = language_stages(
-      v["concept_embeddings"],
-      v["concept_valid"],
-      vision["image_embeddings"],
-      descriptor_embeddings,
-      class_embeddings,
-      vision["predicted"],
-      **options,
-    )
+    rows = slice(index * batch, (index + 1) * batch)
     out[method] = dict(
       concept_maps=v["concept_maps"],
       pixel_maps=v["pixel_maps"],
       concept_valid=v["concept_valid"],
-      **{k: np.asarray(s) for k, s in stages.items()},
+      **{k: s[rows] for k, s in stages.items()},
     )
   return out
 

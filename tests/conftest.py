@@ -13,7 +13,12 @@ import time
 import jax
 import pytest
 
-from stori_jax.plumbing import run_identity
+from stori_jax.plumbing import profiling, run_identity
+
+# Commands keep JAX's persistent compilation cache off in tests (in-process runs and the
+# subprocesses that inherit this environment): no test writes to ~/.cache, and a test compiles
+# what it runs. The tests of the cache turn it on in a folder of their own.
+os.environ[profiling.CACHE_ENV] = "0"
 from stori_jax.explorer.app import create_app
 from stori_jax.explorer.index import build_explorer
 

@@ -57,6 +57,7 @@ def test_not_installed_is_a_user_error_with_the_pip_command(monkeypatch):
   assert isinstance(error.value, (UserError, ImportError))
   message = str(error.value)
   assert "pip install tensorflow-datasets tensorflow" in message and "an image folder" in message
+  assert 'pip install "stori-jax[tfds]"' in message  # setup.py's extra
 
 
 def test_installed_module_is_returned(monkeypatch):

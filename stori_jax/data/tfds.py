@@ -38,8 +38,9 @@ def import_tfds(alternative: str = "") -> ModuleType:
     return importlib.import_module("tensorflow_datasets")
   except ImportError as error:
     raise TfdsMissingError(
-      "Loading a TFDS dataset needs TensorFlow Datasets: `pip install tensorflow-datasets "
-      "tensorflow`, then `tfds build <name> --data_dir DIR` once to prepare the dataset"
+      'Loading a TFDS dataset needs TensorFlow Datasets: `pip install "stori-jax[tfds]"` '
+      '(from a clone: `pip install -e ".[tfds]"`; it is `pip install tensorflow-datasets '
+      "tensorflow`), then `tfds build <name> --data_dir DIR` once to prepare the dataset"
       + (f". Or use {alternative} instead, which needs neither." if alternative else ".")
     ) from error
 

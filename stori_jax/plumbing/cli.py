@@ -19,6 +19,13 @@ the command line itself are user errors too: a bad flag value, a missing config 
 override of a config key that does not exist (`--config.lr=...`: the nearest valid key is
 named). Library INFO logs (orbax, JAX's backend probe) are off unless `--verbosity` is given.
 
+Every command compiles a program once per machine: JAX's persistent compilation cache is on
+(`profiling.use_compilation_cache`: ~/.cache/stori_jax/jax_cache, or the user's
+JAX_COMPILATION_CACHE_DIR), unless `--compilation_cache=false` (a flag every command takes) or
+STORI_COMPILATION_CACHE=0. A command that claimed a workdir writes `<workdir>/compilation.json`
+when it ends (process 0): the programs it needed, those read from the cache, and the seconds
+spent compiling (`profiling.compilation_record`).
+
 A command that writes files ends its output with one "Wrote:" block, every path on its own
 line (`print_outputs`), so that a user (or a script, `written_paths`) finds all of them.
 """
@@ -38,10 +45,12 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections.config_flags import config_flags, config_path
 
-from stori_jax.plumbing import run_identity
+from stori_jax.plumbing import jsonio, profiling, run_identity
 from stori_jax.plumbing.errors import UserError
 
 EXIT_USER_ERROR = 2
+#: What a command that claimed a workdir writes there about its compilations.
+COMPILATION_FILE = "compilation.json"
 
 
 def user_error_exit(error: BaseException) -> "SystemExit":
@@ -169,14 +178,54 @@ def parse_flags(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> 
     raise user_error_exit(UserError(message)) from error
 
 
-def _call_main(main: Callable[[list[str]], object], args: list[str], quiet: bool) -> object:
-  """main(args) with library INFO logs off when `quiet`, and a UserError as exit code 2."""
+def define_compilation_cache_flag(values: flags.FlagValues) -> None:
+  """--compilation_cache on `values` (once): every command takes it."""
+  if "compilation_cache" not in values:
+    flags.DEFINE_bool(
+      "compilation_cache",
+      profiling.compilation_cache_default(),
+      "Keep compiled XLA programs in JAX's persistent compilation cache (JAX_COMPILATION_CACHE_DIR, "
+      f"else {profiling.default_cache_dir()}), so that a second run of the same shapes on this "
+      "machine compiles nothing. Default on, unless STORI_COMPILATION_CACHE=0.",
+      flag_values=values,
+    )
+
+
+def _write_compilation_record(
+  workdirs: Sequence[str], compiled: profiling.Compilations, cache_dir: str | None
+) -> None:
+  """compilation.json in the first workdir the command claimed (its own; a grid's cells come
+  after it), on process 0 (the only one holding a claim)."""
+  if not workdirs:
+    return
+  path = os.path.join(workdirs[0], COMPILATION_FILE)
+  try:
+    jsonio.write_json(path, profiling.compilation_record(compiled, cache_dir), indent=1)
+  except OSError as error:  # a record about the run, not a result: never fails the run
+    absl_logging.warning("could not write %s: %s", path, error)
+
+
+def _call_main(
+  main: Callable[[list[str]], object],
+  args: list[str],
+  quiet: bool,
+  compilation_cache: bool = True,
+) -> object:
+  """main(args) with library INFO logs off when `quiet`, the persistent compilation cache on
+  (or off), a UserError as exit code 2, and compilation.json in the workdir it claimed."""
   if quiet:
     absl_logging.set_verbosity(absl_logging.WARNING)
-  try:
-    return main(args)
-  except UserError as error:
-    raise user_error_exit(error) from None
+  cache_dir = profiling.use_compilation_cache(compilation_cache)
+  held = set(run_identity.held_workdirs())
+  with profiling.compilations() as compiled:
+    try:
+      result = main(args)
+    except UserError as error:
+      raise user_error_exit(error) from None
+  _write_compilation_record(
+    [w for w in run_identity.held_workdirs() if w not in held], compiled, cache_dir
+  )
+  return result
 
 
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None) -> None:
@@ -184,7 +233,12 @@ def run(main: Callable[[list[str]], object], argv: list[str] | None = None) -> N
   code 2: the entry of `python -m` (after `define_flags()`)."""
   argv = list(sys.argv if argv is None else argv)
   quiet = not _verbosity_given(argv)
-  app.run(lambda args: _call_main(main, args, quiet), argv=argv, flags_parser=parse_flags)
+  define_compilation_cache_flag(flags.FLAGS)
+  app.run(
+    lambda args: _call_main(main, args, quiet, flags.FLAGS.compilation_cache),
+    argv=argv,
+    flags_parser=parse_flags,
+  )
 
 
 def _exit_code(code: object) -> int:
@@ -216,11 +270,12 @@ def run_in_process(module: ModuleType, args: Sequence[str] = ()) -> int:
   sys.argv = argv
   try:
     module.define_flags(values)
+    define_compilation_cache_flag(values)
     remaining = parse_flags(argv, values)
     quiet = not _verbosity_given(argv)
     if not quiet:
       absl_logging.set_verbosity(values.verbosity)
-    code = _call_main(lambda a: module.main(a, values), remaining, quiet)
+    code = _call_main(lambda a: module.main(a, values), remaining, quiet, values.compilation_cache)
   except SystemExit as error:
     code = error.code
   except app.UsageError as error:
