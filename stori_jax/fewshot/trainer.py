@@ -134,15 +134,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"config.prompts.rare_tokens = {rare_tokens} appends rare tokens to the CuPL prompts, "
         f"but config.prompts.use_cupl is False; set rare_tokens=0 or use_cupl=True"
       )
-  checks.integer("start_block", minimum=1, optional=True)
-  checks.integer("views", minimum=1, maximum=MAX_VIEWS)
-  scale = checks.numbers("augment_scale", minimum=0, maximum=1, count=2)
-  if scale is not None and not 0 < scale[0] <= scale[1]:
-    checks.problem(
-      f"config.augment_scale must be (low, high) with 0 < low <= high <= 1, got {scale}"
-    )
-  checks.integer("batch_size", minimum=1)
-  checks.integer("epochs", minimum=1)
+  check_training(checks)
   if checks.get("optim.lr", 0) is None:
     # The paper's rule, which `run` fills in: check that it has a rate for this run.
     try:
@@ -151,16 +143,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       checks.problem(str(error).rstrip("."))
   else:
     checks.number("optim.lr", above=0)
-  if "log_weight_penalty" in config.optim:
-    checks.number("optim.log_weight_penalty", minimum=0)
   checks.number("taskres.alpha", minimum=0)
   checks.number("taskres.lr", above=0)
   checks.number("taskres.weight_decay", minimum=0)
   checks.integer("taskres.warmup_epochs", minimum=0)
   checks.number("taskres.warmup_lr", above=0)
-  checks.integer("chunk", minimum=1)
-  for key in ("log_every", "eval_every", "checkpoint_every"):
-    checks.integer(key, minimum=1)
   checks.raise_if_any()
   if config.method == "taskres" and config.taskres.warmup_epochs >= config.epochs:
     logging.warning(
@@ -181,6 +168,26 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       key,
       lr,
     )
+
+
+def check_training(checks: ConfigChecks) -> None:
+  """The checks of the training settings that every few-shot config has (`train`'s and the
+  pairwise study's; `train_method` reads them): start_block, views, augment_scale,
+  batch_size, epochs, optim.log_weight_penalty, chunk and the intervals."""
+  checks.integer("start_block", minimum=1, optional=True)
+  checks.integer("views", minimum=1, maximum=MAX_VIEWS)
+  scale = checks.numbers("augment_scale", minimum=0, maximum=1, count=2)
+  if scale is not None and not 0 < scale[0] <= scale[1]:
+    checks.problem(
+      f"config.augment_scale must be (low, high) with 0 < low <= high <= 1, got {scale}"
+    )
+  checks.integer("batch_size", minimum=1)
+  checks.integer("epochs", minimum=1)
+  if "log_weight_penalty" in checks.get("optim", {}):
+    checks.number("optim.log_weight_penalty", minimum=0)
+  checks.integer("chunk", minimum=1)
+  for key in ("log_every", "eval_every", "checkpoint_every"):
+    checks.integer(key, minimum=1)
 
 
 def identity(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -269,6 +276,22 @@ def encode_images(
   chunks = (pixels(index, source) for index, source in enumerate(bar))
   features = encoding.encode_pixels(bundle, chunks, batch_size)
   return features.reshape(len(sources), per_image, -1)
+
+
+def encode_split(bundle: CLIPBundle, split: datasets.FewShotSplit, config):
+  """(train features float32 [N, config.views, E], test features float32 [M, E]) of a split's
+  images: config.views augmented views (`augment_scale`, seeded by config.seed) of every
+  training image, one centre view of every test image."""
+  train = encode_images(
+    bundle,
+    [i.source for i in split.train],
+    views=config.views,
+    augment_seed=config.seed,
+    scale=tuple(config.augment_scale),
+    desc="train views",
+  )
+  test = encode_images(bundle, [i.source for i in split.test], desc="test images")[:, 0]
+  return train, test
 
 
 def _with_rare_tokens(texts: Sequence[str], count: int, seed: int) -> list[str]:
@@ -591,99 +614,102 @@ def accuracy_report(
   return {"accuracy": float(np.mean(predicted == labels)), "per_class": per_class}
 
 
-def run(
-  config: ml_collections.ConfigDict,
-  workdir: str,
-  restart: bool = False,
-  report_hooks: Mapping[str, world_scoring.ReportHook] | None = None,
-) -> dict[str, Any]:
-  """Trains (or resumes) and writes metrics, weights and reports to workdir.
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainedMethod:
+  """What `train_method` returns.
 
-  Args:
-    config: a few-shot config (configs/demo.py, `paper_config.fewshot_config`).
-    workdir: the run's folder; one made by the same config resumes from its checkpoint.
-    restart: move a workdir made by another config aside (`<workdir>.old-<time>`) instead of
-      refusing it.
-    report_hooks: {dataset name: hook}; the split's dataset's hook scores the trained SToRI
-      word weights into metrics.json (`world_scoring.ReportHook`). None:
-      `world_scoring.REPORT_HOOKS` (the synthetic world's scores).
-
-  Raises:
-    ConfigError: a bad config value (before any work), or optim.lr None (the paper's rule)
-      for a model whose backbone family the paper gives no rate for.
-    WorkdirMismatchError: the workdir holds another run, is a file or is not writable
-      (before any work).
-    NonFiniteError: the run diverged (NaN or infinity); the last good checkpoint is kept.
+  method: the Method trained; steps: the run's steps; zero_shot, trained: `accuracy_report`s
+  of the classifier at w = 1 (before training) and after it; weights: SToRI's token weights,
+  one row per trainable prompt (`gather_token_weights`), and words: its word weights
+  (`report.prompt_word_weights`), both None for TaskRes; history: the logged records.
   """
 
-  validate_config(config)
-  # optim.lr None: App. A.1's rate for the run's dataset, shots and backbone, filled in before
-  # the workdir's identity (which then records the rate used) and the run.
-  config = paper_config.resolve_learning_rate(config)
-  claim_run(config, workdir, restart)
-  started = time.time()
-  # On several hosts every process computes the same host-side data; process 0 writes files.
-  is_main = jax.process_index() == 0
-  split = load_split(config)  # first: a missing dataset is named before a missing model
-  bundle = load(config.model.source, arch=config.model.get("arch") or None)
-  resolve_start_block(bundle, config.start_block, "config.start_block")
-  preprocess = PreprocessConfig(
-    bundle.config.vision.image_size, bundle.preprocess_config.mean, bundle.preprocess_config.std
-  )
-  bundle = dataclasses.replace(bundle, preprocess_config=preprocess)
-  train_labels, test_labels = split.train_labels, split.test_labels
-  train_features = encode_images(
-    bundle,
-    [i.source for i in split.train],
-    views=config.views,
-    augment_seed=config.seed,
-    scale=tuple(config.augment_scale),
-    desc="train views",
-  )
-  test_features = encode_images(bundle, [i.source for i in split.test], desc="test images")[:, 0]
-  trainable, fixed = prompt_texts(config, split, bundle, train_features, train_labels)
-  mesh = prompt_mesh()
-  bank = build_prompt_bank(
-    bundle.tokenizer,
-    split.class_names,
-    trainable,
-    fixed,
-    bundle.config.text.context_length,
-    chunk=config.chunk,
-    num_shards=mesh.size,
-  )
-  classifier = WeightedTextClassifier(bundle, bank, config.start_block, mesh)
-  # The first cross-process collective follows: line the processes up for it (see multihost).
-  multihost.wait_for_all_processes("stori_jax.train: features encoded")
-  zero_shot = classifier.embed(classifier.init_log_weights())
-  zero_shot_report = accuracy_report(zero_shot, test_features, test_labels, split.class_names)
+  method: Method
+  steps: int
+  zero_shot: dict[str, Any]
+  trained: dict[str, Any]
+  weights: list[np.ndarray] | None
+  words: list[list[tuple[str, float]]] | None
+  history: list[dict[str, Any]]
 
+
+def make_method(
+  config, bundle: CLIPBundle, classifier: WeightedTextClassifier, steps_per_epoch: int
+) -> Method:
+  """The config's method (`config.method`, SToRI where a config has no such key) over
+  config.epochs epochs of `steps_per_epoch` steps."""
+  total_steps = config.epochs * steps_per_epoch
+  if config.get("method", "stori") == "taskres":
+    return taskres_method(
+      config, taskres_base(bundle, classifier.bank), total_steps, steps_per_epoch
+    )
+  return stori_method(config, classifier, total_steps)
+
+
+def train_method(
+  config,
+  bundle: CLIPBundle,
+  classifier: WeightedTextClassifier,
+  split: datasets.FewShotSplit,
+  train_features: np.ndarray,
+  test_features: np.ndarray,
+  workdir: str,
+  *,
+  is_main: bool = True,
+  keep_checkpoints: int = 2,
+  desc: str | None = None,
+) -> TrainedMethod:
+  """Trains the config's method on cached features and a classifier's prompts in `workdir`
+  (resumed from its checkpoint when there is one), and writes the few-shot run's files there:
+  history.jsonl, training_curve.png and, for SToRI, weights.json and interpretability.html/.png.
+
+  The one training of the few-shot package: `run` (stori_jax.train) and the pairwise study's
+  `pairwise_contrast.train_pair` call it.
+
+  Args:
+    config: a few-shot config (method, seed, batch_size, epochs, optim / taskres, the
+      intervals); a config without `method` trains SToRI.
+    bundle, classifier: the model and the classifier over its prompt bank.
+    split: the class names and labels of the features.
+    train_features: float32 [N, V, E], V augmented views per training image (`encode_split`);
+      each step shows one view per image, drawn per (seed, epoch).
+    test_features: float32 [M, E].
+    workdir: the run's folder (its checkpoints/ and files).
+    is_main: this process writes the files and says that it resumed (process 0 of several).
+    keep_checkpoints: how many checkpoints are kept.
+    desc: the progress bar's label (default "train <method>").
+
+  Raises:
+    NonFiniteError: the run diverged (NaN or infinity); the last good checkpoint is kept.
+  """
+  train_labels, test_labels = split.train_labels, split.test_labels
+  zero_shot = accuracy_report(
+    classifier.embed(classifier.init_log_weights()), test_features, test_labels, split.class_names
+  )
   steps_per_epoch = len(epoch_batches(len(train_labels), config.batch_size, config.seed, 0))
   total_steps = config.epochs * steps_per_epoch
-  method = (
-    taskres_method(config, taskres_base(bundle, bank), total_steps, steps_per_epoch)
-    if config.method == "taskres"
-    else stori_method(config, classifier, total_steps)
-  )
+  method = make_method(config, bundle, classifier, steps_per_epoch)
   train_step = make_train_step(method, bundle.logit_scale)
   embed = jax.jit(method.class_embeddings)
-  state = init_train_state(method, method.init(), NamedSharding(mesh, PartitionSpec()))
+  state = init_train_state(method, method.init(), NamedSharding(classifier.mesh, PartitionSpec()))
   lr_key = "optim.lr" if method.name == "stori" else "taskres.lr"
   lr = config.optim.lr if method.name == "stori" else config.taskres.lr
-  watch = NonFiniteWatch(
-    "training",
-    f"The likely cause is the learning rate (config.{lr_key} = {lr:g}; the paper's are 1e-2 to "
-    f"0.1): lower it.",
-  )
-  checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=2)
-  state, first_step = loop.resume(
-    checkpointer,
-    state,
-    watch,
-    trained=lambda state: state["params"],
+  spec = loop.LoopSpec(
     total_steps=total_steps,
     workdir=workdir,
-    announce=is_main,
+    checkpointer=TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=keep_checkpoints),
+    watch=NonFiniteWatch(
+      "training",
+      f"The likely cause is the learning rate (config.{lr_key} = {lr:g}; the paper's are 1e-2 "
+      f"to 0.1): lower it.",
+    ),
+    log_every=config.log_every,
+    checkpoint_every=config.checkpoint_every,
+    eval_every=config.eval_every,
+    desc=desc or f"train {method.name}",
+  )
+  state, first_step = loop.resume(
+    spec, state, trained=lambda state: state["params"], announce=is_main
   )
   history = report.read_history(workdir, first_step) if is_main else []
 
@@ -726,21 +752,87 @@ def run(
     lambda state, batch: train_step(state, method.context, *batch),
     state,
     batch_for_step,
+    spec,
     first_step=first_step,
-    total_steps=total_steps,
-    checkpointer=checkpointer,
-    watch=watch,
-    workdir=workdir,
-    log_every=config.log_every,
-    checkpoint_every=config.checkpoint_every,
-    eval_every=config.eval_every,
     evaluate=evaluate,
     log=log,
-    desc=f"train {method.name}",
   )
 
   final = to_host(embed(state["params"], method.context))
-  trained_report = accuracy_report(final, test_features, test_labels, split.class_names)
+  trained = accuracy_report(final, test_features, test_labels, split.class_names)
+  weights = words = None
+  if method.name == "stori":
+    bank = classifier.bank
+    weights = gather_token_weights(bank, [to_host(w) for w in state["params"]])
+    words = report.prompt_word_weights(bundle.tokenizer, bank, weights)
+    if is_main:
+      report.write_weights(workdir, bundle.tokenizer, bank, weights, words)
+      report.write_interpretability(workdir, bank, words)
+  if is_main:
+    report.plot_history(workdir, history, zero_shot["accuracy"])
+  return TrainedMethod(method, total_steps, zero_shot, trained, weights, words, history)
+
+
+def run(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  restart: bool = False,
+  report_hooks: Mapping[str, world_scoring.ReportHook] | None = None,
+) -> dict[str, Any]:
+  """Trains (or resumes) and writes metrics, weights and reports to workdir.
+
+  Args:
+    config: a few-shot config (configs/demo.py, `paper_config.fewshot_config`).
+    workdir: the run's folder; one made by the same config resumes from its checkpoint.
+    restart: move a workdir made by another config aside (`<workdir>.old-<time>`) instead of
+      refusing it.
+    report_hooks: {dataset name: hook}; the split's dataset's hook scores the trained SToRI
+      word weights into metrics.json (`world_scoring.ReportHook`). None:
+      `world_scoring.REPORT_HOOKS` (the synthetic world's scores).
+
+  Raises:
+    ConfigError: a bad config value (before any work), or optim.lr None (the paper's rule)
+      for a model whose backbone family the paper gives no rate for.
+    WorkdirMismatchError: the workdir holds another run, is a file or is not writable
+      (before any work).
+    NonFiniteError: the run diverged (NaN or infinity); the last good checkpoint is kept.
+  """
+
+  validate_config(config)
+  # optim.lr None: App. A.1's rate for the run's dataset, shots and backbone, filled in before
+  # the workdir's identity (which then records the rate used) and the run.
+  config = paper_config.resolve_learning_rate(config)
+  claim_run(config, workdir, restart)
+  started = time.time()
+  # On several hosts every process computes the same host-side data; process 0 writes files.
+  is_main = jax.process_index() == 0
+  split = load_split(config)  # first: a missing dataset is named before a missing model
+  bundle = load(config.model.source, arch=config.model.get("arch") or None)
+  resolve_start_block(bundle, config.start_block, "config.start_block")
+  preprocess = PreprocessConfig(
+    bundle.config.vision.image_size, bundle.preprocess_config.mean, bundle.preprocess_config.std
+  )
+  bundle = dataclasses.replace(bundle, preprocess_config=preprocess)
+  train_features, test_features = encode_split(bundle, split, config)
+  trainable, fixed = prompt_texts(config, split, bundle, train_features, split.train_labels)
+  mesh = prompt_mesh()
+  bank = build_prompt_bank(
+    bundle.tokenizer,
+    split.class_names,
+    trainable,
+    fixed,
+    bundle.config.text.context_length,
+    chunk=config.chunk,
+    num_shards=mesh.size,
+  )
+  classifier = WeightedTextClassifier(bundle, bank, config.start_block, mesh)
+  # The first cross-process collective follows: line the processes up for it (see multihost).
+  multihost.wait_for_all_processes("stori_jax.train: features encoded")
+
+  result = train_method(
+    config, bundle, classifier, split, train_features, test_features, workdir, is_main=is_main
+  )
+  method = result.method
   metrics = {
     "method": method.name,
     "dataset": split.dataset,
@@ -749,15 +841,14 @@ def run(
     "num_prompts": len(bank.texts),
     "num_fixed_prompts": len(bank.fixed_ids),
     "num_devices": mesh.size,
-    "steps": total_steps,
-    "zero_shot": zero_shot_report,
-    "trained": trained_report,
+    "steps": result.steps,
+    "zero_shot": result.zero_shot,
+    "trained": result.trained,
     "seconds": time.time() - started,
     "config": json.loads(config.to_json_best_effort()),
   }
   if method.name == "stori":
-    weights = gather_token_weights(bank, [to_host(w) for w in state["params"]])
-    words = report.prompt_word_weights(bundle.tokenizer, bank, weights)
+    words = result.words
     metrics["top_words"] = report.class_top_words(bank, words)
     hooks = world_scoring.REPORT_HOOKS if report_hooks is None else report_hooks
     if split.dataset in hooks:
@@ -767,10 +858,6 @@ def run(
           bank=bank, words=words, top_words=metrics["top_words"], class_names=split.class_names
         )
       )
-    if is_main:
-      report.write_weights(workdir, bundle.tokenizer, bank, weights, words)
-      report.write_interpretability(workdir, bank, words)
   if is_main:
-    report.plot_history(workdir, history, zero_shot_report["accuracy"])
     jsonio.write_json(os.path.join(workdir, "metrics.json"), metrics, indent=2)
   return metrics
