@@ -160,6 +160,11 @@ def _not_reached(*args, **kwargs):
     ("views", 0, "config.views must be an integer >= 1 and <= 1000, got 0"),
     ("optim.lr", float("nan"), "config.optim.lr must be a finite number > 0, got nan"),
     ("optim.lr", -0.1, "config.optim.lr must be a finite number > 0"),
+    (
+      "optim.schedule",
+      "linear",
+      "config.optim.schedule must be one of 'taskres', 'cosine', got 'linear'",
+    ),
     ("shots", 0, "config.shots must be an integer >= 1"),
     ("start_block", 0, "config.start_block must be an integer >= 1 (or None), got 0"),
     ("augment_scale", (0.5, 0.2), "config.augment_scale must be (low, high)"),

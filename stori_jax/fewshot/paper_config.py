@@ -25,7 +25,8 @@ BACKBONES = {
   "metaclip": "facebook/metaclip-l14-fullcc2.5b",
 }
 #: TaskRes's schedule (its configs/trainers/TaskRes/*.yaml on Dassl): one epoch at a constant
-#: 1e-5 ("constant" warm-up), then the cosine decay.
+#: 1e-5 ("constant" warm-up), then the cosine decay stepped per epoch. SToRI trains on it too
+#: (App. A.1: "the training scheme of TaskRes"; config.optim.schedule = "taskres").
 TASKRES_WARMUP_EPOCHS = 1
 TASKRES_WARMUP_LR = 1e-5
 # OpenAI's hub names, as a local copy's folder keeps them.
@@ -202,8 +203,18 @@ def fewshot_config(
   config.augment_scale = (0.08, 1.0)
   config.batch_size = 256
   config.epochs = 200 if shots >= 8 else 100
-  # None: App. A.1's rate for the run's dataset, shots and backbone (`resolve_learning_rate`).
-  config.optim = ml_collections.ConfigDict(dict(lr=config_dict.placeholder(float)))
+  # lr None: App. A.1's rate for the run's dataset, shots and backbone
+  # (`resolve_learning_rate`). SToRI trains on TaskRes's scheme (App. A.1), as Dassl steps it:
+  # one constant warm-up epoch at 1e-5, then a cosine over the epochs, stepped once per epoch
+  # (trainer.stori_schedule, trainer.taskres_schedule).
+  config.optim = ml_collections.ConfigDict(
+    dict(
+      lr=config_dict.placeholder(float),
+      schedule="taskres",
+      warmup_epochs=TASKRES_WARMUP_EPOCHS,
+      warmup_lr=TASKRES_WARMUP_LR,
+    )
+  )
   # App. A.1's TaskRes reproduction (lr, weight decay, alpha) on TaskRes's own schedule: Adam
   # with L2 weight decay, one warm-up epoch at 1e-5, then cosine (trainer.taskres_optimizer).
   config.taskres = ml_collections.ConfigDict(

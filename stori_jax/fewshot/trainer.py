@@ -51,6 +51,11 @@ from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, 
 # The rare tokens of the nonsensical-token ablation (paper Table 1, after Ruiz et al.).
 RARE_TOKENS = ("sks", "pll", "ucd")
 METHODS = ("stori", "taskres")
+#: SToRI's learning-rate schedules (config.optim.schedule): "taskres", TaskRes's scheme as
+#: Dassl steps it (`taskres_schedule`: constant warm-up epochs, then a cosine stepped per epoch;
+#: the paper configs, App. A.1: SToRI follows "the training scheme of TaskRes"), or "cosine", a
+#: cosine decay stepped per step from the first step, no warm-up (the demo's).
+SCHEDULES = ("taskres", "cosine")
 DATA_SOURCES = ("synthetic", "coop", "tfds")
 #: Above this the paper's Adam learning rates (1e-2 to 0.1) are far exceeded: warned about.
 LARGE_LEARNING_RATE = 1.0
@@ -149,13 +154,18 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   checks.integer("taskres.warmup_epochs", minimum=0)
   checks.number("taskres.warmup_lr", above=0)
   checks.raise_if_any()
-  if config.method == "taskres" and config.taskres.warmup_epochs >= config.epochs:
+  block = "taskres" if config.method == "taskres" else "optim"
+  warmed = block == "taskres" or config.optim.get("schedule", "cosine") == "taskres"
+  if warmed and config[block].warmup_epochs >= config.epochs:
     logging.warning(
-      "config.taskres.warmup_epochs = %d covers all %d epochs: TaskRes trains at the warm-up "
-      "rate %g throughout and never at config.taskres.lr.",
-      config.taskres.warmup_epochs,
+      "config.%s.warmup_epochs = %d covers all %d epochs: %s trains at the warm-up rate %g "
+      "throughout and never at config.%s.lr.",
+      block,
+      config[block].warmup_epochs,
       config.epochs,
-      config.taskres.warmup_lr,
+      "TaskRes" if block == "taskres" else "SToRI",
+      config[block].warmup_lr,
+      block,
     )
   key = "optim.lr" if config.method == "stori" else "taskres.lr"
   lr = float(
@@ -173,7 +183,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 def check_training(checks: ConfigChecks) -> None:
   """The checks of the training settings that every few-shot config has (`train`'s and the
   pairwise study's; `train_method` reads them): start_block, views, augment_scale,
-  batch_size, epochs, optim.log_weight_penalty, chunk and the intervals."""
+  batch_size, epochs, optim.log_weight_penalty, optim.schedule (with "taskres" its warm-up),
+  chunk and the intervals."""
   checks.integer("start_block", minimum=1, optional=True)
   checks.integer("views", minimum=1, maximum=MAX_VIEWS)
   scale = checks.numbers("augment_scale", minimum=0, maximum=1, count=2)
@@ -183,8 +194,12 @@ def check_training(checks: ConfigChecks) -> None:
     )
   checks.integer("batch_size", minimum=1)
   checks.integer("epochs", minimum=1)
-  if "log_weight_penalty" in checks.get("optim", {}):
+  optim = checks.get("optim", {})
+  if "log_weight_penalty" in optim:
     checks.number("optim.log_weight_penalty", minimum=0)
+  if "schedule" in optim and checks.choice("optim.schedule", SCHEDULES) == "taskres":
+    checks.integer("optim.warmup_epochs", minimum=0)
+    checks.number("optim.warmup_lr", above=0)
   checks.integer("chunk", minimum=1)
   for key in ("log_every", "eval_every", "checkpoint_every"):
     checks.integer(key, minimum=1)
@@ -375,6 +390,9 @@ class Method:
   reported: Callable[[Any], Any] = lambda params: params
   #: params -> a scalar added to the loss (SToRI: the log-weight penalty; 0 by default).
   penalty: Callable[[Any], jax.Array] = lambda params: jnp.zeros((), jnp.float32)
+  #: step (the updates before this one) -> the learning rate the optimiser applies in it, as
+  #: the history's "lr" reports it (None: not reported).
+  schedule: optax.Schedule | None = None
 
 
 def _schedule(lr: float, total_steps: int):
@@ -456,21 +474,46 @@ def log_weight_penalty(classifier: WeightedTextClassifier, strength: float):
   return penalty
 
 
+def stori_schedule(config, total_steps: int) -> optax.Schedule:
+  """SToRI's learning rate, step -> lr, by config.optim.schedule (`SCHEDULES`; a config without
+  it: "cosine").
+
+  "taskres": `taskres_schedule` over config.epochs epochs of total_steps / epochs steps, with
+  config.optim.warmup_epochs constant epochs at config.optim.warmup_lr (the paper configs: 1 at
+  1e-5, TaskRes's). "cosine": config.optim.lr decayed to 0 by a cosine over total_steps, stepped
+  every step (configs/demo.py).
+  """
+  optim = config.optim
+  if optim.get("schedule", "cosine") == "taskres":
+    epochs = int(config.epochs)
+    return taskres_schedule(
+      float(optim.lr),
+      epochs,
+      total_steps // epochs,
+      int(optim.warmup_epochs),
+      float(optim.warmup_lr),
+    )
+  return _schedule(optim.lr, total_steps)
+
+
 def stori_method(config, classifier: WeightedTextClassifier, total_steps: int) -> Method:
-  # Paper App. A.1: Adam, cosine schedule, no weight decay; optionally the log-weight prior.
+  """SToRI: Adam on the log-weights (paper App. A.1: no weight decay) on `stori_schedule`;
+  optionally the log-weight prior (`log_weight_penalty`)."""
   strength = float(config.optim.get("log_weight_penalty", 0.0))
+  schedule = stori_schedule(config, total_steps)
   return Method(
     "stori",
     classifier.init_log_weights,
     classifier.class_embeddings,
     classifier.data,
-    optax.adam(_schedule(config.optim.lr, total_steps)),
+    optax.adam(schedule),
     reported=lambda log_weights: jax.tree_util.tree_map(jnp.exp, log_weights),
     penalty=(
       log_weight_penalty(classifier, strength)
       if strength > 0
       else (lambda params: jnp.zeros((), jnp.float32))
     ),
+    schedule=schedule,
   )
 
 
@@ -514,15 +557,22 @@ def taskres_method(config, base: jax.Array, total_steps: int, steps_per_epoch: i
     return encoding.l2_normalize_jax(emb, eps=None)  # no floor: the old rounding under jit
 
   steps_per_epoch = max(int(steps_per_epoch), 1)
-  optimizer = taskres_optimizer(
-    float(config.taskres.lr),
-    float(config.taskres.weight_decay),
+  settings = dict(
     epochs=max(total_steps // steps_per_epoch, 1),
     steps_per_epoch=steps_per_epoch,
     warmup_epochs=int(config.taskres.get("warmup_epochs", paper_config.TASKRES_WARMUP_EPOCHS)),
     warmup_lr=float(config.taskres.get("warmup_lr", paper_config.TASKRES_WARMUP_LR)),
   )
-  return Method("taskres", lambda: jnp.zeros_like(base), class_embeddings, base, optimizer)
+  lr = float(config.taskres.lr)
+  optimizer = taskres_optimizer(lr, float(config.taskres.weight_decay), **settings)
+  return Method(
+    "taskres",
+    lambda: jnp.zeros_like(base),
+    class_embeddings,
+    base,
+    optimizer,
+    schedule=taskres_schedule(lr, **settings),
+  )
 
 
 # Training ----------------------------------------------------------------------------------
@@ -538,7 +588,8 @@ def epoch_batches(num_images: int, batch_size: int, seed: int, epoch: int):
 
 def make_train_step(method: Method, logit_scale: float):
   """The jitted step (state, context, features [B, E], labels int32 [B]) -> (state, metrics)
-  over state {"params", "opt_state", "step"}; donates the state."""
+  over state {"params", "opt_state", "step"}; donates the state. The metrics: the loss, the
+  batch's accuracy and, where the method has a schedule, "lr", the rate of this step."""
 
   def loss_fn(params, context, features, labels):
     embeddings = method.class_embeddings(params, context)
@@ -557,6 +608,7 @@ def make_train_step(method: Method, logit_scale: float):
       {
         "loss": loss,
         "train_accuracy": accuracy,
+        **({} if method.schedule is None else {"lr": method.schedule(state["step"])}),
         "nonfinite": nonfinite_code(loss, grads, method.reported(params)),
       },
     )
