@@ -68,7 +68,8 @@ def get_config(argument=None):
   )
   # None: the model's default start block (the shipped tiny CLIP stores 4: blocks 4-6 of 6).
   config.start_block = ml_collections.config_dict.placeholder(int)
-  config.views = 4  # Cached augmented views per training image.
+  config.views = 4  # Cached augmented views per training image (0: a fresh view every step).
+  config.image_dtype = "float32"  # the image tower's compute dtype (or "bfloat16")
   # Flips only: the objects fill a small part of a 64x64 image, and a random crop cuts them off
   # or stretches their outline (on a shape-only task crops of 50-100% left the training views
   # about half right and SToRI lost 2.7 points). Scale 1 rejects every crop box but the image.

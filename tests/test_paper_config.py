@@ -176,3 +176,17 @@ def test_validation_checks_the_papers_rate_before_the_run_fills_it_in():
   unknown.model.source = "/models/ViT-L-14"
   with pytest.raises(ConfigError, match="backbone family of config.model.source .* is unknown"):
     trainer.validate_config(unknown)
+
+
+def test_paper_configs_draw_fresh_views_on_taskres_scheme():
+  """configs/<dataset>.py: a fresh augmented view of every training image at every step
+  (views 0), SToRI on TaskRes's schedule (one warm-up epoch at 1e-5, then the per-epoch cosine)."""
+  for argument in ("shots=16", "shots=1,backbone=metaclip"):
+    dtd = _config_file("dtd", argument)
+    assert dtd.views == 0 and dtd.image_dtype == "float32"
+    assert (dtd.optim.schedule, dtd.optim.warmup_epochs, dtd.optim.warmup_lr) == (
+      "taskres",
+      1,
+      1e-5,
+    )
+  assert _config_file("demo").optim.schedule == "cosine"  # the demo keeps its own (README)

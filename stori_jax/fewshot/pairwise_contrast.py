@@ -349,7 +349,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.prompts = ml_collections.ConfigDict(dict(template=CUB_TEMPLATE, per_class=10, min_share=0.5))
   # None: the model's default first reweighted block (7 of ViT-L/14's 12, the paper's).
   c.start_block = ml_collections.config_dict.placeholder(int)
-  c.views = 10  # cached augmented views per training image, as the paper configs
+  c.views = (
+    10  # cached augmented views per image (0: a fresh view every step, as the paper configs)
+  )
   c.augment_scale = (0.08, 1.0)
   c.batch_size = 256
   c.epochs = 200

@@ -59,6 +59,8 @@ SCHEDULES = ("taskres", "cosine")
 DATA_SOURCES = ("synthetic", "coop", "tfds")
 #: Above this the paper's Adam learning rates (1e-2 to 0.1) are far exceeded: warned about.
 LARGE_LEARNING_RATE = 1.0
+#: The image tower's compute dtypes (config.image_dtype).
+IMAGE_DTYPES = ("float32", "bfloat16")
 #: Config keys besides run_identity.SCHEDULE_KEYS that a resumed run may change: the run's
 #: name, not what is computed.
 IDENTITY_IGNORED = ("name",)
@@ -182,11 +184,14 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 def check_training(checks: ConfigChecks) -> None:
   """The checks of the training settings that every few-shot config has (`train`'s and the
-  pairwise study's; `train_method` reads them): start_block, views, augment_scale,
+  pairwise study's; `train_method` reads them): start_block, views, image_dtype, augment_scale,
   batch_size, epochs, optim.log_weight_penalty, optim.schedule (with "taskres" its warm-up),
   chunk and the intervals."""
   checks.integer("start_block", minimum=1, optional=True)
-  checks.integer("views", minimum=1, maximum=MAX_VIEWS)
+  # 0: a fresh view of every training image at every step; N > 0: N cached views per image.
+  checks.integer("views", minimum=0, maximum=MAX_VIEWS)
+  if "image_dtype" in checks.config:
+    checks.choice("image_dtype", IMAGE_DTYPES)
   scale = checks.numbers("augment_scale", minimum=0, maximum=1, count=2)
   if scale is not None and not 0 < scale[0] <= scale[1]:
     checks.problem(
@@ -293,10 +298,27 @@ def encode_images(
   return features.reshape(len(sources), per_image, -1)
 
 
+def image_bundle(bundle: CLIPBundle, config) -> CLIPBundle:
+  """The bundle the run's image tower computes with: config.image_dtype ("float32" where a
+  config has none, or "bfloat16"; params stay float32)."""
+  return bundle.with_dtype(jnp.dtype(config.get("image_dtype", "float32")))
+
+
 def encode_split(bundle: CLIPBundle, split: datasets.FewShotSplit, config):
-  """(train features float32 [N, config.views, E], test features float32 [M, E]) of a split's
-  images: config.views augmented views (`augment_scale`, seeded by config.seed) of every
-  training image, one centre view of every test image."""
+  """(training inputs, test features float32 [M, E]) of a split's images, the image tower in
+  config.image_dtype (`image_bundle`).
+
+  The training inputs: config.views > 0, features float32 [N, config.views, E] of that many
+  cached augmented views (`augment_scale`, seeded by config.seed) of every training image;
+  config.views = 0, the images themselves (`augment.ImageCanvas`, at most `CANVAS_SIDE` times
+  the model's input side), whose views `train_method` draws afresh at every step. The test
+  images: one centre view each.
+  """
+  bundle = image_bundle(bundle, config)
+  test = encode_images(bundle, [i.source for i in split.test], desc="test images")[:, 0]
+  if config.views == 0:
+    side = augment.CANVAS_SIDE * bundle.config.vision.image_size
+    return augment.image_canvas([i.source for i in split.train], side), test
   train = encode_images(
     bundle,
     [i.source for i in split.train],
@@ -305,7 +327,6 @@ def encode_split(bundle: CLIPBundle, split: datasets.FewShotSplit, config):
     scale=tuple(config.augment_scale),
     desc="train views",
   )
-  test = encode_images(bundle, [i.source for i in split.test], desc="test images")[:, 0]
   return train, test
 
 
@@ -318,11 +339,14 @@ def prompt_texts(
   config,
   split: datasets.FewShotSplit,
   bundle: CLIPBundle,
-  train_features: np.ndarray,
+  train_inputs: np.ndarray | augment.ImageCanvas,
   labels: np.ndarray,
 ):
   """(trainable CuPL prompts {class: [str]}, fixed Base prompts {class: [str]}).
 
+  train_inputs: `encode_split`'s; the prompts most similar to a class's training images
+  (config.prompts.per_class) are chosen by the mean of its cached views' features, or with
+  fresh views (an ImageCanvas) by that of one centre view of each image.
   With config.prompts.use_cupl False every class's CuPL list is empty (Base prompts only).
   """
   names = split.class_names
@@ -339,6 +363,10 @@ def prompt_texts(
     ]
   if config.prompts.per_class and any(cupl):
     # ImageNet/SUN397: keep the prompts most similar to the class's training images.
+    train_features = train_inputs
+    if isinstance(train_inputs, augment.ImageCanvas):
+      sources = [i.source for i in split.train]
+      train_features = encode_images(image_bundle(bundle, config), sources, desc="train images")
     cupl = [
       select_prompts(
         bundle, texts, train_features[labels == c].mean(axis=(0, 1)), config.prompts.per_class
@@ -586,10 +614,16 @@ def epoch_batches(num_images: int, batch_size: int, seed: int, epoch: int):
   return [order[i : i + batch_size] for i in range(0, num_images - batch_size + 1, batch_size)]
 
 
-def make_train_step(method: Method, logit_scale: float):
+def make_train_step(method: Method, logit_scale: float, encode: Callable | None = None):
   """The jitted step (state, context, features [B, E], labels int32 [B]) -> (state, metrics)
   over state {"params", "opt_state", "step"}; donates the state. The metrics: the loss, the
-  batch's accuracy and, where the method has a schedule, "lr", the rate of this step."""
+  batch's accuracy and, where the method has a schedule, "lr", the rate of this step.
+
+  encode: None, or (encoder, inputs) -> unit features [B, E], run at the start of the step on
+  its `features` argument (then the step's inputs, `fresh_view_encoder`'s) and its fifth
+  argument, `encoder` (arrays passed as an argument, not closed over); no gradient flows
+  through it.
+  """
 
   def loss_fn(params, context, features, labels):
     embeddings = method.class_embeddings(params, context)
@@ -597,7 +631,9 @@ def make_train_step(method: Method, logit_scale: float):
     # The history reports the cross-entropy; the gradient also follows the penalty.
     return loss + method.penalty(params), (loss, accuracy)
 
-  def train_step(state, context, features, labels):
+  def train_step(state, context, features, labels, encoder=None):
+    if encode is not None:
+      features = jax.lax.stop_gradient(encode(encoder, features))
     (_, (loss, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
       state["params"], context, features, labels
     )
@@ -666,6 +702,41 @@ def accuracy_report(
   return {"accuracy": float(np.mean(predicted == labels)), "per_class": per_class}
 
 
+def fresh_view_encoder(
+  bundle: CLIPBundle, config, classifier: WeightedTextClassifier
+) -> tuple[Callable, Any]:
+  """(encode, encoder) of `make_train_step` for fresh views (config.views = 0).
+
+  encode(encoder, (pixels, sizes, indices, step)) draws one augmented view of each image of a
+  step's batch on the device (`augment.device_views`: config.augment_scale, a flip with p = 0.5,
+  seeded by (config.seed, step, image index), so a resumed run draws the same views), runs the
+  frozen image tower on them in config.image_dtype (`image_bundle`) and returns their unit
+  features [B, E]. encoder: the image tower's params and the seed, replicated on the prompt
+  mesh (arguments of the step, never constants of its program).
+  """
+  images = image_bundle(bundle, config)
+  tower = images.image_function
+  size = images.config.vision.image_size
+  mean, std = images.preprocess_config.mean, images.preprocess_config.std
+  scale = tuple(float(x) for x in config.augment_scale)
+
+  def encode(encoder, inputs):
+    params, seed = encoder
+    pixels, sizes, indices, step = inputs
+    base = jax.random.fold_in(jax.random.key(seed), step)
+    keys = jax.vmap(lambda index: jax.random.fold_in(base, index))(indices)
+    views = augment.device_views(pixels, sizes, keys, size, mean, std, scale=scale)
+    return encoding.l2_normalize_jax(tower(params, views, False))
+
+  # The image tower reads its own params and the logit scale (the text tower's are not sent).
+  params = {key: bundle.params[key] for key in ("vision", "logit_scale")}
+  encoder = (
+    jax.tree_util.tree_map(classifier.replicate, params),
+    classifier.replicate(np.uint32(config.seed)),
+  )
+  return encode, encoder
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class TrainedMethod:
   """What `train_method` returns.
@@ -703,7 +774,7 @@ def train_method(
   bundle: CLIPBundle,
   classifier: WeightedTextClassifier,
   split: datasets.FewShotSplit,
-  train_features: np.ndarray,
+  train_inputs: np.ndarray | augment.ImageCanvas,
   test_features: np.ndarray,
   workdir: str,
   *,
@@ -723,8 +794,10 @@ def train_method(
       intervals); a config without `method` trains SToRI.
     bundle, classifier: the model and the classifier over its prompt bank.
     split: the class names and labels of the features.
-    train_features: float32 [N, V, E], V augmented views per training image (`encode_split`);
-      each step shows one view per image, drawn per (seed, epoch).
+    train_inputs: `encode_split`'s: cached features float32 [N, V, E], V augmented views per
+      training image, each step showing one view per image drawn per (seed, epoch); or the
+      images (`augment.ImageCanvas`, config.views = 0), each step drawing a fresh view of each
+      on the device and running the image tower in the step (`fresh_view_encoder`).
     test_features: float32 [M, E].
     workdir: the run's folder (its checkpoints/ and files).
     is_main: this process writes the files and says that it resumed (process 0 of several).
@@ -741,7 +814,12 @@ def train_method(
   steps_per_epoch = len(epoch_batches(len(train_labels), config.batch_size, config.seed, 0))
   total_steps = config.epochs * steps_per_epoch
   method = make_method(config, bundle, classifier, steps_per_epoch)
-  train_step = make_train_step(method, bundle.logit_scale)
+  fresh = isinstance(train_inputs, augment.ImageCanvas)
+  if fresh:
+    encode, encoder = fresh_view_encoder(bundle, config, classifier)
+    train_step = make_train_step(method, bundle.logit_scale, encode)
+  else:
+    encoder, train_step = None, make_train_step(method, bundle.logit_scale)
   embed = jax.jit(method.class_embeddings)
   state = init_train_state(method, method.init(), NamedSharding(classifier.mesh, PartitionSpec()))
   lr_key = "optim.lr" if method.name == "stori" else "taskres.lr"
@@ -758,6 +836,8 @@ def train_method(
     log_every=config.log_every,
     checkpoint_every=config.checkpoint_every,
     eval_every=config.eval_every,
+    # Fresh views: the next batches' images are gathered (and sent) while the step runs.
+    prefetch=2 if fresh else 0,
     desc=desc or f"train {method.name}",
   )
   state, first_step = loop.resume(
@@ -767,20 +847,31 @@ def train_method(
 
   @functools.lru_cache(maxsize=1)
   def epoch_plan(epoch):
-    """The epoch's index batches, and the augmented view each training image shows in it."""
+    """The epoch's index batches, and the cached view each training image shows in it."""
+    batches = epoch_batches(len(train_labels), config.batch_size, config.seed, epoch)
+    if fresh:
+      return batches, None
     views = np.random.default_rng((config.seed, epoch, 1)).integers(
-      0, train_features.shape[1], len(train_labels)
+      0, train_inputs.shape[1], len(train_labels)
     )
-    return epoch_batches(len(train_labels), config.batch_size, config.seed, epoch), views
+    return batches, views
 
   def batch_for_step(step):
     epoch, index = divmod(step, steps_per_epoch)
     batches, views = epoch_plan(epoch)
     index = batches[index]
-    return (
-      classifier.replicate(train_features[index, views[index]]),
-      classifier.replicate(train_labels[index]),
-    )
+    labels = classifier.replicate(train_labels[index])
+    if fresh:
+      # The images, their sizes and indices, and the step: the view's seed (seed, step, image).
+      place = classifier.place_batch
+      inputs = (
+        place(train_inputs.pixels[index]),
+        place(train_inputs.sizes[index]),
+        place(index.astype(np.int32)),
+        classifier.replicate(np.int32(step)),
+      )
+      return inputs, labels
+    return classifier.replicate(train_inputs[index, views[index]]), labels
 
   def evaluate(state, step):
     del step
@@ -801,7 +892,7 @@ def train_method(
   state = loop.train_loop(
     # The context is an argument, not a constant of the step: multi-host JAX forbids closing
     # over global arrays.
-    lambda state, batch: train_step(state, method.context, *batch),
+    lambda state, batch: train_step(state, method.context, *batch, encoder),
     state,
     batch_for_step,
     spec,
