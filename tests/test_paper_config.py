@@ -190,3 +190,21 @@ def test_paper_configs_draw_fresh_views_on_taskres_scheme():
       1e-5,
     )
   assert _config_file("demo").optim.schedule == "cosine"  # the demo keeps its own (README)
+
+
+def test_retrieval_configs_take_the_few_shot_backbones():
+  """`retrieval_celeba3.py:backbone=metaclip` (celeba5, cub alike) loads the MetaCLIP ViT-L/14
+  of the few-shot configs; no argument, CLIP's; another backbone is refused naming both."""
+  from stori_jax.retrieval import runner  # noqa: PLC0415
+
+  metaclip = _config_file("dtd", "shots=4,backbone=metaclip").model.source
+  clip = _config_file("dtd").model.source
+  assert "metaclip" in metaclip
+  for name in ("retrieval_celeba3", "retrieval_celeba5", "retrieval_cub"):
+    assert _config_file(name).model == clip
+    config = _config_file(name, "backbone=metaclip")
+    assert config.model == metaclip
+    assert _config_file(name, "metaclip").to_dict() == config.to_dict()
+    runner.validate_config(config)
+    with pytest.raises(ConfigError, match="backbone must be one of 'clip', 'metaclip'"):
+      _config_file(name, "backbone=openclip")

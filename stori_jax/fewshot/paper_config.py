@@ -19,11 +19,8 @@ from stori_jax.models import registry
 DATASETS = ("imagenet", "dtd", "sun397", "flowers102", "caltech101", "food101")
 SHOTS = (1, 2, 4, 8, 16)
 # Hub ids of the paper's backbones (transformers layout; downloaded when online, or point
-# --config.model.source at a local copy).
-BACKBONES = {
-  "clip": "openai/clip-vit-large-patch14",
-  "metaclip": "facebook/metaclip-l14-fullcc2.5b",
-}
+# --config.model.source at a local copy); the retrieval configs load the same ones.
+BACKBONES = registry.STORI_BACKBONES
 #: TaskRes's schedule (its configs/trainers/TaskRes/*.yaml on Dassl): one epoch at a constant
 #: 1e-5 ("constant" warm-up), then the cosine decay stepped per epoch. SToRI trains on it too
 #: (App. A.1: "the training scheme of TaskRes"; config.optim.schedule = "taskres").
