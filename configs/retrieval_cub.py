@@ -4,16 +4,20 @@ images, prompt 'a photo of a bird, which has {0}, has {1}, and has {2}'.
 
   python -m stori_jax.retrieve --config configs/retrieval_cub.py \
       --config.data.root=/data/CUB_200_2011 --workdir workdirs/retrieval_cub
+  python -m stori_jax.retrieve --config configs/retrieval_cub.py:backbone=metaclip \
+      --config.data.root=/data/CUB_200_2011 --workdir workdirs/retrieval_cub_metaclip
+
+`:backbone=metaclip` takes the MetaCLIP ViT-L/14 of the few-shot configs (default `clip`).
 """
 
 import ml_collections
 
-from stori_jax.retrieval.paper_config import base_config, cub_prompt_dicts
+from stori_jax.retrieval.paper_config import backbone, base_config, cub_prompt_dicts
 
 
-def get_config():
+def get_config(argument=None):
   config = base_config()
-  config.model = "openai/clip-vit-large-patch14"  # or a local checkpoint path
+  config.model = backbone(argument, __file__)  # or a local checkpoint path
   config.data = ml_collections.ConfigDict(
     {"source": "cub", "root": "", "seed": 0, "prompts": cub_prompt_dicts()}
   )

@@ -157,9 +157,15 @@ def _not_reached(*args, **kwargs):
     ("method", "foo", "config.method must be one of 'stori', 'taskres', got 'foo'"),
     ("epochs", -1, "config.epochs must be an integer >= 1, got -1"),
     ("batch_size", 0, "config.batch_size must be an integer >= 1, got 0"),
-    ("views", 0, "config.views must be an integer >= 1 and <= 1000, got 0"),
+    ("views", -1, "config.views must be an integer >= 0 and <= 1000, got -1"),
+    ("image_dtype", "float16", "config.image_dtype must be one of 'float32', 'bfloat16'"),
     ("optim.lr", float("nan"), "config.optim.lr must be a finite number > 0, got nan"),
     ("optim.lr", -0.1, "config.optim.lr must be a finite number > 0"),
+    (
+      "optim.schedule",
+      "linear",
+      "config.optim.schedule must be one of 'taskres', 'cosine', got 'linear'",
+    ),
     ("shots", 0, "config.shots must be an integer >= 1"),
     ("start_block", 0, "config.start_block must be an integer >= 1 (or None), got 0"),
     ("augment_scale", (0.5, 0.2), "config.augment_scale must be (low, high)"),
@@ -178,7 +184,7 @@ def test_fewshot_config_values_are_checked_before_any_work(
 
 
 def test_every_bad_value_is_named_at_once():
-  config = demo_config("tiny-synthetic", method="foo", epochs=-1, batch_size=0, views=0)
+  config = demo_config("tiny-synthetic", method="foo", epochs=-1, batch_size=0, views=-1)
   with pytest.raises(ConfigError) as error:
     trainer.validate_config(config)
   for key in ("config.method", "config.epochs", "config.batch_size", "config.views"):

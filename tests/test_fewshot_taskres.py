@@ -130,6 +130,27 @@ def test_taskres_schedule_is_dassls():
   np.testing.assert_allclose(ours, torch_rates, rtol=1e-6)
 
 
+def test_stori_on_taskres_scheme_steps_as_dassl():
+  """config.optim.schedule "taskres" (the paper configs') gives SToRI Dassl's rates step for
+  step; "cosine" (the demo's) a per-step cosine from the first step, no warm-up."""
+  _, torch_rates = _torch_dassl_run(np.float64)
+  total = EPOCHS * STEPS_PER_EPOCH
+  config = ml_collections.ConfigDict(
+    dict(
+      epochs=EPOCHS,
+      optim=dict(lr=LR, schedule="taskres", warmup_epochs=WARMUP_EPOCHS, warmup_lr=WARMUP_LR),
+    )
+  )
+  schedule = trainer.stori_schedule(config, total)
+  ours = np.asarray([schedule(jnp.int32(step)) for step in range(total)])
+  np.testing.assert_allclose(ours, torch_rates, rtol=1e-6)
+  config.optim.schedule = "cosine"
+  schedule = trainer.stori_schedule(config, total)
+  rates = np.asarray([schedule(jnp.int32(step)) for step in range(total)])
+  expected = LR * (1 + np.cos(np.pi * np.arange(total) / total)) / 2
+  np.testing.assert_allclose(rates, expected, rtol=1e-5)
+
+
 def test_taskres_optimiser_matches_torch_adam_step_for_step():
   """In float64 the two agree to rounding (1e-12 relative) at every step; AdamW does not."""
   torch_params, _ = _torch_dassl_run(np.float64)

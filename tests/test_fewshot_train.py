@@ -283,3 +283,59 @@ def test_missing_dataset_stops_with_what_to_download(tmp_path, run_command):
     "dtd-r1.0.1.tar.gz" in result.stderr and "split_zhou_DescribableTextures.json" in result.stderr
   )
   assert "Traceback" not in result.stderr
+
+
+class _Killed(Exception):
+  """Stands for the process being killed in the middle of a run."""
+
+
+def test_fresh_views_train_and_resume_to_the_same_weights(tmp_path, tiny_random_model, monkeypatch):
+  """config.views = 0: a new view of every image at every step, drawn on the device in the step
+  from (seed, step, image). A run interrupted after its checkpoint at step 2 resumes to the
+  weights of an uninterrupted one; the history logs every step."""
+  from stori_jax.trainloop import loop  # noqa: PLC0415
+
+  config = config_files.load_config(DEMO)
+  config.model.source = tiny_random_model
+  config.update_from_flattened_dict(
+    {
+      "views": 0,
+      "augment_scale": (0.5, 1.0),
+      "shots": 2,
+      "batch_size": 12,
+      "data.n_test_per_class": 2,
+      "epochs": 2,
+      "log_every": 1,
+      "eval_every": 100,
+      "checkpoint_every": 2,
+    }
+  )
+  straight = trainer.run(config, str(tmp_path / "straight"))
+  assert straight["steps"] == 4  # 24 images in batches of 12
+  real_loop = loop.train_loop
+
+  def killed_at_step_3(train_step, *args, **kwargs):
+    calls = []
+
+    def step(state, batch):
+      calls.append(1)
+      if len(calls) == 3:
+        raise _Killed()
+      return train_step(state, batch)
+
+    return real_loop(step, *args, **kwargs)
+
+  monkeypatch.setattr(loop, "train_loop", killed_at_step_3)
+  with pytest.raises(_Killed):
+    trainer.run(config, str(tmp_path / "resumed"))
+  monkeypatch.setattr(loop, "train_loop", real_loop)
+  resumed = trainer.run(config, str(tmp_path / "resumed"))
+  a = json.loads((tmp_path / "straight" / "weights.json").read_text())
+  b = json.loads((tmp_path / "resumed" / "weights.json").read_text())
+  np.testing.assert_array_equal(
+    np.concatenate([w["token_weights"] for w in a]), np.concatenate([w["token_weights"] for w in b])
+  )
+  assert resumed["trained"] == straight["trained"]
+  history = [json.loads(line) for line in (tmp_path / "straight" / "history.jsonl").open()]
+  assert [r["step"] for r in history] == [1, 2, 3, 4]
+  assert all(np.isfinite(r["loss"]) for r in history)

@@ -353,3 +353,63 @@ def test_a_damaged_metrics_file_makes_its_cell_run_again(tmp_path, tiny_random_m
     after = json.loads(path.read_text())
     assert after["trained"] == before["trained"] and after["zero_shot"] == before["zero_shot"]
   assert (workdir / "tables.md").read_text().strip() in first.stdout
+
+
+def test_the_paper_grids_train_stori_on_taskres_scheme(monkeypatch):
+  """Every SToRI cell of the paper grids (Tables 1, 2, 8, Fig. 10, their offline variants and
+  configs/grid_synthetic.py) trains on TaskRes's scheme: one constant warm-up epoch at 1e-5,
+  then the cosine stepped per epoch (App. A.1)."""
+  monkeypatch.chdir(REPO)
+  grids = [
+    (TABLE2, None),
+    (TABLE2, "backbone=metaclip"),
+    (os.path.join(REPO, "configs", "table1.py"), None),
+    (os.path.join(REPO, "configs", "table1.py"), "synthetic"),
+    (os.path.join(REPO, "configs", "fig10.py"), None),
+    (os.path.join(REPO, "configs", "fig10.py"), "synthetic"),
+    (GRID, None),
+  ]
+  for path, argument in grids:
+    stori = [c for c in cells.expand(load_config(path, argument)) if c.config.method == "stori"]
+    assert stori, path
+    for cell in stori:
+      optim = cell.config.optim
+      assert (optim.schedule, optim.warmup_epochs, optim.warmup_lr) == ("taskres", 1, 1e-5), (
+        path,
+        argument,
+        cell.path,
+      )
+
+
+def test_a_grid_synthetic_cell_warms_up_for_an_epoch_then_steps_a_cosine_per_epoch(
+  tmp_path, monkeypatch
+):
+  """A cell of configs/grid_synthetic.py at 1 shot, 4 epochs, log_every=1 (batches of 4 of the
+  12 images, so that an epoch has 3 steps): history.jsonl's "lr" is 1e-5 through epoch 1, then
+  one value per epoch, falling, Dassl's CosineAnnealingLR(T_max = 4) restarted after the
+  warm-up: lr * (1 + cos(pi * (e - 2) / 4)) / 2 in epoch e."""
+  monkeypatch.chdir(REPO)
+  grid = load_config(GRID)
+  grid.shots, grid.seeds = (1,), (1,)
+  for key, value in dict(
+    epochs=4, log_every=1, eval_every=100, checkpoint_every=100, views=1, batch_size=4
+  ).items():
+    grid.base.overrides[key] = value
+  grid.base.overrides.data.n_test_per_class = 2
+  (cell,) = cells.expand(grid)
+  trainer.run(cell.config, str(tmp_path / "cell"))
+  records = report.read_history(str(tmp_path / "cell"), 10**9)
+  assert [r["step"] for r in records] == list(range(1, 13))
+  by_epoch = {}
+  for record in records:
+    by_epoch.setdefault(record["epoch"], []).append(record["lr"])
+  assert sorted(by_epoch) == [1, 2, 3, 4]
+  assert by_epoch[1] == [pytest.approx(1e-5, rel=1e-6)] * 3
+  rates = []
+  for epoch in (2, 3, 4):
+    assert len(set(by_epoch[epoch])) == 1, by_epoch  # one rate per epoch
+    rates.append(by_epoch[epoch][0])
+  lr = cell.config.optim.lr
+  expected = [lr * (1 + np.cos(np.pi * (e - 2) / 4)) / 2 for e in (2, 3, 4)]
+  np.testing.assert_allclose(rates, expected, rtol=1e-6)
+  assert rates[0] > rates[1] > rates[2] > 0

@@ -176,3 +176,35 @@ def test_validation_checks_the_papers_rate_before_the_run_fills_it_in():
   unknown.model.source = "/models/ViT-L-14"
   with pytest.raises(ConfigError, match="backbone family of config.model.source .* is unknown"):
     trainer.validate_config(unknown)
+
+
+def test_paper_configs_draw_fresh_views_on_taskres_scheme():
+  """configs/<dataset>.py: a fresh augmented view of every training image at every step
+  (views 0), SToRI on TaskRes's schedule (one warm-up epoch at 1e-5, then the per-epoch cosine)."""
+  for argument in ("shots=16", "shots=1,backbone=metaclip"):
+    dtd = _config_file("dtd", argument)
+    assert dtd.views == 0 and dtd.image_dtype == "float32"
+    assert (dtd.optim.schedule, dtd.optim.warmup_epochs, dtd.optim.warmup_lr) == (
+      "taskres",
+      1,
+      1e-5,
+    )
+  assert _config_file("demo").optim.schedule == "cosine"  # the demo keeps its own (README)
+
+
+def test_retrieval_configs_take_the_few_shot_backbones():
+  """`retrieval_celeba3.py:backbone=metaclip` (celeba5, cub alike) loads the MetaCLIP ViT-L/14
+  of the few-shot configs; no argument, CLIP's; another backbone is refused naming both."""
+  from stori_jax.retrieval import runner  # noqa: PLC0415
+
+  metaclip = _config_file("dtd", "shots=4,backbone=metaclip").model.source
+  clip = _config_file("dtd").model.source
+  assert "metaclip" in metaclip
+  for name in ("retrieval_celeba3", "retrieval_celeba5", "retrieval_cub"):
+    assert _config_file(name).model == clip
+    config = _config_file(name, "backbone=metaclip")
+    assert config.model == metaclip
+    assert _config_file(name, "metaclip").to_dict() == config.to_dict()
+    runner.validate_config(config)
+    with pytest.raises(ConfigError, match="backbone must be one of 'clip', 'metaclip'"):
+      _config_file(name, "backbone=openclip")

@@ -76,21 +76,24 @@ def run_fake(tmp_path, *, total=7, bad_from=None, prefetch=0, first_step=0, w=0.
   watch = NonFiniteWatch("fake training", "Lower it.")
   error = None
   try:
+    spec = loop.LoopSpec(
+      total_steps=total,
+      workdir=str(tmp_path),
+      checkpointer=checkpointer,
+      watch=watch,
+      log_every=3,
+      checkpoint_every=4,
+      eval_every=5,
+      prefetch=prefetch,
+    )
     loop.train_loop(
       fake_step(bad_from),
       {"w": np.float32(w), "step": HostOnlyStep()},
       batch_for_step,
+      spec,
       first_step=first_step,
-      total_steps=total,
-      checkpointer=checkpointer,
-      watch=watch,
-      workdir=str(tmp_path),
-      log_every=3,
-      checkpoint_every=4,
-      eval_every=5,
       evaluate=evaluate,
       log=records.append,
-      prefetch=prefetch,
     )
   except NonFiniteError as e:
     error = e
@@ -179,15 +182,16 @@ class Killed(Exception):
 
 def _run_jitted(workdir, total, kill_at=None):
   """Runs DECAY_STEP with checkpoints every 2 steps; returns (final w, records)."""
-  checkpointer = TrainCheckpointer(workdir / "checkpoints")
-  watch = NonFiniteWatch("training", "")
-  state, first = loop.resume(
-    checkpointer,
-    {"w": jnp.zeros(3), "step": jnp.zeros((), jnp.int32)},
-    watch,
-    trained=lambda state: state["w"],
+  spec = loop.LoopSpec(
     total_steps=total,
     workdir=str(workdir),
+    checkpointer=TrainCheckpointer(workdir / "checkpoints"),
+    watch=NonFiniteWatch("training", ""),
+    log_every=1,
+    checkpoint_every=2,
+  )
+  state, first = loop.resume(
+    spec, {"w": jnp.zeros(3), "step": jnp.zeros((), jnp.int32)}, trained=lambda state: state["w"]
   )
   records = []
 
@@ -197,17 +201,7 @@ def _run_jitted(workdir, total, kill_at=None):
     return np.arange(3, dtype=np.float32) + step
 
   state = loop.train_loop(
-    DECAY_STEP,
-    state,
-    batch_for_step,
-    first_step=first,
-    total_steps=total,
-    checkpointer=checkpointer,
-    watch=watch,
-    workdir=str(workdir),
-    log_every=1,
-    checkpoint_every=2,
-    log=records.append,
+    DECAY_STEP, state, batch_for_step, spec, first_step=first, log=records.append
   )
   return np.asarray(state["w"]), records
 

@@ -77,7 +77,7 @@ def fit(
   checkpoint_every: int | None = None,
 ) -> TrainResult:
   """Adam with a cosine decay from learning_rate to final_learning_rate (App. D), run by
-  `training.loop.train_loop`: one jitted step that donates its state, no read-back per step,
+  `trainloop.loop.train_loop`: one jitted step that donates its state, no read-back per step,
   a NaN or infinity stops the fit (`NonFiniteError`), and with a workdir checkpoints that a
   rerun resumes from (to the same parameters as a fit never stopped).
 
@@ -162,28 +162,21 @@ def fit(
   else:
     checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=2)
     checkpoint_every = checkpoint_every or max(1, -(-steps // 10))
-    state, first_step = loop.resume(
-      checkpointer,
-      state,
-      watch,
-      trained=lambda state: state["params"],
-      total_steps=steps,
-      workdir=workdir,
-    )
-  state = loop.train_loop(
-    jax.jit(train_step, donate_argnums=0),
-    state,
-    batch_for_step,
-    first_step=first_step,
+  spec = loop.LoopSpec(
     total_steps=steps,
+    workdir=workdir or "",
     checkpointer=checkpointer,
     watch=watch,
-    workdir=workdir or "",
     log_every=steps,  # nothing to log before the end: the losses stay on the device
     checkpoint_every=checkpoint_every,
     prefetch=2,  # the next batches are gathered (and sent) while the step runs
     desc=desc,
     postfix=(),
+  )
+  if workdir is not None:
+    state, first_step = loop.resume(spec, state, trained=lambda state: state["params"])
+  state = loop.train_loop(
+    jax.jit(train_step, donate_argnums=0), state, batch_for_step, spec, first_step=first_step
   )
   losses = np.asarray(jax.device_get(state["losses"]), np.float32)
   return TrainResult(state["params"], losses, time.perf_counter() - start)

@@ -29,16 +29,13 @@ attributes, e.g. "has_primary_color::red" -> "red color").
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding
 
 from stori_jax.plumbing import jsonio, run_identity
 from stori_jax.clip.bundle import resolve_start_block
@@ -49,12 +46,10 @@ from stori_jax.data.files import ClassMismatchError, nearest, normalise_name, qu
 from stori_jax.data.splits import FewShotSplit, LabeledImage, sample_k_shot
 from stori_jax.fewshot import prompts as prompt_text
 from stori_jax.fewshot import report, trainer
-from stori_jax.fewshot.prompt_bank import build_prompt_bank, gather_token_weights
-from stori_jax.fewshot.text_classifier import WeightedTextClassifier, prompt_mesh, to_host
+from stori_jax.fewshot.prompt_bank import build_prompt_bank
+from stori_jax.fewshot.text_classifier import WeightedTextClassifier, prompt_mesh
 from stori_jax.clip.loading import load
 from stori_jax.plumbing.plotting import pyplot, save_figure
-from stori_jax.trainloop import loop
-from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer
 
 SOURCES = ("synthetic", "cub")
 CUB_TEMPLATE = "a photo of {a_name}, a type of bird, which has {attribute}."
@@ -354,7 +349,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.prompts = ml_collections.ConfigDict(dict(template=CUB_TEMPLATE, per_class=10, min_share=0.5))
   # None: the model's default first reweighted block (7 of ViT-L/14's 12, the paper's).
   c.start_block = ml_collections.config_dict.placeholder(int)
-  c.views = 10  # cached augmented views per training image, as the paper configs
+  c.views = (
+    10  # cached augmented views per image (0: a fresh view every step, as the paper configs)
+  )
   c.augment_scale = (0.08, 1.0)
   c.batch_size = 256
   c.epochs = 200
@@ -399,20 +396,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       checks.problem(f"config.prompts.template {template!r}: {problem}")
   checks.integer("prompts.per_class", minimum=1)
   checks.number("prompts.min_share", minimum=0, maximum=1)
-  checks.integer("start_block", minimum=1, optional=True)
-  checks.integer("views", minimum=1, maximum=trainer.MAX_VIEWS)
-  scale = checks.numbers("augment_scale", minimum=0, maximum=1, count=2)
-  if scale is not None and not 0 < scale[0] <= scale[1]:
-    checks.problem(
-      f"config.augment_scale must be (low, high) with 0 < low <= high <= 1, got {scale}"
-    )
-  checks.integer("batch_size", minimum=1)
-  checks.integer("epochs", minimum=1)
+  trainer.check_training(checks)
   checks.number("optim.lr", above=0)
-  checks.number("optim.log_weight_penalty", minimum=0)
-  checks.integer("chunk", minimum=1)
-  for key in ("log_every", "eval_every", "checkpoint_every"):
-    checks.integer(key, minimum=1)
   checks.raise_if_any()
 
 
@@ -441,7 +426,8 @@ def token_units(tokenizer, text: str, row: np.ndarray) -> list[tuple[str, float]
 def train_pair(bundle, task: PairTask, config, workdir: str, announce: bool = True) -> dict:
   """Trains the SToRI weights of one pairing's prompts in `workdir` (resumed from its
   checkpoint when there is one) and writes the few-shot run's files there (history.jsonl,
-  weights.json, interpretability.html/.png, training_curve.png).
+  weights.json, interpretability.html/.png, training_curve.png): `trainer.train_method` on the
+  pairing's images and attribute prompts.
 
   Returns:
     {"classes", "zero_shot", "trained" (accuracy reports), "steps", "prompts": [{"class",
@@ -449,16 +435,7 @@ def train_pair(bundle, task: PairTask, config, workdir: str, announce: bool = Tr
   """
   os.makedirs(workdir, exist_ok=True)
   split = task.split
-  train_labels, test_labels = split.train_labels, split.test_labels
-  train_features = trainer.encode_images(
-    bundle,
-    [i.source for i in split.train],
-    views=config.views,
-    augment_seed=config.seed,
-    scale=tuple(config.augment_scale),
-    desc="train views",
-  )
-  test_features = trainer.encode_images(bundle, [i.source for i in split.test], desc="test")[:, 0]
+  train_features, test_features = trainer.encode_split(bundle, split, config)
   mesh = prompt_mesh()
   bank = build_prompt_bank(
     bundle.tokenizer,
@@ -470,102 +447,26 @@ def train_pair(bundle, task: PairTask, config, workdir: str, announce: bool = Tr
     num_shards=mesh.size,
   )
   classifier = WeightedTextClassifier(bundle, bank, config.start_block, mesh)
-  zero_shot = trainer.accuracy_report(
-    classifier.embed(classifier.init_log_weights()), test_features, test_labels, split.class_names
-  )
-  steps_per_epoch = len(trainer.epoch_batches(len(train_labels), config.batch_size, config.seed, 0))
-  total_steps = config.epochs * steps_per_epoch
-  method = trainer.stori_method(config, classifier, total_steps)
-  train_step = trainer.make_train_step(method, bundle.logit_scale)
-  embed = jax.jit(method.class_embeddings)
-  params = method.init()
-  state = {
-    "params": params,
-    "opt_state": method.optimizer.init(params),
-    "step": jnp.zeros((), jnp.int32),
-  }
-  # Scalars on the prompt mesh, as the step's outputs are (one compile of the step).
-  state = jax.tree_util.tree_map(
-    lambda x: x if isinstance(x.sharding, NamedSharding) else classifier.replicate(x), state
-  )
-  watch = NonFiniteWatch(
-    "training",
-    f"The likely cause is the learning rate (config.optim.lr = {config.optim.lr:g}): lower it.",
-  )
-  checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=1)
-  state, first_step = loop.resume(
-    checkpointer,
-    state,
-    watch,
-    trained=lambda s: s["params"],
-    total_steps=total_steps,
-    workdir=workdir,
-    announce=announce,
-  )
-  history = report.read_history(workdir, first_step)
-
-  @functools.lru_cache(maxsize=1)
-  def epoch_plan(epoch):
-    views = np.random.default_rng((config.seed, epoch, 1)).integers(
-      0, train_features.shape[1], len(train_labels)
-    )
-    return trainer.epoch_batches(len(train_labels), config.batch_size, config.seed, epoch), views
-
-  def batch_for_step(step):
-    epoch, index = divmod(step, steps_per_epoch)
-    batches, views = epoch_plan(epoch)
-    rows = batches[index]
-    return (
-      classifier.replicate(train_features[rows, views[rows]]),
-      classifier.replicate(train_labels[rows]),
-    )
-
-  def evaluate(state, step):
-    del step
-    emb = embed(state["params"], method.context)
-    report_ = trainer.accuracy_report(emb, test_features, test_labels, split.class_names)
-    return {"test_accuracy": report_["accuracy"]}
-
-  def log(record):
-    record = {
-      "step": record["step"],
-      "epoch": (record["step"] - 1) // steps_per_epoch + 1,
-      **record,
-    }
-    history.append(record)
-    report.append_history(workdir, record)
-
-  state = loop.train_loop(
-    lambda state, batch: train_step(state, method.context, *batch),
-    state,
-    batch_for_step,
-    first_step=first_step,
-    total_steps=total_steps,
-    checkpointer=checkpointer,
-    watch=watch,
-    workdir=workdir,
-    log_every=config.log_every,
-    checkpoint_every=config.checkpoint_every,
-    eval_every=config.eval_every,
-    evaluate=evaluate,
-    log=log,
+  result = trainer.train_method(
+    config,
+    bundle,
+    classifier,
+    split,
+    train_features,
+    test_features,
+    workdir,
+    is_main=announce,
+    keep_checkpoints=1,
     desc=f"train {task.name}",
   )
-  final = to_host(embed(state["params"], method.context))
-  trained = trainer.accuracy_report(final, test_features, test_labels, split.class_names)
-  weights = gather_token_weights(bank, [to_host(w) for w in state["params"]])
-  words = report.prompt_word_weights(bundle.tokenizer, bank, weights)
-  report.write_weights(workdir, bundle.tokenizer, bank, weights, words)
-  report.write_interpretability(workdir, bank, words)
-  report.plot_history(workdir, history, zero_shot["accuracy"])
   stated = [a for name in split.class_names for a in task.attributes[name]]
   return {
     "classes": list(split.class_names),
-    "train_images": [int(np.sum(train_labels == c)) for c in range(2)],
-    "test_images": [int(np.sum(test_labels == c)) for c in range(2)],
-    "steps": total_steps,
-    "zero_shot": zero_shot,
-    "trained": trained,
+    "train_images": [int(np.sum(split.train_labels == c)) for c in range(2)],
+    "test_images": [int(np.sum(split.test_labels == c)) for c in range(2)],
+    "steps": result.steps,
+    "zero_shot": result.zero_shot,
+    "trained": result.trained,
     "prompts": [
       {
         "class": split.class_names[int(c)],
@@ -576,7 +477,7 @@ def train_pair(bundle, task: PairTask, config, workdir: str, announce: bool = Tr
         "words": list(prompt_words),
       }
       for text, c, row, prompt_words, (attribute, share) in zip(
-        bank.texts, bank.text_class, weights, words, stated
+        bank.texts, bank.text_class, result.weights, result.words, stated
       )
     ],
   }

@@ -19,13 +19,11 @@ from stori_jax.models import registry
 DATASETS = ("imagenet", "dtd", "sun397", "flowers102", "caltech101", "food101")
 SHOTS = (1, 2, 4, 8, 16)
 # Hub ids of the paper's backbones (transformers layout; downloaded when online, or point
-# --config.model.source at a local copy).
-BACKBONES = {
-  "clip": "openai/clip-vit-large-patch14",
-  "metaclip": "facebook/metaclip-l14-fullcc2.5b",
-}
+# --config.model.source at a local copy); the retrieval configs load the same ones.
+BACKBONES = registry.STORI_BACKBONES
 #: TaskRes's schedule (its configs/trainers/TaskRes/*.yaml on Dassl): one epoch at a constant
-#: 1e-5 ("constant" warm-up), then the cosine decay.
+#: 1e-5 ("constant" warm-up), then the cosine decay stepped per epoch. SToRI trains on it too
+#: (App. A.1: "the training scheme of TaskRes"; config.optim.schedule = "taskres").
 TASKRES_WARMUP_EPOCHS = 1
 TASKRES_WARMUP_LR = 1e-5
 # OpenAI's hub names, as a local copy's folder keeps them.
@@ -197,13 +195,29 @@ def fewshot_config(
     )
   )
   config.start_block = 7  # Blocks 7-12 of ViT-L/14's text tower.
-  # The frozen image tower encodes K augmented views per training image once.
-  config.views = 10
+  # 0: a fresh augmented view of every training image at every step, as Dassl's data loader
+  # draws them (the crop and flip on the device, the image tower inside the step); N > 0: the
+  # fast approximation, N augmented views per image encoded once and drawn from (README).
+  config.views = 0
+  # The image tower's compute dtype: "float32", or "bfloat16" (fp32 products at HIGHEST
+  # precision cost several times bf16's on an accelerator, whose features keep a cosine of at
+  # least 0.999 to fp32's; README, "Loading checkpoints").
+  config.image_dtype = "float32"
   config.augment_scale = (0.08, 1.0)
   config.batch_size = 256
   config.epochs = 200 if shots >= 8 else 100
-  # None: App. A.1's rate for the run's dataset, shots and backbone (`resolve_learning_rate`).
-  config.optim = ml_collections.ConfigDict(dict(lr=config_dict.placeholder(float)))
+  # lr None: App. A.1's rate for the run's dataset, shots and backbone
+  # (`resolve_learning_rate`). SToRI trains on TaskRes's scheme (App. A.1), as Dassl steps it:
+  # one constant warm-up epoch at 1e-5, then a cosine over the epochs, stepped once per epoch
+  # (trainer.stori_schedule, trainer.taskres_schedule).
+  config.optim = ml_collections.ConfigDict(
+    dict(
+      lr=config_dict.placeholder(float),
+      schedule="taskres",
+      warmup_epochs=TASKRES_WARMUP_EPOCHS,
+      warmup_lr=TASKRES_WARMUP_LR,
+    )
+  )
   # App. A.1's TaskRes reproduction (lr, weight decay, alpha) on TaskRes's own schedule: Adam
   # with L2 weight decay, one warm-up epoch at 1e-5, then cosine (trainer.taskres_optimizer).
   config.taskres = ml_collections.ConfigDict(

@@ -96,6 +96,14 @@ class WeightedTextClassifier:
     array = np.asarray(array)
     return jax.make_array_from_callback(array.shape, self._replicated, lambda index: array[index])
 
+  def place_batch(self, array: np.ndarray) -> jax.Array:
+    """A batch (a host array, identical on every host) on the mesh: split along its first axis
+    when the devices divide it, else replicated."""
+    array = np.asarray(array)
+    if len(array) % self.mesh.size:
+      return self.replicate(array)
+    return jax.make_array_from_callback(array.shape, self._sharded, lambda index: array[index])
+
   def init_log_weights(self) -> list[jax.Array]:
     """All-zero log-weights (w = 1: the zero-shot classifier), sharded, one per bucket."""
     return [self._shard(np.zeros(b.ids.shape, np.float32)) for b in self.bank.buckets]

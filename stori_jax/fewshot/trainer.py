@@ -51,9 +51,16 @@ from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, 
 # The rare tokens of the nonsensical-token ablation (paper Table 1, after Ruiz et al.).
 RARE_TOKENS = ("sks", "pll", "ucd")
 METHODS = ("stori", "taskres")
+#: SToRI's learning-rate schedules (config.optim.schedule): "taskres", TaskRes's scheme as
+#: Dassl steps it (`taskres_schedule`: constant warm-up epochs, then a cosine stepped per epoch;
+#: the paper configs, App. A.1: SToRI follows "the training scheme of TaskRes"), or "cosine", a
+#: cosine decay stepped per step from the first step, no warm-up (the demo's).
+SCHEDULES = ("taskres", "cosine")
 DATA_SOURCES = ("synthetic", "coop", "tfds")
 #: Above this the paper's Adam learning rates (1e-2 to 0.1) are far exceeded: warned about.
 LARGE_LEARNING_RATE = 1.0
+#: The image tower's compute dtypes (config.image_dtype).
+IMAGE_DTYPES = ("float32", "bfloat16")
 #: Config keys besides run_identity.SCHEDULE_KEYS that a resumed run may change: the run's
 #: name, not what is computed.
 IDENTITY_IGNORED = ("name",)
@@ -134,15 +141,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"config.prompts.rare_tokens = {rare_tokens} appends rare tokens to the CuPL prompts, "
         f"but config.prompts.use_cupl is False; set rare_tokens=0 or use_cupl=True"
       )
-  checks.integer("start_block", minimum=1, optional=True)
-  checks.integer("views", minimum=1, maximum=MAX_VIEWS)
-  scale = checks.numbers("augment_scale", minimum=0, maximum=1, count=2)
-  if scale is not None and not 0 < scale[0] <= scale[1]:
-    checks.problem(
-      f"config.augment_scale must be (low, high) with 0 < low <= high <= 1, got {scale}"
-    )
-  checks.integer("batch_size", minimum=1)
-  checks.integer("epochs", minimum=1)
+  check_training(checks)
   if checks.get("optim.lr", 0) is None:
     # The paper's rule, which `run` fills in: check that it has a rate for this run.
     try:
@@ -151,24 +150,24 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       checks.problem(str(error).rstrip("."))
   else:
     checks.number("optim.lr", above=0)
-  if "log_weight_penalty" in config.optim:
-    checks.number("optim.log_weight_penalty", minimum=0)
   checks.number("taskres.alpha", minimum=0)
   checks.number("taskres.lr", above=0)
   checks.number("taskres.weight_decay", minimum=0)
   checks.integer("taskres.warmup_epochs", minimum=0)
   checks.number("taskres.warmup_lr", above=0)
-  checks.integer("chunk", minimum=1)
-  for key in ("log_every", "eval_every", "checkpoint_every"):
-    checks.integer(key, minimum=1)
   checks.raise_if_any()
-  if config.method == "taskres" and config.taskres.warmup_epochs >= config.epochs:
+  block = "taskres" if config.method == "taskres" else "optim"
+  warmed = block == "taskres" or config.optim.get("schedule", "cosine") == "taskres"
+  if warmed and config[block].warmup_epochs >= config.epochs:
     logging.warning(
-      "config.taskres.warmup_epochs = %d covers all %d epochs: TaskRes trains at the warm-up "
-      "rate %g throughout and never at config.taskres.lr.",
-      config.taskres.warmup_epochs,
+      "config.%s.warmup_epochs = %d covers all %d epochs: %s trains at the warm-up rate %g "
+      "throughout and never at config.%s.lr.",
+      block,
+      config[block].warmup_epochs,
       config.epochs,
-      config.taskres.warmup_lr,
+      "TaskRes" if block == "taskres" else "SToRI",
+      config[block].warmup_lr,
+      block,
     )
   key = "optim.lr" if config.method == "stori" else "taskres.lr"
   lr = float(
@@ -181,6 +180,34 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       key,
       lr,
     )
+
+
+def check_training(checks: ConfigChecks) -> None:
+  """The checks of the training settings that every few-shot config has (`train`'s and the
+  pairwise study's; `train_method` reads them): start_block, views, image_dtype, augment_scale,
+  batch_size, epochs, optim.log_weight_penalty, optim.schedule (with "taskres" its warm-up),
+  chunk and the intervals."""
+  checks.integer("start_block", minimum=1, optional=True)
+  # 0: a fresh view of every training image at every step; N > 0: N cached views per image.
+  checks.integer("views", minimum=0, maximum=MAX_VIEWS)
+  if "image_dtype" in checks.config:
+    checks.choice("image_dtype", IMAGE_DTYPES)
+  scale = checks.numbers("augment_scale", minimum=0, maximum=1, count=2)
+  if scale is not None and not 0 < scale[0] <= scale[1]:
+    checks.problem(
+      f"config.augment_scale must be (low, high) with 0 < low <= high <= 1, got {scale}"
+    )
+  checks.integer("batch_size", minimum=1)
+  checks.integer("epochs", minimum=1)
+  optim = checks.get("optim", {})
+  if "log_weight_penalty" in optim:
+    checks.number("optim.log_weight_penalty", minimum=0)
+  if "schedule" in optim and checks.choice("optim.schedule", SCHEDULES) == "taskres":
+    checks.integer("optim.warmup_epochs", minimum=0)
+    checks.number("optim.warmup_lr", above=0)
+  checks.integer("chunk", minimum=1)
+  for key in ("log_every", "eval_every", "checkpoint_every"):
+    checks.integer(key, minimum=1)
 
 
 def identity(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -271,6 +298,38 @@ def encode_images(
   return features.reshape(len(sources), per_image, -1)
 
 
+def image_bundle(bundle: CLIPBundle, config) -> CLIPBundle:
+  """The bundle the run's image tower computes with: config.image_dtype ("float32" where a
+  config has none, or "bfloat16"; params stay float32)."""
+  return bundle.with_dtype(jnp.dtype(config.get("image_dtype", "float32")))
+
+
+def encode_split(bundle: CLIPBundle, split: datasets.FewShotSplit, config):
+  """(training inputs, test features float32 [M, E]) of a split's images, the image tower in
+  config.image_dtype (`image_bundle`).
+
+  The training inputs: config.views > 0, features float32 [N, config.views, E] of that many
+  cached augmented views (`augment_scale`, seeded by config.seed) of every training image;
+  config.views = 0, the images themselves (`augment.ImageCanvas`, at most `CANVAS_SIDE` times
+  the model's input side), whose views `train_method` draws afresh at every step. The test
+  images: one centre view each.
+  """
+  bundle = image_bundle(bundle, config)
+  test = encode_images(bundle, [i.source for i in split.test], desc="test images")[:, 0]
+  if config.views == 0:
+    side = augment.CANVAS_SIDE * bundle.config.vision.image_size
+    return augment.image_canvas([i.source for i in split.train], side), test
+  train = encode_images(
+    bundle,
+    [i.source for i in split.train],
+    views=config.views,
+    augment_seed=config.seed,
+    scale=tuple(config.augment_scale),
+    desc="train views",
+  )
+  return train, test
+
+
 def _with_rare_tokens(texts: Sequence[str], count: int, seed: int) -> list[str]:
   rng = np.random.default_rng(seed)
   return [t + " " + " ".join(rng.choice(RARE_TOKENS, count)) for t in texts]
@@ -280,11 +339,14 @@ def prompt_texts(
   config,
   split: datasets.FewShotSplit,
   bundle: CLIPBundle,
-  train_features: np.ndarray,
+  train_inputs: np.ndarray | augment.ImageCanvas,
   labels: np.ndarray,
 ):
   """(trainable CuPL prompts {class: [str]}, fixed Base prompts {class: [str]}).
 
+  train_inputs: `encode_split`'s; the prompts most similar to a class's training images
+  (config.prompts.per_class) are chosen by the mean of its cached views' features, or with
+  fresh views (an ImageCanvas) by that of one centre view of each image.
   With config.prompts.use_cupl False every class's CuPL list is empty (Base prompts only).
   """
   names = split.class_names
@@ -301,6 +363,10 @@ def prompt_texts(
     ]
   if config.prompts.per_class and any(cupl):
     # ImageNet/SUN397: keep the prompts most similar to the class's training images.
+    train_features = train_inputs
+    if isinstance(train_inputs, augment.ImageCanvas):
+      sources = [i.source for i in split.train]
+      train_features = encode_images(image_bundle(bundle, config), sources, desc="train images")
     cupl = [
       select_prompts(
         bundle, texts, train_features[labels == c].mean(axis=(0, 1)), config.prompts.per_class
@@ -352,6 +418,9 @@ class Method:
   reported: Callable[[Any], Any] = lambda params: params
   #: params -> a scalar added to the loss (SToRI: the log-weight penalty; 0 by default).
   penalty: Callable[[Any], jax.Array] = lambda params: jnp.zeros((), jnp.float32)
+  #: step (the updates before this one) -> the learning rate the optimiser applies in it, as
+  #: the history's "lr" reports it (None: not reported).
+  schedule: optax.Schedule | None = None
 
 
 def _schedule(lr: float, total_steps: int):
@@ -433,21 +502,46 @@ def log_weight_penalty(classifier: WeightedTextClassifier, strength: float):
   return penalty
 
 
+def stori_schedule(config, total_steps: int) -> optax.Schedule:
+  """SToRI's learning rate, step -> lr, by config.optim.schedule (`SCHEDULES`; a config without
+  it: "cosine").
+
+  "taskres": `taskres_schedule` over config.epochs epochs of total_steps / epochs steps, with
+  config.optim.warmup_epochs constant epochs at config.optim.warmup_lr (the paper configs: 1 at
+  1e-5, TaskRes's). "cosine": config.optim.lr decayed to 0 by a cosine over total_steps, stepped
+  every step (configs/demo.py).
+  """
+  optim = config.optim
+  if optim.get("schedule", "cosine") == "taskres":
+    epochs = int(config.epochs)
+    return taskres_schedule(
+      float(optim.lr),
+      epochs,
+      total_steps // epochs,
+      int(optim.warmup_epochs),
+      float(optim.warmup_lr),
+    )
+  return _schedule(optim.lr, total_steps)
+
+
 def stori_method(config, classifier: WeightedTextClassifier, total_steps: int) -> Method:
-  # Paper App. A.1: Adam, cosine schedule, no weight decay; optionally the log-weight prior.
+  """SToRI: Adam on the log-weights (paper App. A.1: no weight decay) on `stori_schedule`;
+  optionally the log-weight prior (`log_weight_penalty`)."""
   strength = float(config.optim.get("log_weight_penalty", 0.0))
+  schedule = stori_schedule(config, total_steps)
   return Method(
     "stori",
     classifier.init_log_weights,
     classifier.class_embeddings,
     classifier.data,
-    optax.adam(_schedule(config.optim.lr, total_steps)),
+    optax.adam(schedule),
     reported=lambda log_weights: jax.tree_util.tree_map(jnp.exp, log_weights),
     penalty=(
       log_weight_penalty(classifier, strength)
       if strength > 0
       else (lambda params: jnp.zeros((), jnp.float32))
     ),
+    schedule=schedule,
   )
 
 
@@ -491,15 +585,22 @@ def taskres_method(config, base: jax.Array, total_steps: int, steps_per_epoch: i
     return encoding.l2_normalize_jax(emb, eps=None)  # no floor: the old rounding under jit
 
   steps_per_epoch = max(int(steps_per_epoch), 1)
-  optimizer = taskres_optimizer(
-    float(config.taskres.lr),
-    float(config.taskres.weight_decay),
+  settings = dict(
     epochs=max(total_steps // steps_per_epoch, 1),
     steps_per_epoch=steps_per_epoch,
     warmup_epochs=int(config.taskres.get("warmup_epochs", paper_config.TASKRES_WARMUP_EPOCHS)),
     warmup_lr=float(config.taskres.get("warmup_lr", paper_config.TASKRES_WARMUP_LR)),
   )
-  return Method("taskres", lambda: jnp.zeros_like(base), class_embeddings, base, optimizer)
+  lr = float(config.taskres.lr)
+  optimizer = taskres_optimizer(lr, float(config.taskres.weight_decay), **settings)
+  return Method(
+    "taskres",
+    lambda: jnp.zeros_like(base),
+    class_embeddings,
+    base,
+    optimizer,
+    schedule=taskres_schedule(lr, **settings),
+  )
 
 
 # Training ----------------------------------------------------------------------------------
@@ -513,9 +614,16 @@ def epoch_batches(num_images: int, batch_size: int, seed: int, epoch: int):
   return [order[i : i + batch_size] for i in range(0, num_images - batch_size + 1, batch_size)]
 
 
-def make_train_step(method: Method, logit_scale: float):
+def make_train_step(method: Method, logit_scale: float, encode: Callable | None = None):
   """The jitted step (state, context, features [B, E], labels int32 [B]) -> (state, metrics)
-  over state {"params", "opt_state", "step"}; donates the state."""
+  over state {"params", "opt_state", "step"}; donates the state. The metrics: the loss, the
+  batch's accuracy and, where the method has a schedule, "lr", the rate of this step.
+
+  encode: None, or (encoder, inputs) -> unit features [B, E], run at the start of the step on
+  its `features` argument (then the step's inputs, `fresh_view_encoder`'s) and its fifth
+  argument, `encoder` (arrays passed as an argument, not closed over); no gradient flows
+  through it.
+  """
 
   def loss_fn(params, context, features, labels):
     embeddings = method.class_embeddings(params, context)
@@ -523,7 +631,9 @@ def make_train_step(method: Method, logit_scale: float):
     # The history reports the cross-entropy; the gradient also follows the penalty.
     return loss + method.penalty(params), (loss, accuracy)
 
-  def train_step(state, context, features, labels):
+  def train_step(state, context, features, labels, encoder=None):
+    if encode is not None:
+      features = jax.lax.stop_gradient(encode(encoder, features))
     (_, (loss, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
       state["params"], context, features, labels
     )
@@ -534,6 +644,7 @@ def make_train_step(method: Method, logit_scale: float):
       {
         "loss": loss,
         "train_accuracy": accuracy,
+        **({} if method.schedule is None else {"lr": method.schedule(state["step"])}),
         "nonfinite": nonfinite_code(loss, grads, method.reported(params)),
       },
     )
@@ -591,6 +702,220 @@ def accuracy_report(
   return {"accuracy": float(np.mean(predicted == labels)), "per_class": per_class}
 
 
+def fresh_view_encoder(
+  bundle: CLIPBundle, config, classifier: WeightedTextClassifier
+) -> tuple[Callable, Any]:
+  """(encode, encoder) of `make_train_step` for fresh views (config.views = 0).
+
+  encode(encoder, (pixels, sizes, indices, step)) draws one augmented view of each image of a
+  step's batch on the device (`augment.device_views`: config.augment_scale, a flip with p = 0.5,
+  seeded by (config.seed, step, image index), so a resumed run draws the same views), runs the
+  frozen image tower on them in config.image_dtype (`image_bundle`) and returns their unit
+  features [B, E]. encoder: the image tower's params and the seed, replicated on the prompt
+  mesh (arguments of the step, never constants of its program).
+  """
+  images = image_bundle(bundle, config)
+  tower = images.image_function
+  size = images.config.vision.image_size
+  mean, std = images.preprocess_config.mean, images.preprocess_config.std
+  scale = tuple(float(x) for x in config.augment_scale)
+
+  def encode(encoder, inputs):
+    params, seed = encoder
+    pixels, sizes, indices, step = inputs
+    base = jax.random.fold_in(jax.random.key(seed), step)
+    keys = jax.vmap(lambda index: jax.random.fold_in(base, index))(indices)
+    views = augment.device_views(pixels, sizes, keys, size, mean, std, scale=scale)
+    return encoding.l2_normalize_jax(tower(params, views, False))
+
+  # The image tower reads its own params and the logit scale (the text tower's are not sent).
+  params = {key: bundle.params[key] for key in ("vision", "logit_scale")}
+  encoder = (
+    jax.tree_util.tree_map(classifier.replicate, params),
+    classifier.replicate(np.uint32(config.seed)),
+  )
+  return encode, encoder
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainedMethod:
+  """What `train_method` returns.
+
+  method: the Method trained; steps: the run's steps; zero_shot, trained: `accuracy_report`s
+  of the classifier at w = 1 (before training) and after it; weights: SToRI's token weights,
+  one row per trainable prompt (`gather_token_weights`), and words: its word weights
+  (`report.prompt_word_weights`), both None for TaskRes; history: the logged records.
+  """
+
+  method: Method
+  steps: int
+  zero_shot: dict[str, Any]
+  trained: dict[str, Any]
+  weights: list[np.ndarray] | None
+  words: list[list[tuple[str, float]]] | None
+  history: list[dict[str, Any]]
+
+
+def make_method(
+  config, bundle: CLIPBundle, classifier: WeightedTextClassifier, steps_per_epoch: int
+) -> Method:
+  """The config's method (`config.method`, SToRI where a config has no such key) over
+  config.epochs epochs of `steps_per_epoch` steps."""
+  total_steps = config.epochs * steps_per_epoch
+  if config.get("method", "stori") == "taskres":
+    return taskres_method(
+      config, taskres_base(bundle, classifier.bank), total_steps, steps_per_epoch
+    )
+  return stori_method(config, classifier, total_steps)
+
+
+def train_method(
+  config,
+  bundle: CLIPBundle,
+  classifier: WeightedTextClassifier,
+  split: datasets.FewShotSplit,
+  train_inputs: np.ndarray | augment.ImageCanvas,
+  test_features: np.ndarray,
+  workdir: str,
+  *,
+  is_main: bool = True,
+  keep_checkpoints: int = 2,
+  desc: str | None = None,
+) -> TrainedMethod:
+  """Trains the config's method on cached features and a classifier's prompts in `workdir`
+  (resumed from its checkpoint when there is one), and writes the few-shot run's files there:
+  history.jsonl, training_curve.png and, for SToRI, weights.json and interpretability.html/.png.
+
+  The one training of the few-shot package: `run` (stori_jax.train) and the pairwise study's
+  `pairwise_contrast.train_pair` call it.
+
+  Args:
+    config: a few-shot config (method, seed, batch_size, epochs, optim / taskres, the
+      intervals); a config without `method` trains SToRI.
+    bundle, classifier: the model and the classifier over its prompt bank.
+    split: the class names and labels of the features.
+    train_inputs: `encode_split`'s: cached features float32 [N, V, E], V augmented views per
+      training image, each step showing one view per image drawn per (seed, epoch); or the
+      images (`augment.ImageCanvas`, config.views = 0), each step drawing a fresh view of each
+      on the device and running the image tower in the step (`fresh_view_encoder`).
+    test_features: float32 [M, E].
+    workdir: the run's folder (its checkpoints/ and files).
+    is_main: this process writes the files and says that it resumed (process 0 of several).
+    keep_checkpoints: how many checkpoints are kept.
+    desc: the progress bar's label (default "train <method>").
+
+  Raises:
+    NonFiniteError: the run diverged (NaN or infinity); the last good checkpoint is kept.
+  """
+  train_labels, test_labels = split.train_labels, split.test_labels
+  zero_shot = accuracy_report(
+    classifier.embed(classifier.init_log_weights()), test_features, test_labels, split.class_names
+  )
+  steps_per_epoch = len(epoch_batches(len(train_labels), config.batch_size, config.seed, 0))
+  total_steps = config.epochs * steps_per_epoch
+  method = make_method(config, bundle, classifier, steps_per_epoch)
+  fresh = isinstance(train_inputs, augment.ImageCanvas)
+  if fresh:
+    encode, encoder = fresh_view_encoder(bundle, config, classifier)
+    train_step = make_train_step(method, bundle.logit_scale, encode)
+  else:
+    encoder, train_step = None, make_train_step(method, bundle.logit_scale)
+  embed = jax.jit(method.class_embeddings)
+  state = init_train_state(method, method.init(), NamedSharding(classifier.mesh, PartitionSpec()))
+  lr_key = "optim.lr" if method.name == "stori" else "taskres.lr"
+  lr = config.optim.lr if method.name == "stori" else config.taskres.lr
+  spec = loop.LoopSpec(
+    total_steps=total_steps,
+    workdir=workdir,
+    checkpointer=TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=keep_checkpoints),
+    watch=NonFiniteWatch(
+      "training",
+      f"The likely cause is the learning rate (config.{lr_key} = {lr:g}; the paper's are 1e-2 "
+      f"to 0.1): lower it.",
+    ),
+    log_every=config.log_every,
+    checkpoint_every=config.checkpoint_every,
+    eval_every=config.eval_every,
+    # Fresh views: the next batches' images are gathered (and sent) while the step runs.
+    prefetch=2 if fresh else 0,
+    desc=desc or f"train {method.name}",
+  )
+  state, first_step = loop.resume(
+    spec, state, trained=lambda state: state["params"], announce=is_main
+  )
+  history = report.read_history(workdir, first_step) if is_main else []
+
+  @functools.lru_cache(maxsize=1)
+  def epoch_plan(epoch):
+    """The epoch's index batches, and the cached view each training image shows in it."""
+    batches = epoch_batches(len(train_labels), config.batch_size, config.seed, epoch)
+    if fresh:
+      return batches, None
+    views = np.random.default_rng((config.seed, epoch, 1)).integers(
+      0, train_inputs.shape[1], len(train_labels)
+    )
+    return batches, views
+
+  def batch_for_step(step):
+    epoch, index = divmod(step, steps_per_epoch)
+    batches, views = epoch_plan(epoch)
+    index = batches[index]
+    labels = classifier.replicate(train_labels[index])
+    if fresh:
+      # The images, their sizes and indices, and the step: the view's seed (seed, step, image).
+      place = classifier.place_batch
+      inputs = (
+        place(train_inputs.pixels[index]),
+        place(train_inputs.sizes[index]),
+        place(index.astype(np.int32)),
+        classifier.replicate(np.int32(step)),
+      )
+      return inputs, labels
+    return classifier.replicate(train_inputs[index, views[index]]), labels
+
+  def evaluate(state, step):
+    del step
+    emb = embed(state["params"], method.context)
+    return {
+      "test_accuracy": accuracy_report(emb, test_features, test_labels, split.class_names)[
+        "accuracy"
+      ]
+    }
+
+  def log(record):
+    epoch = (record["step"] - 1) // steps_per_epoch + 1
+    record = {"step": record["step"], "epoch": epoch, **record}
+    history.append(record)
+    if is_main:
+      report.append_history(workdir, record)
+
+  state = loop.train_loop(
+    # The context is an argument, not a constant of the step: multi-host JAX forbids closing
+    # over global arrays.
+    lambda state, batch: train_step(state, method.context, *batch, encoder),
+    state,
+    batch_for_step,
+    spec,
+    first_step=first_step,
+    evaluate=evaluate,
+    log=log,
+  )
+
+  final = to_host(embed(state["params"], method.context))
+  trained = accuracy_report(final, test_features, test_labels, split.class_names)
+  weights = words = None
+  if method.name == "stori":
+    bank = classifier.bank
+    weights = gather_token_weights(bank, [to_host(w) for w in state["params"]])
+    words = report.prompt_word_weights(bundle.tokenizer, bank, weights)
+    if is_main:
+      report.write_weights(workdir, bundle.tokenizer, bank, weights, words)
+      report.write_interpretability(workdir, bank, words)
+  if is_main:
+    report.plot_history(workdir, history, zero_shot["accuracy"])
+  return TrainedMethod(method, total_steps, zero_shot, trained, weights, words, history)
+
+
 def run(
   config: ml_collections.ConfigDict,
   workdir: str,
@@ -631,17 +956,8 @@ def run(
     bundle.config.vision.image_size, bundle.preprocess_config.mean, bundle.preprocess_config.std
   )
   bundle = dataclasses.replace(bundle, preprocess_config=preprocess)
-  train_labels, test_labels = split.train_labels, split.test_labels
-  train_features = encode_images(
-    bundle,
-    [i.source for i in split.train],
-    views=config.views,
-    augment_seed=config.seed,
-    scale=tuple(config.augment_scale),
-    desc="train views",
-  )
-  test_features = encode_images(bundle, [i.source for i in split.test], desc="test images")[:, 0]
-  trainable, fixed = prompt_texts(config, split, bundle, train_features, train_labels)
+  train_features, test_features = encode_split(bundle, split, config)
+  trainable, fixed = prompt_texts(config, split, bundle, train_features, split.train_labels)
   mesh = prompt_mesh()
   bank = build_prompt_bank(
     bundle.tokenizer,
@@ -655,92 +971,11 @@ def run(
   classifier = WeightedTextClassifier(bundle, bank, config.start_block, mesh)
   # The first cross-process collective follows: line the processes up for it (see multihost).
   multihost.wait_for_all_processes("stori_jax.train: features encoded")
-  zero_shot = classifier.embed(classifier.init_log_weights())
-  zero_shot_report = accuracy_report(zero_shot, test_features, test_labels, split.class_names)
 
-  steps_per_epoch = len(epoch_batches(len(train_labels), config.batch_size, config.seed, 0))
-  total_steps = config.epochs * steps_per_epoch
-  method = (
-    taskres_method(config, taskres_base(bundle, bank), total_steps, steps_per_epoch)
-    if config.method == "taskres"
-    else stori_method(config, classifier, total_steps)
+  result = train_method(
+    config, bundle, classifier, split, train_features, test_features, workdir, is_main=is_main
   )
-  train_step = make_train_step(method, bundle.logit_scale)
-  embed = jax.jit(method.class_embeddings)
-  state = init_train_state(method, method.init(), NamedSharding(mesh, PartitionSpec()))
-  lr_key = "optim.lr" if method.name == "stori" else "taskres.lr"
-  lr = config.optim.lr if method.name == "stori" else config.taskres.lr
-  watch = NonFiniteWatch(
-    "training",
-    f"The likely cause is the learning rate (config.{lr_key} = {lr:g}; the paper's are 1e-2 to "
-    f"0.1): lower it.",
-  )
-  checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=2)
-  state, first_step = loop.resume(
-    checkpointer,
-    state,
-    watch,
-    trained=lambda state: state["params"],
-    total_steps=total_steps,
-    workdir=workdir,
-    announce=is_main,
-  )
-  history = report.read_history(workdir, first_step) if is_main else []
-
-  @functools.lru_cache(maxsize=1)
-  def epoch_plan(epoch):
-    """The epoch's index batches, and the augmented view each training image shows in it."""
-    views = np.random.default_rng((config.seed, epoch, 1)).integers(
-      0, train_features.shape[1], len(train_labels)
-    )
-    return epoch_batches(len(train_labels), config.batch_size, config.seed, epoch), views
-
-  def batch_for_step(step):
-    epoch, index = divmod(step, steps_per_epoch)
-    batches, views = epoch_plan(epoch)
-    index = batches[index]
-    return (
-      classifier.replicate(train_features[index, views[index]]),
-      classifier.replicate(train_labels[index]),
-    )
-
-  def evaluate(state, step):
-    del step
-    emb = embed(state["params"], method.context)
-    return {
-      "test_accuracy": accuracy_report(emb, test_features, test_labels, split.class_names)[
-        "accuracy"
-      ]
-    }
-
-  def log(record):
-    epoch = (record["step"] - 1) // steps_per_epoch + 1
-    record = {"step": record["step"], "epoch": epoch, **record}
-    history.append(record)
-    if is_main:
-      report.append_history(workdir, record)
-
-  state = loop.train_loop(
-    # The context is an argument, not a constant of the step: multi-host JAX forbids closing
-    # over global arrays.
-    lambda state, batch: train_step(state, method.context, *batch),
-    state,
-    batch_for_step,
-    first_step=first_step,
-    total_steps=total_steps,
-    checkpointer=checkpointer,
-    watch=watch,
-    workdir=workdir,
-    log_every=config.log_every,
-    checkpoint_every=config.checkpoint_every,
-    eval_every=config.eval_every,
-    evaluate=evaluate,
-    log=log,
-    desc=f"train {method.name}",
-  )
-
-  final = to_host(embed(state["params"], method.context))
-  trained_report = accuracy_report(final, test_features, test_labels, split.class_names)
+  method = result.method
   metrics = {
     "method": method.name,
     "dataset": split.dataset,
@@ -749,15 +984,14 @@ def run(
     "num_prompts": len(bank.texts),
     "num_fixed_prompts": len(bank.fixed_ids),
     "num_devices": mesh.size,
-    "steps": total_steps,
-    "zero_shot": zero_shot_report,
-    "trained": trained_report,
+    "steps": result.steps,
+    "zero_shot": result.zero_shot,
+    "trained": result.trained,
     "seconds": time.time() - started,
     "config": json.loads(config.to_json_best_effort()),
   }
   if method.name == "stori":
-    weights = gather_token_weights(bank, [to_host(w) for w in state["params"]])
-    words = report.prompt_word_weights(bundle.tokenizer, bank, weights)
+    words = result.words
     metrics["top_words"] = report.class_top_words(bank, words)
     hooks = world_scoring.REPORT_HOOKS if report_hooks is None else report_hooks
     if split.dataset in hooks:
@@ -767,10 +1001,6 @@ def run(
           bank=bank, words=words, top_words=metrics["top_words"], class_names=split.class_names
         )
       )
-    if is_main:
-      report.write_weights(workdir, bundle.tokenizer, bank, weights, words)
-      report.write_interpretability(workdir, bank, words)
   if is_main:
-    report.plot_history(workdir, history, zero_shot_report["accuracy"])
     jsonio.write_json(os.path.join(workdir, "metrics.json"), metrics, indent=2)
   return metrics

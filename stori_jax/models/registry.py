@@ -32,6 +32,12 @@ WEIGHTS_FILE = "open_clip_pytorch_model.bin"  # open_clip's HF_WEIGHTS_NAME.
 SAFE_WEIGHTS_FILE = "open_clip_model.safetensors"  # open_clip's HF_SAFE_WEIGHTS_NAME.
 MUTUAL = "mutual-knowledge"
 STORI = "stori"
+#: SToRI's two ViT-L/14 backbones, CLIP and MetaCLIP (App. A.1, §4.2), as the hub ids
+#: (transformers layout) that its few-shot and retrieval configs load: {backbone: source}.
+STORI_BACKBONES = {
+  "clip": "openai/clip-vit-large-patch14",
+  "metaclip": "facebook/metaclip-l14-fullcc2.5b",
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -277,6 +277,25 @@ def plot_curve(records: list[dict[str, float]], path: str) -> None:
   plt.close(fig)
 
 
+def loop_spec(config, workdir: str, what: str, **settings) -> loop.LoopSpec:
+  """The loop of a training stage of the tiny CLIP (pretraining, weight response) from its
+  config: total_steps, keep_checkpoints, log_every and checkpoint_every, a divergence blamed
+  on config.learning_rate; `settings`: the rest of `loop.LoopSpec` (eval_every, desc...)."""
+  return loop.LoopSpec(
+    total_steps=config.total_steps,
+    workdir=workdir,
+    checkpointer=TrainCheckpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints),
+    watch=NonFiniteWatch(
+      what,
+      f"The likely cause is the learning rate (config.learning_rate = "
+      f"{config.learning_rate:g}): lower it.",
+    ),
+    log_every=config.log_every,
+    checkpoint_every=config.checkpoint_every,
+    **settings,
+  )
+
+
 def train(config, workdir: str, restart: bool = False) -> CLIPBundle:
   """Runs (or resumes) pretraining; returns the trained model as a bundle.
 
@@ -300,19 +319,17 @@ def train(config, workdir: str, restart: bool = False) -> CLIPBundle:
   model = CLIP(clip_config)
   optimizer = make_optimizer(config)
   train_step = make_train_step(config, model, optimizer)
-  checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
-  watch = NonFiniteWatch(
+  spec = loop_spec(
+    config,
+    workdir,
     "pretraining",
-    f"The likely cause is the learning rate (config.learning_rate = {config.learning_rate:g}): "
-    f"lower it.",
+    eval_every=config.eval_every,
+    prefetch=2,  # the images are drawn on the host: two steps ahead, on a thread
+    desc="pretrain",
+    postfix=("loss", "batch_accuracy"),
   )
   state, first_step = loop.resume(
-    checkpointer,
-    initial_state(config, optimizer),
-    watch,
-    trained=lambda state: state["params"],
-    total_steps=config.total_steps,
-    workdir=workdir,
+    spec, initial_state(config, optimizer), trained=lambda state: state["params"]
   )
   jsonio.write_text_atomic(
     os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2)
@@ -336,19 +353,10 @@ def train(config, workdir: str, restart: bool = False) -> CLIPBundle:
     train_step,
     state,
     lambda step: batch_for_step(config, step),
+    spec,
     first_step=first_step,
-    total_steps=config.total_steps,
-    checkpointer=checkpointer,
-    watch=watch,
-    workdir=workdir,
-    log_every=config.log_every,
-    checkpoint_every=config.checkpoint_every,
-    eval_every=config.eval_every,
     evaluate=evaluate,
     log=log,
-    prefetch=2,  # the images are drawn on the host: two steps ahead, on a thread
-    desc="pretrain",
-    postfix=("loss", "batch_accuracy"),
   )
   plot_curve(metrics_log.read_records(metrics_path), os.path.join(workdir, "training_curve.png"))
   bundle = CLIPBundle(

@@ -36,14 +36,14 @@ import optax
 from stori_jax.plumbing import run_identity
 from stori_jax.trainloop import loop, metrics_log
 from stori_jax.clip.bundle import CLIPBundle, resolve_start_block
-from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
+from stori_jax.trainloop.checkpointer import nonfinite_code
 from stori_jax.checkpoints import native
 from stori_jax.plumbing.config_files import ConfigChecks
 from stori_jax.data import synthetic
 from stori_jax.clip.encoding import l2_normalize_jax
 from stori_jax.clip.loading import ASSETS_DIR, load, named_checkpoints
 from stori_jax.models import CLIP, reweighted_block_indices
-from stori_jax.pretraining.contrastive import export_path
+from stori_jax.pretraining.contrastive import export_path, loop_spec
 from stori_jax.tokenizer import default_tokenizer
 from stori_jax.tokenizer.weighted import tokenize_weighted
 
@@ -194,22 +194,12 @@ def train(config, workdir: str, restart: bool = False):
   )
   optimizer = optax.adam(schedule)
   train_step = make_train_step(config, model, teacher, blocks, optimizer)
-  checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
-  watch = NonFiniteWatch(
-    "weight-response training",
-    f"The likely cause is the learning rate (config.learning_rate = {config.learning_rate:g}): "
-    "lower it.",
+  spec = loop_spec(
+    config, workdir, "weight-response training", desc="weight response", postfix=("keep", "respond")
   )
   text = jax.tree_util.tree_map(jnp.copy, teacher["text"])
   state = {"text": text, "opt_state": optimizer.init(text), "step": jnp.zeros((), jnp.int32)}
-  state, first_step = loop.resume(
-    checkpointer,
-    state,
-    watch,
-    trained=lambda state: state["text"],
-    total_steps=config.total_steps,
-    workdir=workdir,
-  )
+  state, first_step = loop.resume(spec, state, trained=lambda state: state["text"])
   metrics_path = os.path.join(workdir, "metrics.jsonl")
   metrics_log.read_records(metrics_path, up_to_step=first_step)  # drop what the resume redoes
   pool = caption_pool(config)
@@ -217,16 +207,9 @@ def train(config, workdir: str, restart: bool = False):
     train_step,
     state,
     lambda step: batch_for_step(config, pool, step),
+    spec,
     first_step=first_step,
-    total_steps=config.total_steps,
-    checkpointer=checkpointer,
-    watch=watch,
-    workdir=workdir,
-    log_every=config.log_every,
-    checkpoint_every=config.checkpoint_every,
     log=lambda record: metrics_log.append_record(metrics_path, record),
-    desc="weight response",
-    postfix=("keep", "respond"),
   )
   params = jax.device_get({**teacher, "text": state["text"]})
   clip_config = base.config.replace(

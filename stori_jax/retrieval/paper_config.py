@@ -5,6 +5,8 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
+from stori_jax.models.registry import STORI_BACKBONES
+from stori_jax.plumbing.config_files import config_arguments
 from stori_jax.retrieval.datasets import cub_prompts
 
 #: Table 9: (template, ((CelebA column, phrase), ...)) with {0} the woman / man slot's
@@ -150,10 +152,25 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def celeba_config(prompts, images_per_category: int) -> ml_collections.ConfigDict:
-  """The protocol on CelebA (a folder given by --config.data.root) with ViT-L/14."""
+def backbone(argument: str | None, config_file: str) -> str:
+  """The model source a retrieval config file's argument names: `file.py:backbone=metaclip`
+  (or `:metaclip`) -> the MetaCLIP ViT-L/14 of the few-shot configs; none -> CLIP ViT-L/14
+  (`registry.STORI_BACKBONES`).
+
+  Raises:
+    ConfigError: another argument or backbone, naming the valid ones.
+  """
+  name = config_arguments(argument, config_file, backbone=tuple(STORI_BACKBONES))["backbone"]
+  return STORI_BACKBONES[name]
+
+
+def celeba_config(
+  prompts, images_per_category: int, model: str = STORI_BACKBONES["clip"]
+) -> ml_collections.ConfigDict:
+  """The protocol on CelebA (a folder given by --config.data.root) with a ViT-L/14 (`model`:
+  CLIP's by default, `backbone`'s)."""
   c = base_config()
-  c.model = "openai/clip-vit-large-patch14"  # or a local checkpoint path
+  c.model = model  # or a local checkpoint path
   c.data = ml_collections.ConfigDict(
     {
       "source": "celeba",  # or "celeba_tfds" (needs tensorflow-datasets, tensorflow)

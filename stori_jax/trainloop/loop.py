@@ -2,7 +2,9 @@
 weight-response training.
 
 A run is a pytree state and one `jax.jit` step `(state, batch) -> (state, metrics)` that donates
-its state. `resume` restores the latest checkpoint; `train_loop` runs the remaining steps: it
+its state, and a `LoopSpec`: its length, checkpoints, non-finite watch and intervals, the same
+for `resume` and `train_loop`. `resume` restores the latest checkpoint; `train_loop` runs the
+remaining steps: it
 counts them on the host, logs, evaluates and checkpoints at the configured intervals and at the
 last step, and stops a diverged run (`NonFiniteError`) before a NaN reaches the log or a
 checkpoint. The first step, which compiles the step, is timed apart, so the progress bar's rate
@@ -11,6 +13,7 @@ and ETA are those of the compiled step.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import sys
 import threading
@@ -30,14 +33,39 @@ State = Any
 Batch = Any
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+  """How a run's loop runs, whichever trainer it is: what `resume` and `train_loop` share.
+
+  Attributes:
+    total_steps: the steps of the whole run.
+    workdir: named in the messages (resumed, diverged).
+    checkpointer: where checkpoints go; waited for and closed when the loop ends.
+    watch: the run's non-finite watch.
+    log_every, checkpoint_every, eval_every: the intervals, in steps (eval_every None: only
+      at the last step, and only with an `evaluate`); the last step always has all three.
+    prefetch: make batches this many steps ahead on a background thread (0: in the loop).
+    desc: the progress bar's label.
+    postfix: record keys shown on the progress bar.
+  """
+
+  total_steps: int
+  workdir: str
+  checkpointer: TrainCheckpointer
+  watch: NonFiniteWatch
+  log_every: int
+  checkpoint_every: int
+  eval_every: int | None = None
+  prefetch: int = 0
+  desc: str = "train"
+  postfix: Sequence[str] = ("loss",)
+
+
 def resume(
-  checkpointer: TrainCheckpointer,
+  spec: LoopSpec,
   state: State,
-  watch: NonFiniteWatch,
   *,
   trained: Callable[[State], Any],
-  total_steps: int,
-  workdir: str,
   announce: bool = True,
 ) -> tuple[State, int]:
   """The newest intact checkpoint's state and step, or (state, 0) when there is none. A newer
@@ -45,11 +73,11 @@ def resume(
   (`TrainCheckpointer.restore_latest_intact`), and the run goes on from the one before.
 
   Args:
-    checkpointer: the run's checkpoints.
+    spec: the run's loop: its checkpoints, its non-finite watch (whose last good checkpoint
+      becomes the restored one), and its total_steps and workdir, named in the message that
+      says the run resumed.
     state: the freshly initialised state, the template the checkpoint is restored into.
-    watch: the run's non-finite watch; its last good checkpoint becomes the restored one.
     trained: state -> the part checked for NaN or infinity before the run goes on from it.
-    total_steps, workdir: named in the message that says the run resumed.
     announce: print that message (on stderr, whatever the log level: a user must know that
       this run continues another); off on all but one process of a multi-host run.
 
@@ -57,13 +85,14 @@ def resume(
     NonFiniteError: the checkpoint holds NaN or infinity.
     UnreadableCheckpointsError: there are checkpoints, but none can be read.
   """
+  checkpointer = spec.checkpointer
   state, step = checkpointer.restore_latest_intact(state, warn=announce)
   if step is None:
     return state, 0
   require_finite_checkpoint(trained(state), step, checkpointer.directory)
-  watch.last_saved = step
+  spec.watch.last_saved = step
   if announce:
-    print(f"Resumed from step {step} of {total_steps} in {workdir}", file=sys.stderr)
+    print(f"Resumed from step {step} of {spec.total_steps} in {spec.workdir}", file=sys.stderr)
   return state, step
 
 
@@ -118,27 +147,18 @@ def train_loop(
   train_step: Callable[[State, Batch], tuple[State, dict[str, jax.Array]]],
   state: State,
   batch_for_step: Callable[[int], Batch],
+  spec: LoopSpec,
   *,
   first_step: int,
-  total_steps: int,
-  checkpointer: TrainCheckpointer,
-  watch: NonFiniteWatch,
-  workdir: str,
-  log_every: int,
-  checkpoint_every: int,
-  eval_every: int | None = None,
   evaluate: Callable[[State, int], dict[str, float]] | None = None,
   log: Callable[[dict[str, Any]], None] | None = None,
-  prefetch: int = 0,
-  desc: str = "train",
-  postfix: Sequence[str] = ("loss",),
 ) -> State:
-  """Runs steps first_step..total_steps-1 of a run; returns the final state.
+  """Runs steps first_step..spec.total_steps-1 of a run; returns the final state.
 
-  After step `done` (1-based), at the configured intervals and always at the last step:
+  After step `done` (1-based), at the spec's intervals and always at the last step:
   - log (every `log_every`) or evaluate (every `eval_every`, with `evaluate`): a record
     {"step": done, **metrics as floats, **evaluate(state, done)} is passed to `log`;
-  - checkpoint (every `checkpoint_every`): `checkpointer.save(done, state)`.
+  - checkpoint (every `checkpoint_every`): `spec.checkpointer.save(done, state)`.
   Each of them first reads the non-finite codes of the steps since the last read (one int32
   per step, kept on the device until then): a diverged run raises NonFiniteError before a NaN
   reaches a record or a checkpoint, and keeps its last good checkpoint. The step is counted on
@@ -151,25 +171,21 @@ def train_loop(
     state: the state after `first_step` steps (fresh, or from `resume`).
     batch_for_step: step (0-based) -> that step's batch; a function of the step, so that a
       resumed run sees the same batches.
-    first_step, total_steps: the steps already done and the steps of the whole run.
-    checkpointer: where checkpoints go; waited for and closed when the loop ends.
-    watch: the run's non-finite watch.
-    workdir: named in the divergence message.
-    log_every, checkpoint_every, eval_every: the intervals, in steps.
+    spec: the run's length, checkpoints, watch, intervals and progress bar (`LoopSpec`).
+    first_step: the steps already done.
     evaluate: (state, done) -> host floats added to the record of an evaluation step.
     log: receives each record (writes it to the run's history, say).
-    prefetch: make batches this many steps ahead on a background thread (0: in the loop).
-    desc: the progress bar's label.
-    postfix: record keys shown on the progress bar.
 
   Raises:
     NonFiniteError: the run diverged.
     CheckpointWriteError: the disk filled up while a checkpoint was written (one paragraph
       naming the step; the last complete checkpoint is kept).
   """
+  total_steps, workdir, desc = spec.total_steps, spec.workdir, spec.desc
+  checkpointer, watch = spec.checkpointer, spec.watch
   bar = None
   try:
-    for step, batch in _batches(batch_for_step, first_step, total_steps, prefetch):
+    for step, batch in _batches(batch_for_step, first_step, total_steps, spec.prefetch):
       if bar is None:
         # The first call compiles the step: timed apart and waited for, so that the bar's clock
         # starts on the compiled step and its rate and ETA are not inflated by the compile.
@@ -188,16 +204,16 @@ def train_loop(
       done = step + 1
       metrics = dict(metrics)
       watch.add(done, metrics.pop("nonfinite"))
-      evaluating = evaluate is not None and is_due(done, eval_every, total_steps)
-      if evaluating or is_due(done, log_every, total_steps):
+      evaluating = evaluate is not None and is_due(done, spec.eval_every, total_steps)
+      if evaluating or is_due(done, spec.log_every, total_steps):
         watch.check(total_steps, workdir)  # nothing non-finite reaches the log
         record = {"step": done, **{k: float(v) for k, v in metrics.items()}}
         if evaluating:
           record.update(evaluate(state, done))
-        bar.set_postfix({k: f"{record[k]:.4g}" for k in postfix if k in record})
+        bar.set_postfix({k: f"{record[k]:.4g}" for k in spec.postfix if k in record})
         if log is not None:
           log(record)
-      if is_due(done, checkpoint_every, total_steps):
+      if is_due(done, spec.checkpoint_every, total_steps):
         watch.check(total_steps, workdir)  # a checkpoint is always a good one
         checkpointer.save(done, state)
         watch.last_saved = done
