@@ -23,15 +23,20 @@ import sys
 import tempfile
 from typing import Any, Sequence
 
-import numpy as np
-from absl import flags
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if (
   ROOT not in sys.path
 ):  # `python scripts/embedded_world_figures.py` puts only scripts/ on the path
   sys.path.insert(0, ROOT)
 
+if __name__ == "__main__":  # before NumPy and JAX start: the same figures on every x86-64 CPU
+  import reproducible_cpu  # scripts/, beside this
+
+  if note := reproducible_cpu.apply():
+    print(note, file=sys.stderr)
+
+import numpy as np  # noqa: E402
+from absl import flags  # noqa: E402
 import stori_jax  # noqa: E402
 from stori_jax.plumbing import cli  # noqa: E402
 from stori_jax.plumbing.config_files import load_config  # noqa: E402

@@ -14,13 +14,18 @@ import os
 import sys
 from typing import Any
 
-import numpy as np
-from tqdm import tqdm
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `python scripts/mutual_precision.py` puts only scripts/ on the path
   sys.path.insert(0, ROOT)
 
+if __name__ == "__main__":  # before NumPy and JAX start: the same figures on every x86-64 CPU
+  import reproducible_cpu  # scripts/, beside this
+
+  if note := reproducible_cpu.apply():
+    print(note, file=sys.stderr)
+
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 import stori_jax  # noqa: E402
 from mutual import data, pipeline  # noqa: E402
 from stori_jax.plumbing.config_files import load_config  # noqa: E402

@@ -437,3 +437,84 @@ def test_the_suite_section_refuses_a_failing_suite(figures, monkeypatch):
   )
   with pytest.raises(AssertionError, match="did not pass"):
     figures.suite_all_figures()
+
+
+def test_check_allows_a_stated_tolerance_on_decimal_figures_only(figures):
+  same = figures.same_figures
+  old = "MI or AUC change on 28.1% (PCA) / 35.9% of the 192 images (about 480 s)"
+  assert same(old, old.replace("480", "300"))  # a timing
+  assert not same(old, old.replace("28.1", "30.7"))  # exact unless a tolerance is stated
+  assert same(old, old.replace("28.1", "30.7").replace("35.9", "33.0"), 3.0)
+  assert not same(old, old.replace("28.1", "31.2"), 3.0)
+  assert not same(old, old.replace("192", "191"), 3.0)  # counts stay exact
+  assert not same(old, old.replace("PCA", "K-means"), 3.0)
+  assert not same(old, old.replace("28.1%", "28.1% / 28.4%"), 3.0)
+
+
+def test_check_passes_a_region_within_its_tolerance(figures, tmp_path, monkeypatch, capsys):
+  # The bf16 shares carry the tolerance the README states beside them.
+  assert figures.SECTIONS["mutual_precision"].tolerance == figures.BF16_TOLERANCE == 7.0
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  after = text[text.index("<!-- /figures:mutual_precision -->") :][:1000]
+  assert "within 7 percentage points" in after
+  readme = tmp_path / "README.md"
+  readme.write_text("Shares: <!-- figures:shares -->28.1% / 14.6%<!-- /figures:shares -->.\n")
+  for measured, code in (("30.7% / 12.5%", 0), ("31.2% / 14.6%", 1)):
+    stub = figures.Section(lambda: {"shares": measured}, ("shares",), "a stub", tolerance=3.0)
+    monkeypatch.setattr(figures, "SECTIONS", {"stub": stub})
+    assert cli.run_in_process(figures, ["--readme", str(readme), "--check"]) == code
+    out = capsys.readouterr().out
+    assert ("within the tolerance" in out) == (code == 0)
+
+
+def _reproducible_cpu():
+  spec = importlib.util.spec_from_file_location(
+    "reproducible_cpu", os.path.join(ROOT, "scripts", "reproducible_cpu.py")
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_the_figure_scripts_set_the_cpu_up_before_numpy_and_jax():
+  import json  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  rc = _reproducible_cpu()
+  assert rc.xla_flags("") == " ".join(rc.FLAGS)
+  # A flag the user's XLA_FLAGS sets wins; the others are added.
+  mine = "--xla_cpu_max_isa=AVX512 --xla_dump_to=/tmp/x"
+  assert rc.xla_flags(mine) == mine + " " + " ".join(f for f in rc.FLAGS if "max_isa" not in f)
+  # In a process of its own (it pins that process): flags, OpenBLAS's kernels, 2 cores (or a
+  # note), and the suite's child gets the user's environment back.
+  code = (
+    "import json, os, reproducible_cpu as r; note = r.apply(); print(json.dumps([note, "
+    "len(os.sched_getaffinity(0)), os.environ['XLA_FLAGS'], os.environ['OPENBLAS_CORETYPE'], "
+    "r.original_env(os.environ).get('XLA_FLAGS')]))"
+  )
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_FLAGS", "OPENBLAS_"))}
+  env["XLA_FLAGS"] = "--xla_dump_to=/tmp/x"
+  done = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=os.path.join(ROOT, "scripts"),
+    env=env,
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  note, cores, flags, coretype, child = json.loads(done.stdout)
+  available = len(os.sched_getaffinity(0))
+  assert cores == min(available, rc.CORES) and (note is None) == (available >= rc.CORES)
+  assert flags == " ".join(["--xla_dump_to=/tmp/x", *rc.FLAGS])
+  assert coretype == "Haswell" and child == "--xla_dump_to=/tmp/x"
+  # Each script calls it before it imports NumPy, JAX or the package.
+  for name in ("readme_figures.py", "mutual_precision.py", "embedded_world_figures.py"):
+    with open(os.path.join(ROOT, "scripts", name), encoding="utf-8") as f:
+      source = f.read()
+    first = min(
+      source.index(s)
+      for s in ("import numpy", "import jax", "import stori_jax", "from stori_jax")
+      if s in source
+    )
+    assert source.index("reproducible_cpu.apply()") < first, name
