@@ -18,8 +18,8 @@ Writes to the workdir:
   report.html                                  all of it as one page to open from disk
                                                (mutual.report_html)
 Same config and seed, same JSON. Several processes share the classes (a TPU pod or SLURM job
-with --distributed, or local processes: `MODULE=mutual.analyze launch/local_multiprocess.sh 2
---config ... --workdir DIR`); the workdir must then be on a filesystem they all share.
+with --distributed, or local processes: `launch/local_multiprocess.sh 2 -- python -m
+mutual.analyze --config ... --workdir DIR`); the workdir must then be on a filesystem they all share.
 """
 
 from __future__ import annotations
