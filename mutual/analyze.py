@@ -23,9 +23,10 @@ Writes to the workdir:
                                                (mutual.report_html)
 Same config and seed, same JSON. The same command again (after a kill, or on a finished run)
 keeps every class with its class file and analyses only the others, then writes the aggregates
-again: a finished run is not redone (another config is refused: run.json). Several processes share the classes (a TPU pod or SLURM job
-with --distributed, or local processes: `MODULE=mutual.analyze launch/local_multiprocess.sh 2
---config ... --workdir DIR`); the workdir must then be on a filesystem they all share.
+again: a finished run is not redone (another config is refused: run.json). Several processes
+share the classes (a TPU pod or SLURM job with --distributed, or local processes:
+`launch/local_multiprocess.sh 2 -- python -m mutual.analyze --config ... --workdir DIR`); the
+workdir must then be on a filesystem they all share.
 """
 
 from __future__ import annotations

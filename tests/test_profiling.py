@@ -76,3 +76,21 @@ def test_compilations_are_named_after_their_programs():
   assert [name for name, _ in compiled.programs] == ["jit(triple)", "jit(sin)"]
   assert compiled.as_dict(programs=True)["programs"] == names
   assert "programs" not in compiled.as_dict()
+
+
+def test_device_calls_count_every_execution_and_restore_dispatch():
+  @jax.jit
+  def affine(x):
+    return 2.0 * x + 1.0
+
+  x = jax.device_put(np.ones((4, 3), np.float32))
+  jax.block_until_ready(affine(x))  # its fast path is set up: the count must see it anyway
+  with profiling.device_calls() as calls:
+    for _ in range(3):
+      y = affine(x)
+    jax.block_until_ready(jnp.sin(y))  # an eager op: a program of its own
+  assert calls.count == 4
+  assert calls.by_name() == {"jit(affine)": 3, "jit(sin)": 1}
+  # Dispatch is back as it was: nothing more is counted, results unchanged.
+  np.testing.assert_array_equal(np.asarray(affine(x)), np.full((4, 3), 3.0, np.float32))
+  assert calls.count == 4

@@ -29,7 +29,7 @@ model's weights once per chunk of `config.classes_per_chunk` classes (not its co
 which `SweepBundle` shares by architecture). The `:random` config holds one model at a time.
 
 Several processes (a TPU pod or SLURM job with --distributed, or local processes:
-`MODULE=mutual.sweep launch/local_multiprocess.sh 2 --config ... --workdir DIR`) share the class
+`launch/local_multiprocess.sh 2 -- python -m mutual.sweep --config ... --workdir DIR`) share the class
 chunks: process p runs the chunks c with c % processes == p through every model and leaves their
 slimmed records in workdir/shards; process 0 aggregates them in chunk order and writes what one
 process writes (tests/test_mutual_multihost.py). The workdir must be on a filesystem they share.
