@@ -14,7 +14,7 @@ import pytest
 
 from stori_jax import train
 from stori_jax.plumbing.config_files import load_config
-from stori_jax.fewshot import datasets, prompts, trainer
+from stori_jax.fewshot import datasets, prompts, schedules, trainer
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
 
 DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/demo.py")
@@ -111,11 +111,11 @@ def _optax_run(optimizer: optax.GradientTransformation, dtype=np.float32) -> np.
 
 
 def _schedule():
-  return trainer.taskres_schedule(LR, EPOCHS, STEPS_PER_EPOCH, WARMUP_EPOCHS, WARMUP_LR)
+  return schedules.taskres_schedule(LR, EPOCHS, STEPS_PER_EPOCH, WARMUP_EPOCHS, WARMUP_LR)
 
 
 def _taskres_optimizer():
-  return trainer.taskres_optimizer(
+  return schedules.taskres_optimizer(
     LR, WEIGHT_DECAY, EPOCHS, STEPS_PER_EPOCH, WARMUP_EPOCHS, WARMUP_LR
   )
 
@@ -141,11 +141,11 @@ def test_stori_on_taskres_scheme_steps_as_dassl():
       optim=dict(lr=LR, schedule="taskres", warmup_epochs=WARMUP_EPOCHS, warmup_lr=WARMUP_LR),
     )
   )
-  schedule = trainer.stori_schedule(config, total)
+  schedule = schedules.stori_schedule(config, total)
   ours = np.asarray([schedule(jnp.int32(step)) for step in range(total)])
   np.testing.assert_allclose(ours, torch_rates, rtol=1e-6)
   config.optim.schedule = "cosine"
-  schedule = trainer.stori_schedule(config, total)
+  schedule = schedules.stori_schedule(config, total)
   rates = np.asarray([schedule(jnp.int32(step)) for step in range(total)])
   expected = LR * (1 + np.cos(np.pi * np.arange(total) / total)) / 2
   np.testing.assert_allclose(rates, expected, rtol=1e-5)

@@ -209,7 +209,7 @@ def fewshot_config(
   # lr None: App. A.1's rate for the run's dataset, shots and backbone
   # (`resolve_learning_rate`). SToRI trains on TaskRes's scheme (App. A.1), as Dassl steps it:
   # one constant warm-up epoch at 1e-5, then a cosine over the epochs, stepped once per epoch
-  # (trainer.stori_schedule, trainer.taskres_schedule).
+  # (schedules.stori_schedule, schedules.taskres_schedule).
   config.optim = ml_collections.ConfigDict(
     dict(
       lr=config_dict.placeholder(float),
@@ -219,7 +219,7 @@ def fewshot_config(
     )
   )
   # App. A.1's TaskRes reproduction (lr, weight decay, alpha) on TaskRes's own schedule: Adam
-  # with L2 weight decay, one warm-up epoch at 1e-5, then cosine (trainer.taskres_optimizer).
+  # with L2 weight decay, one warm-up epoch at 1e-5, then cosine (schedules.taskres_optimizer).
   config.taskres = ml_collections.ConfigDict(
     dict(
       alpha=0.5,
