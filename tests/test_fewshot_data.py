@@ -746,7 +746,7 @@ def test_row4_sizes_stop_with_exit_2_before_work_and_under_1_gb(tmp_path, measur
   train = ("--config", "configs/demo.py")
   cases = [
     (("--config", "configs/dtd.py", f"--config.data.root={tmp_path}"), "missing: 3..999999999"),
-    ((*train, "--config.views=1000000"), "config.views must be an integer >= 1 and <= 1000"),
+    ((*train, "--config.views=1000000"), "config.views must be an integer >= 0 and <= 1000"),
     ((*train, "--config.data.n_test_per_class=100000000"), "n_test_per_class must be"),
     ((*train, "--config.data.image_size=100000"), "config.data.image_size must be"),
   ]

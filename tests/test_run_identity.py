@@ -61,6 +61,37 @@ def test_a_held_workdir_is_refused_naming_the_holder_and_freed_when_it_dies(tmp_
   run_identity.claim_workdir(str(workdir), {"config": {"seed": 1}})
 
 
+def test_checks_at_once_do_not_refuse_each_other(tmp_path):
+  """The processes of one multi-host run check a resumed workdir at the same moment (CI saw
+  process 1 refused by process 0's check): a check held open elsewhere refuses no other check,
+  and only a holder's claim refuses one."""
+  workdir = tmp_path / "run"
+  run_identity.claim_workdir(str(workdir), {"config": {"seed": 1}})
+  run_identity.release_workdirs()
+  # Another process's check, caught mid-way: the lock file open and its shared lock taken.
+  checker = subprocess.Popen(
+    [
+      sys.executable,
+      "-c",
+      "import fcntl, os, sys, time\n"
+      "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+      "fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)\n"
+      "print('checking', flush=True)\n"
+      "time.sleep(60)\n",
+      str(workdir / run_identity.LOCK_FILE),
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    assert checker.stdout.readline().strip() == "checking"
+    identity = run_identity.claim_workdir(str(workdir), {"config": {"seed": 1}}, check_only=True)
+    assert identity == {"config": {"seed": 1}}
+  finally:
+    checker.kill()
+    checker.wait()
+
+
 def test_a_refused_check_changes_nothing(tmp_path):
   """Checking a workdir that no run holds leaves no lock file behind."""
   workdir = tmp_path / "run"

@@ -196,12 +196,15 @@ def claim_on_process_zero(claim: Callable[[bool], T], name: str) -> T | None:
     "error": None if failure is None else str(failure) or type(failure).__name__,
   }
   outcomes = exchange(f"{name}: workdir checked", outcome)
-  problem = disagreement([o["identity"] for o in outcomes])
-  if problem is not None:
-    raise ProcessesDisagreeError(problem) from None
+  # A refused check says why (a busy or mismatched workdir); comparing its missing identity
+  # with the others' would blame the command line instead.
   if failure is not None:
     raise failure
   refused = [i for i, o in enumerate(outcomes) if o["error"] is not None]
+  if not refused:
+    problem = disagreement([o["identity"] for o in outcomes])
+    if problem is not None:
+      raise ProcessesDisagreeError(problem) from None
   if refused:
     raise ProcessesDisagreeError(
       f"{_processes(refused)} of this run stopped at the workdir check, so this process "

@@ -77,8 +77,10 @@ def lock_workdir(workdir: str, check_only: bool = False) -> None:
     raise WorkdirMismatchError(
       f"cannot open the lock file {path}: {e.strerror}; pass a writable --workdir"
     ) from None
+  # A check takes the lock shared: the processes of one run check at once (and must not see
+  # each other as the holder), while a holder's exclusive lock still refuses every check.
   try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(fd, (fcntl.LOCK_SH if check_only else fcntl.LOCK_EX) | fcntl.LOCK_NB)
   except OSError:
     os.close(fd)
     raise _busy(workdir, path) from None
