@@ -24,6 +24,7 @@ LAYERS = (
     "stori_jax.plumbing.plotting",
     "stori_jax.plumbing.profiling",
   ),
+  ("stori_jax.plumbing.paths",),
   (
     "stori_jax.plumbing.jsonio",
     "stori_jax.plumbing.config_files",

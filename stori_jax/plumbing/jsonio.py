@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import errno
 import json
-import os
-import uuid
 from typing import Any, Mapping
 
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import NonFiniteError, UserError
 
 
@@ -29,21 +28,12 @@ def dumps_strict(obj: Any, **kwargs) -> str:
 
 
 def write_text_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` through a temporary file in the same folder and os.replace."""
-  folder, name = os.path.split(os.path.abspath(path))
-  # A unique name opened exclusively ("x"), not mkstemp: the file gets the mode a plain open()
-  # gives (mkstemp's are private, 0600).
-  tmp = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+  """Writes `text` to `path` whole or not at all: locally through a temporary file in the same
+  folder and os.replace, to object storage (gs://) as one upload (`paths.write_text_atomic`)."""
   try:
-    with open(tmp, "x", encoding="utf-8") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException as error:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+    paths.write_text_atomic(path, text)
+  except OSError as error:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
       raise DiskFullError(
         f"cannot write {path}: the disk (or quota) is full. The earlier version of the file, "
         "if any, is kept; free some space and run the same command again (a training run "
