@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from mutual import information
-from stori_jax.plumbing import jsonio
+from stori_jax.plumbing import jsonio, paths
 from stori_jax.plumbing.plotting import pyplot
 
 #: The concept methods' names in titles and tables (as mutual.pipeline.METHOD_TITLES, one layer
@@ -331,7 +331,7 @@ def plot_concepts(
     fontsize=9,
   )
   fig.subplots_adjust(left=0.02, right=0.98, top=1 - 0.5 / fig.get_figheight(), bottom=0.01)
-  fig.savefig(path, dpi=120)
+  paths.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -358,7 +358,7 @@ def plot_curves(
   )
   ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  paths.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -398,7 +398,7 @@ def plot_mutual(path: str, image: np.ndarray, record, method: str, model: str = 
     fontsize=9,
   )
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  paths.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -481,7 +481,7 @@ def plot_classes(path: str, classes: Sequence[Mapping[str, Any]], method: str, m
     _suptitle(model, f"{_method_title(method)} concepts across classes (Fig. 5)"), fontsize=9
   )
   fig.subplots_adjust(left=0.07, right=0.99, top=1 - 0.55 / fig.get_figheight(), bottom=0.1)
-  fig.savefig(path, dpi=120)
+  paths.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -534,5 +534,5 @@ def plot_perturbation_steps(
   ax.legend(fontsize=7)
   fig.suptitle(title or "Deletion and insertion steps (App. E, Fig. 7)", fontsize=9)
   fig.subplots_adjust(left=0.02, right=0.98, top=0.85, bottom=0.13)
-  fig.savefig(path, dpi=120)
+  paths.save_figure(fig, path, dpi=120)
   plt.close(fig)

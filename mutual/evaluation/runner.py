@@ -28,6 +28,7 @@ from mutual import (
   xai,
 )
 from mutual.protocols import bottlenecks
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.plumbing.plotting import pyplot
@@ -234,7 +235,7 @@ def plot_curves(path: str, summaries: Mapping[str, Mapping], title: str = "") ->
     ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  paths.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 

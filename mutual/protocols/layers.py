@@ -14,6 +14,7 @@ import numpy as np
 
 from mutual import features, paper_config, pipeline
 from mutual.protocols.progress import stage_bar
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.plumbing.plotting import pyplot
 from stori_jax.clip.preprocess import normalize
@@ -137,5 +138,5 @@ def plot_layer_similarity(path: str, result, title: str = "") -> None:
     bar.set_label("cosine similarity (mean over images)")
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  paths.save_figure(fig, path, dpi=120)
   plt.close(fig)

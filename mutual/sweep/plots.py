@@ -23,6 +23,7 @@ from mutual.sweep.fits import accuracy_of
 from mutual.sweep.models import FAMILIES
 from mutual.sweep.table import RANDOM_WEIGHTS, fit_equation, table_order
 from stori_jax.models import registry
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.plotting import pyplot
 
 #: Per family, (colour, marker) pairs: blues / purples for ViTs, reds / browns for ResNets,
@@ -162,7 +163,7 @@ def plot_auc_vs_accuracy(
   right = 1 - 1.5 / fig.get_figwidth()
   _grouped_legend(fig, rows, styles, line=False, anchor=(right, 0.5))
   fig.tight_layout(rect=(0, 0, right, 1))
-  fig.savefig(path, dpi=120)
+  paths.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -200,7 +201,7 @@ def plot_curves(
   right = 1 - 2.0 / fig.get_figwidth()
   _grouped_legend(fig, labelled, styles, line=True, anchor=(right, 0.5))
   fig.tight_layout(rect=(0, 0, right, 1))
-  fig.savefig(path, dpi=120)
+  paths.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -336,5 +337,5 @@ def plot_figure3(
   right = 1 - 1.5 / fig.get_figwidth()
   _grouped_legend(fig, rows, styles, line=False, anchor=(right, 0.5))
   fig.tight_layout(rect=(0, 0, right, 1))
-  fig.savefig(path, dpi=120)
+  paths.save_figure(fig, path, dpi=120)
   plt.close(fig)

@@ -40,7 +40,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding
 
-from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing import jsonio, paths, run_identity
 from stori_jax.clip.bundle import resolve_start_block
 from stori_jax.plumbing.config_files import ConfigChecks, ConfigError
 from stori_jax.data import synthetic, synthetic_tasks
@@ -663,7 +663,7 @@ def pairwise_figure(path: str, pairings: Sequence[Mapping[str, Any]]) -> None:
         fig.text(left + 0.01, y, title, fontsize=size, weight=weight, va="center")
       else:
         report.draw_shaded_text(fig, left + 0.02, y, units, top, fontsize=8.5)
-  fig.savefig(path, dpi=110)
+  paths.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 

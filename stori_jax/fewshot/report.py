@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from stori_jax.plumbing import jsonio
+from stori_jax.plumbing import jsonio, paths
 from stori_jax.trainloop import metrics_log
 from stori_jax.fewshot.prompt_bank import PromptBank
 from stori_jax.plumbing.plotting import pyplot
@@ -250,7 +250,7 @@ def _interpretability_png(path, bank, words, per_class, max_classes):
       fig.text(0.01, y, title, fontsize=10, weight="bold", va="center")
       continue
     draw_shaded_text(fig, 0.03, y, [(word + " ", s) for word, s in prompt_shares], top)
-  fig.savefig(path, dpi=110)
+  paths.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -274,6 +274,6 @@ def plot_history(workdir: str, history: Sequence[dict[str, Any]], zero_shot_accu
   fig.suptitle(f"Few-shot SToRI training ({name}): loss and accuracy over steps", fontsize=10)
   fig.tight_layout()
   path = os.path.join(workdir, "training_curve.png")
-  fig.savefig(path, dpi=110)
+  paths.save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from stori_jax.grid.tables import DISPLAY_NAMES, seeds_text
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.plotting import pyplot
 
 
@@ -90,5 +91,5 @@ def plot(data: Mapping[str, Any], path: str) -> None:
     f"{seeds_text(data['seeds'])}"
   )
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  paths.save_figure(fig, path, dpi=110)
   plt.close(fig)

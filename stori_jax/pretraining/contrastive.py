@@ -23,7 +23,7 @@ import optax
 from absl import logging
 from tqdm import tqdm
 
-from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing import jsonio, paths, run_identity
 from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints import native
 from stori_jax.plumbing.config_files import ConfigChecks
@@ -273,7 +273,7 @@ def plot_curve(records: list[dict[str, float]], path: str) -> None:
   name = os.path.basename(os.path.dirname(os.path.abspath(path)))
   fig.suptitle(f"Contrastive pretraining of the tiny CLIP ({name})", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  paths.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 

@@ -31,7 +31,7 @@ from absl import logging
 from tqdm import tqdm
 
 import stori_jax
-from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing import jsonio, paths, run_identity
 from stori_jax.clip import loading
 from stori_jax.clip.bundle import resolve_start_block
 from stori_jax.checkpoints import hub
@@ -259,7 +259,7 @@ def plot_favoured(path: str, results, title: str = "") -> None:
   )
   fig.suptitle(title or "Figure 5 across models", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  paths.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.plotting import pyplot
 from stori_jax.retrieval.metrics import category_curves, ranking
 from stori_jax.retrieval.tables import weight_label
@@ -86,7 +87,7 @@ def ranking_figure(
   note = 0.06
   _caption(fig, [PROMPT_NOTE], note)
   fig.tight_layout(rect=(0, note, right, 1))
-  fig.savefig(path, dpi=110)
+  paths.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -169,5 +170,5 @@ def sweep_figure(
     note,
   )
   fig.tight_layout(rect=(0, note, right, 0.95 if suptitle else 1))
-  fig.savefig(path, dpi=110)
+  paths.save_figure(fig, path, dpi=110)
   plt.close(fig)

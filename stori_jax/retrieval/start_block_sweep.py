@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import InputError, UserError
 from stori_jax.plumbing.plotting import pyplot
 from stori_jax.retrieval import datasets, index, protocol
@@ -194,7 +195,7 @@ def plot_sweep(sweep: dict[str, Any], path: str, title: str = "") -> None:
   axes[0].legend(fontsize=8)
   fig.suptitle(title or "Response of retrieval to token weights by first reweighted block")
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  paths.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
