@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import os
 import textwrap
 from typing import Any, Mapping, Sequence
 
@@ -169,7 +168,7 @@ def markdown_table(summary: Mapping[str, Any], model: str, methods: Sequence[str
 def write_json(path: str, payload: Any) -> None:
   """Deterministic JSON (sorted keys, fixed indentation), strict (NaN or infinity raise
   NonFiniteError) and atomic (stori_jax.plumbing.jsonio)."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  paths.makedirs(paths.parent(path))
   jsonio.write_json(path, payload, indent=1, sort_keys=True)
 
 

@@ -18,6 +18,7 @@ from tqdm import tqdm
 import stori_jax
 from mutual import run_flags, data, pipeline, report, report_html
 from stori_jax.plumbing import jsonio, multihost
+from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing.errors import UserError
 
 
@@ -47,7 +48,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   counts = []
   start, n_images = time.perf_counter(), 0
   figures = os.path.join(workdir, "figures")
-  os.makedirs(figures, exist_ok=True)
+  storage.makedirs(figures)
   # A class's records and figures are written on one background thread while the device runs
   # the next class: the host's per-image work stays off the device's critical path.
   written, fig5 = [], []
@@ -90,8 +91,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   results["config"] = config.to_dict()
   report.write_json(os.path.join(workdir, "results.json"), results)
   table = report.markdown_table(results["dataset"], results["model"], methods)
-  with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
-    f.write(table)
+  jsonio.write_text_atomic(os.path.join(workdir, "table.md"), table)
   report.plot_curves(
     os.path.join(figures, "curves.png"),
     {m: results["dataset"][m]["curve"] for m in methods},
@@ -197,13 +197,13 @@ def _remove_stale_records(workdir: str, counts) -> int:
   kept = {_record_path(workdir, label, i) for label, count in counts for i in range(count)}
   root = os.path.join(workdir, "per_image")
   removed = 0
-  for folder, _, names in os.walk(root, topdown=False):
+  for folder, _, names in storage.walk(root, topdown=False):
     for name in names:
       path = os.path.join(folder, name)
       if name.endswith(".json") and path not in kept:
-        os.remove(path)
+        storage.remove(path)
         removed += 1
-    if folder != root and not os.listdir(folder):
+    if folder != root and not storage.is_remote(folder) and not os.listdir(folder):
       os.rmdir(folder)
   return removed
 
@@ -220,7 +220,7 @@ def _read_records(workdir: str, counts) -> list[dict]:
     for i in range(count):
       path = _record_path(workdir, label, i)
       try:
-        with open(path, encoding="utf-8") as f:
+        with storage.open(path) as f:
           records.append(json.load(f))
       except FileNotFoundError:
         raise UserError(
@@ -235,7 +235,8 @@ def _write_report_html(workdir: str, results, records, methods) -> None:
   """Writes workdir/report.html (mutual.report_html): the figures that exist and the per-image
   JSON files are linked by their paths relative to the workdir."""
   figures = os.path.join(workdir, "figures")
-  names = [f"figures/{name}" for name in sorted(os.listdir(figures)) if name.endswith(".png")]
+  found = storage.listdir(figures) if storage.isdir(figures) else []
+  names = [f"figures/{name}" for name in sorted(found) if name.endswith(".png")]
   seen: dict[int, int] = {}
   paths = []
   for record in records:  # records are in class order, images in order within a class

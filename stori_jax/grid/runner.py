@@ -23,7 +23,7 @@ from typing import Any, Callable
 import jax
 import ml_collections
 
-from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing import jsonio, paths, run_identity
 from stori_jax.fewshot import trainer
 from stori_jax.grid import cells as cells_lib
 from stori_jax.grid import figure, tables
@@ -69,10 +69,10 @@ def cell_differences(cell: cells_lib.Cell, directory: str) -> list[tuple[str, An
   """How the run recorded in a cell's folder differs from the cell ([] when it is the cell's
   run), or None when the folder holds no run.json."""
   path = os.path.join(directory, run_identity.RUN_FILE)
-  if not os.path.exists(path):
+  if not paths.exists(path):
     return None
   try:
-    with open(path, encoding="utf-8") as f:
+    with paths.open(path) as f:
       stored = json.load(f)
   except (OSError, ValueError) as e:
     return [(run_identity.RUN_FILE, f"unreadable ({e})", "the cell's identity")]
@@ -86,7 +86,7 @@ def cell_differences(cell: cells_lib.Cell, directory: str) -> list[tuple[str, An
 
 def is_finished(cell: cells_lib.Cell, directory: str) -> bool:
   """The cell's folder holds its metrics.json and a run.json of the same identity."""
-  return os.path.exists(os.path.join(directory, "metrics.json")) and (
+  return paths.exists(os.path.join(directory, "metrics.json")) and (
     cell_differences(cell, directory) == []
   )
 
@@ -146,11 +146,11 @@ def run(
     directory = os.path.join(workdir, cell.path)
     started = time.perf_counter()
     if is_finished(cell, directory):
-      with open(os.path.join(directory, "metrics.json"), encoding="utf-8") as f:
+      with paths.open(os.path.join(directory, "metrics.json")) as f:
         metrics[cell.path] = json.load(f)
       status = "skipped"
     else:
-      status = "resumed" if os.path.isdir(os.path.join(directory, "checkpoints")) else "trained"
+      status = "resumed" if paths.isdir(os.path.join(directory, "checkpoints")) else "trained"
       held = run_identity.held_workdirs()
       try:
         metrics[cell.path] = trainer.run(cell.config, directory)

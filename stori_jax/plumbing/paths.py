@@ -198,23 +198,34 @@ def glob(pattern: str | os.PathLike) -> list[str]:
   return sorted(p if is_url(p) else prefix + p for p in _fs(pattern).glob(pattern))
 
 
-def walk(path: str | os.PathLike) -> Iterator[tuple[str, list[str], list[str]]]:
-  """os.walk's (folder, folder names, file names), for a URL prefix too (top-down)."""
+def walk(
+  path: str | os.PathLike, topdown: bool = True
+) -> Iterator[tuple[str, list[str], list[str]]]:
+  """os.walk's (folder, folder names, file names), for a URL prefix too (nothing when absent)."""
   if not is_remote(path):
-    yield from os.walk(path)
+    yield from os.walk(path, topdown=topdown)
     return
   root = os.fspath(path).rstrip("/")
   fs = _fs(root)
-  pending = [root]
+  found, pending = [], [root]
   while pending:
     folder = pending.pop(0)
-    entries = fs.ls(folder, detail=True)
+    try:
+      entries = fs.ls(folder, detail=True)
+    except FileNotFoundError:
+      entries = []
+    if not entries and folder == root:
+      return
     dirs = sorted(
       e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory"
     )
     files = sorted(e["name"].rsplit("/", 1)[-1] for e in entries if e["type"] != "directory")
-    yield folder, dirs, files
+    if topdown:
+      yield folder, dirs, files
+    else:
+      found.append((folder, dirs, files))
     pending.extend(join(folder, d) for d in dirs)
+  yield from reversed(found)
 
 
 def version(path: str | os.PathLike) -> tuple[int, str]:
