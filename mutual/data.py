@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 from absl import logging
 
+from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic, synthetic_tasks
 from stori_jax.data.coop import COOP_LAYOUTS, read_classnames_txt
@@ -128,12 +129,12 @@ def descriptors_url(dataset: str) -> str:
 
 
 def _missing_message(path: str, dataset: str | None) -> str:
-  path = os.path.abspath(path)
+  path = storage.absolute(path)
   if dataset in DESCRIPTOR_FILES:
     where = f"Download {descriptors_url(dataset)}"
     helper = (
       f', or run `python -c "from mutual.data import download_descriptors; '
-      f"download_descriptors('{dataset}', '{os.path.dirname(path)}')\"` where the network allows"
+      f"download_descriptors('{dataset}', '{storage.parent(path)}')\"` where the network allows"
     )
   else:
     where = f"Download the dataset's descriptors_<dataset>.json from {DESCRIPTORS_REPOSITORY} (folder descriptors/)"
@@ -156,7 +157,7 @@ def load_descriptors(path: str | os.PathLike, dataset: str | None = None) -> dic
     InputError: the file is not UTF-8 JSON (line and column named) or not in that layout.
   """
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     raise DatasetMissingError(_missing_message(path, dataset))
   return _validated(read_json(path, "descriptor file"), path)
 
@@ -508,16 +509,16 @@ def folder_dataset(
 
   Labels follow the sorted folder names of the matched classes; `classes` picks labels.
   """
-  if not os.path.isdir(root):
+  if not storage.isdir(root):
     raise DatasetMissingError(
-      f"Image folder {os.path.abspath(root)} does not exist: put the evaluation images there as "
+      f"Image folder {storage.absolute(root)} does not exist: put the evaluation images there as "
       "<root>/<class folder>/<image files> (ImageNet: the ILSVRC2012 val images from "
       "https://image-net.org sorted into one folder per wnid)."
     )
   keys = subfolders(root)
   if not keys:
     raise InputError(
-      f"Image folder {os.path.abspath(root)} has no class folders: put the images there as "
+      f"Image folder {storage.absolute(root)} has no class folders: put the images there as "
       "<root>/<class folder>/<image files>."
     )
   files = {k: image_files(os.path.join(root, k)) for k in keys}

@@ -359,16 +359,30 @@ def save_figure(figure: Any, path: str | os.PathLike, **kwargs) -> None:
 
 
 def local_copy(path: str | os.PathLike) -> str:
-  """A local file with `path`'s contents: `path` itself when local, else a download into a
-  temporary folder, with the same name (for readers that take only local files, such as a
-  Python config file)."""
+  """A local file or folder with `path`'s contents: `path` itself when local, else a download
+  into a new temporary folder, under the same name (for readers that take only local files:
+  a Python config file, a PyTorch checkpoint, a transformers folder).
+
+  Raises:
+    FileNotFoundError: there is no such object or prefix.
+  """
   path = os.fspath(path)
   if not is_remote(path):
     return path
-  folder = tempfile.mkdtemp(prefix="stori_jax_")
-  target = os.path.join(folder, path.rstrip("/").rsplit("/", 1)[-1])
-  with builtins.open(target, "wb") as f:
-    f.write(read_bytes(path))
+  name = path.rstrip("/").rsplit("/", 1)[-1]
+  target = os.path.join(tempfile.mkdtemp(prefix="stori_jax_"), name)
+  if not isdir(path):
+    data = read_bytes(path)
+    with builtins.open(target, "wb") as f:
+      f.write(data)
+    return target
+  root = path.rstrip("/")
+  for folder, _, names in walk(root):
+    local = os.path.join(target, *folder[len(root) :].strip("/").split("/"))
+    os.makedirs(local, exist_ok=True)
+    for file_name in names:
+      with builtins.open(os.path.join(local, file_name), "wb") as f:
+        f.write(read_bytes(join(folder, file_name)))
   return target
 
 
