@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import os
 import time
@@ -61,6 +62,7 @@ import optax
 from tqdm import tqdm
 
 from mutual import features, paper_config
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.clip.preprocess import normalize
 from stori_jax.trainloop import loop
@@ -895,8 +897,8 @@ def train_lf_cbm(
   """
   s = {**paper_config.LF_CBM_DEFAULTS, **dict(settings or {})}
   path = _lf_cbm_path(workdir)
-  if path is not None and os.path.exists(path):
-    with np.load(path) as saved:
+  if path is not None and paths.exists(path):
+    with np.load(io.BytesIO(paths.read_bytes(path)) if paths.is_remote(path) else path) as saved:
       model = LabelFreeCBM(*(saved[f.name] for f in dataclasses.fields(LabelFreeCBM)))
       record = json.loads(str(saved["record"]))
     return model, record
@@ -981,14 +983,17 @@ def train_lf_cbm(
     seconds=round(time.perf_counter() - start, 3),
   )
   if path is not None:
-    os.makedirs(workdir, exist_ok=True)
-    partial = path + ".partial.npz"
+    paths.makedirs(workdir, exist_ok=True)
+    partial = io.BytesIO() if paths.is_remote(path) else path + ".partial.npz"
     np.savez(
       partial,
       record=json.dumps(record),
       **{f.name: getattr(model, f.name) for f in dataclasses.fields(LabelFreeCBM)},
     )
-    os.replace(partial, path)  # whole or absent: a stopped run leaves no half model
+    if paths.is_remote(path):  # one upload: whole or absent
+      paths.write_bytes_atomic(path, partial.getvalue())
+    else:
+      os.replace(partial, path)  # whole or absent: a stopped run leaves no half model
   return model, record
 
 

@@ -27,11 +27,12 @@ import os
 from typing import Any, Mapping
 
 import numpy as np
+import safetensors.numpy
 from safetensors.numpy import load_file, save_file
 
 import stori_jax
 from mutual import data, paper_config, pipeline
-from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing import jsonio, paths, run_identity
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data.files import read_json
 from stori_jax.plumbing.errors import InputError, UserError
@@ -91,10 +92,11 @@ def check_output(output: str, overwrite: bool) -> str:
   text bank and `overwrite` is False."""
   if not output:
     raise UserError("no output folder given; pass --output=DIR (a new or empty folder).")
-  path = os.path.abspath(os.path.expanduser(output))
-  if os.path.exists(path) and not os.path.isdir(path):
+  path = paths.absolute(os.path.expanduser(output))
+  paths.check_location(path)  # gs://: the bucket, the credentials and a write, before any work
+  if paths.exists(path) and not paths.isdir(path):
     raise UserError(f"--output {path} is a file; pass a folder for the text bank's two files.")
-  present = [name for name in FILES if os.path.exists(os.path.join(path, name))]
+  present = [name for name in FILES if paths.exists(os.path.join(path, name))]
   if present and not overwrite:
     raise UserError(
       f"{path} already holds a text bank ({', '.join(present)}); pass --overwrite to replace it, "
@@ -149,7 +151,7 @@ def config_classes(config) -> tuple[list[str], list[list[str]], dict[str, Any]]:
       "--config.data.descriptors=PATH (Menon & Vondrick's descriptors_<dataset>.json)."
     )
   per_class = data.load_descriptors(path, d.get("dataset"))
-  where = {"source": d.source, "descriptors": os.path.abspath(path)}
+  where = {"source": d.source, "descriptors": paths.absolute(path)}
   where["descriptors_sha256"] = run_identity.file_digest(path)
   return list(per_class), [list(v) for v in per_class.values()], where
 
@@ -209,11 +211,17 @@ def export_text_bank(config, output: str, *, overwrite: bool = False, progress: 
     },
     analysis_classifier=a.get("class_prompts", "descriptors"),
   )
-  os.makedirs(path, exist_ok=True)
+  paths.makedirs(path, exist_ok=True)
   target = os.path.join(path, ARRAYS_FILE)
-  # Written aside, then renamed: a kill mid-write leaves no half file under the final name.
-  save_file(arrays, target + ".tmp", metadata={"format": FORMAT, "names": NAMES_FILE})
-  os.replace(target + ".tmp", target)
+  # Written aside, then renamed (gs://: one upload): a kill mid-write leaves no half file under
+  # the final name.
+  if paths.is_remote(target):
+    paths.write_bytes_atomic(
+      target, safetensors.numpy.save(arrays, metadata={"format": FORMAT, "names": NAMES_FILE})
+    )
+  else:
+    save_file(arrays, target + ".tmp", metadata={"format": FORMAT, "names": NAMES_FILE})
+    os.replace(target + ".tmp", target)
   jsonio.write_json(os.path.join(path, NAMES_FILE), record, indent=1)
   return path, load_text_bank(path)
 
@@ -243,9 +251,9 @@ def load_text_bank(directory: str | os.PathLike) -> ExportedTextBank:
     InputError: a file is missing, unreadable, of another format, or the arrays do not match
       the names (the message says to export again).
   """
-  directory = os.path.abspath(os.fspath(directory))
+  directory = paths.absolute(os.fspath(directory))
   again = "Export it again with python -m mutual.export --config=... --output=DIR."
-  missing = [n for n in FILES if not os.path.isfile(os.path.join(directory, n))]
+  missing = [n for n in FILES if not paths.isfile(os.path.join(directory, n))]
   if missing:
     raise InputError(f"{directory} holds no text bank: {', '.join(missing)} missing. {again}")
   record = read_json(os.path.join(directory, NAMES_FILE), "text bank names file")
@@ -257,7 +265,12 @@ def load_text_bank(directory: str | os.PathLike) -> ExportedTextBank:
       f"reads {FORMAT_VERSION}. {again}"
     )
   try:
-    arrays = load_file(os.path.join(directory, ARRAYS_FILE))
+    source = os.path.join(directory, ARRAYS_FILE)
+    arrays = (
+      safetensors.numpy.load(paths.read_bytes(source))
+      if paths.is_remote(source)
+      else load_file(source)
+    )
   except Exception as e:  # safetensors raises its own error types (SafetensorError, ...)
     raise InputError(
       f"{os.path.join(directory, ARRAYS_FILE)} is not a readable safetensors file "

@@ -429,7 +429,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   )
   if trained is not None:
     results["baselines"] = dict(training_images=n_train, training=trained.training_summary())
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir, exist_ok=True)
   table = xai.table_rows(summaries, results["requires_training"])
   text = (
     f"## Table 1 (App. D, E): explanations on the XAI metrics ({model}, {n_images} images)\n\n"
@@ -437,8 +437,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     "\n\n"
   )
   text += bottlenecks.table5_markdown(table5, model)
-  with open(os.path.join(workdir, "table1.md"), "w", encoding="utf-8") as f:
-    f.write(text)
+  paths.write_text_atomic(os.path.join(workdir, "table1.md"), text)
   plot_curves(
     os.path.join(workdir, "curves.png"),
     summaries,
@@ -452,8 +451,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     )
     results["protocols"] = proto
     md = "".join(f"{protocols.section(name, {model: r})}\n" for name, r in proto.items())
-    with open(os.path.join(workdir, "protocols.md"), "w", encoding="utf-8") as f:
-      f.write(md)
+    paths.write_text_atomic(os.path.join(workdir, "protocols.md"), md)
     report.write_json(os.path.join(workdir, "protocols.json"), _rounded(proto))
     if "layer_similarity" in proto:
       protocols.plot_layer_similarity(

@@ -26,7 +26,7 @@ from mutual.sweep.table import (
   table2_paper_tables,
   table_order,
 )
-from stori_jax.plumbing import multihost
+from stori_jax.plumbing import multihost, paths
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.plumbing.errors import UserError
@@ -156,8 +156,7 @@ def _random_note(config, paper_column: bool = True) -> str:
 
 
 def _write_text(path: str, text: str) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(text)
+  paths.write_text_atomic(path, text)
 
 
 def _write_outputs(workdir: str, config, results: Mapping[str, Any], rows, methods) -> None:
@@ -223,7 +222,7 @@ def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]
   for chunk in range(n_chunks):
     path = _shard_path(workdir, chunk)
     try:
-      with open(path, encoding="utf-8") as f:
+      with paths.open(path) as f:
         shard = json.load(f)
     except FileNotFoundError:
       raise UserError(

@@ -447,7 +447,7 @@ def train_pair(bundle, task: PairTask, config, workdir: str, announce: bool = Tr
     {"classes", "zero_shot", "trained" (accuracy reports), "steps", "prompts": [{"class",
     "prompt", "attribute", "share", "tokens": [(token, weight)], "words": [(word, weight)]}]}.
   """
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir, exist_ok=True)
   split = task.split
   train_labels, test_labels = split.train_labels, split.test_labels
   train_features = trainer.encode_images(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -19,6 +20,7 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
+from stori_jax.plumbing import paths
 from stori_jax.clip.encoding import encode_images
 from stori_jax.retrieval.datasets import RetrievalData
 
@@ -82,11 +84,15 @@ def build_index(
   path = None
   if cache_dir:
     path = os.path.join(cache_dir, f"{data.name}-{cache_key(bundle, data)}.npz")
-    cached = _read_cache(path) if os.path.isfile(path) else None
+    cached = _read_cache(path) if paths.isfile(path) else None
     if cached is not None and cached[1] == tuple(data.keys):
       return ImageIndex(cached[0], cached[1], path, from_cache=True)
   embeddings = encode_data(bundle, data, batch_size)
-  if path:
+  if path and paths.is_remote(path):  # one upload: whole or absent, whoever reads it
+    buffer = io.BytesIO()
+    np.savez(buffer, embeddings=embeddings, keys=np.asarray(data.keys))
+    paths.write_bytes_atomic(path, buffer.getvalue())
+  elif path:
     os.makedirs(cache_dir, exist_ok=True)
     # written whole under a unique name, then renamed: no reader or concurrent writer ever
     # sees a half-written cache
@@ -106,7 +112,8 @@ def _read_cache(path: str) -> tuple[np.ndarray, tuple[str, ...]] | None:
   """(embeddings, keys) of a cache file, or None with a warning when it is unusable
   (truncated, corrupt, not finite): the index is then rebuilt and the file replaced."""
   try:
-    with np.load(path) as f:
+    source = io.BytesIO(paths.read_bytes(path)) if paths.is_remote(path) else path
+    with np.load(source) as f:
       embeddings, keys = f["embeddings"], tuple(str(k) for k in f["keys"])
   except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
     problem = f"{type(e).__name__}: {e}"
