@@ -122,3 +122,20 @@ def test_save_figure_locally_keeps_savefig(tmp_path):
   fig = Figure()
   paths.save_figure(fig, str(tmp_path / "a.png"), dpi=3)
   assert fig.args == (str(tmp_path / "a.png"), {"dpi": 3})
+
+
+def test_a_refused_read_of_an_input_is_one_paragraph(gcs_bucket, gcs_emulator, monkeypatch):
+  """Inputs (a prompt file, a dataset root) are read before a workdir is claimed: their
+  storage failures are StorageErrors too, not the client's traceback."""
+  paths.write_text_atomic(f"gs://{gcs_bucket}/prompts.json", "{}")
+  proxy = emulator_helpers.RefusingProxy(gcs_emulator.url, "unauthenticated")
+  try:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    for read in (paths.isfile, paths.read_bytes, paths.listdir):
+      with pytest.raises(paths.StorageError, match="no valid credentials"):
+        read(f"gs://{gcs_bucket}/prompts.json")
+  finally:
+    proxy.stop()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
+  with pytest.raises(FileNotFoundError):
+    paths.read_bytes(f"gs://{gcs_bucket}/absent.json")

@@ -30,6 +30,7 @@ per bucket) is off.
 from __future__ import annotations
 
 import builtins
+import functools
 import glob as glob_module
 import io
 import os
@@ -163,12 +164,39 @@ def _missing_library(path: str) -> StorageError:
   )
 
 
+def _classified(doing: str):
+  """Decorates a function of a path: on a URL, a failure that is the user's to fix (missing
+  credentials, a refusal, a missing client library; `describe_error`) becomes one paragraph,
+  StorageError. FileNotFoundError and FileExistsError pass as they are (callers handle them)."""
+
+  def decorate(function):
+    @functools.wraps(function)
+    def run(path, *args, **kwargs):
+      if not is_remote(path):
+        return function(path, *args, **kwargs)
+      try:
+        return function(path, *args, **kwargs)
+      except (FileNotFoundError, FileExistsError, StorageError):
+        raise
+      except Exception as error:  # pylint: disable=broad-except  # classified, else raised
+        problem = describe_error(os.fspath(path), error, doing)
+        if problem is None:
+          raise
+        raise problem from None
+
+    return run
+
+  return decorate
+
+
+@_classified("read")
 def exists(path: str | os.PathLike) -> bool:
   if is_remote(path):
     return as_path(path).exists()
   return os.path.exists(path)
 
 
+@_classified("read")
 def isdir(path: str | os.PathLike) -> bool:
   """A local folder, or a URL prefix that some object lies under."""
   if is_remote(path):
@@ -176,12 +204,14 @@ def isdir(path: str | os.PathLike) -> bool:
   return os.path.isdir(path)
 
 
+@_classified("read")
 def isfile(path: str | os.PathLike) -> bool:
   if is_remote(path):
     return as_path(path).is_file()
   return os.path.isfile(path)
 
 
+@_classified("list")
 def listdir(path: str | os.PathLike) -> list[str]:
   """The names in a folder (or under a URL prefix), like os.listdir (unsorted)."""
   if is_remote(path):
@@ -189,6 +219,7 @@ def listdir(path: str | os.PathLike) -> list[str]:
   return os.listdir(path)
 
 
+@_classified("list")
 def glob(pattern: str | os.PathLike) -> list[str]:
   """The paths that match a glob pattern (glob.glob's rules; for a URL, fsspec's), sorted."""
   pattern = os.fspath(pattern)
@@ -211,7 +242,7 @@ def walk(
   while pending:
     folder = pending.pop(0)
     try:
-      entries = fs.ls(folder, detail=True)
+      entries = _list_entries(folder, fs)
     except FileNotFoundError:
       entries = []
     if not entries and folder == root:
@@ -228,6 +259,12 @@ def walk(
   yield from reversed(found)
 
 
+@_classified("list")
+def _list_entries(folder: str, fs) -> list[dict[str, Any]]:
+  return fs.ls(folder, detail=True)
+
+
+@_classified("read")
 def version(path: str | os.PathLike) -> tuple[int, str]:
   """(size, version) of a file: the version changes whenever the contents are written (a
   local file's modification time in ns; an object's generation, or its etag / update time)."""
@@ -241,6 +278,7 @@ def version(path: str | os.PathLike) -> tuple[int, str]:
   return stat.st_size, str(stat.st_mtime_ns)
 
 
+@_classified("read")
 def size(path: str | os.PathLike) -> int:
   if is_remote(path):
     return int(_fs(os.fspath(path)).size(os.fspath(path)))
@@ -255,6 +293,7 @@ def makedirs(path: str | os.PathLike, exist_ok: bool = True) -> None:
     os.makedirs(path, exist_ok=exist_ok)
 
 
+@_classified("delete")
 def remove(path: str | os.PathLike) -> None:
   if is_remote(path):
     as_path(path).unlink()
@@ -262,6 +301,7 @@ def remove(path: str | os.PathLike) -> None:
     os.remove(path)
 
 
+@_classified("delete")
 def rmtree(path: str | os.PathLike) -> None:
   if is_remote(path):
     as_path(path).rmtree()
@@ -269,6 +309,7 @@ def rmtree(path: str | os.PathLike) -> None:
     shutil.rmtree(path)
 
 
+@_classified("move")
 def move(source: str | os.PathLike, target: str | os.PathLike) -> None:
   """Renames a file or folder (os.replace); on object storage every object under `source` is
   copied to `target` and then deleted (not atomic: a kill leaves both, never neither)."""
@@ -283,6 +324,7 @@ def move(source: str | os.PathLike, target: str | os.PathLike) -> None:
     os.replace(source, target)
 
 
+@_classified("open")
 def open(path: str | os.PathLike, mode: str = "r") -> IO[Any]:  # pylint: disable=redefined-builtin
   """builtins.open (text as UTF-8) for a local path; the object's stream for a URL (a write
   becomes visible when the stream is closed, whole)."""
@@ -293,6 +335,7 @@ def open(path: str | os.PathLike, mode: str = "r") -> IO[Any]:  # pylint: disabl
   return builtins.open(path, mode, encoding="utf-8")
 
 
+@_classified("read")
 def read_bytes(path: str | os.PathLike) -> bytes:
   with open(path, "rb") as f:
     return f.read()
@@ -302,6 +345,7 @@ def read_text(path: str | os.PathLike) -> str:
   return read_bytes(path).decode("utf-8")
 
 
+@_classified("write")
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
   """Writes `data` so that a reader never sees half of it: locally through a temporary file in
   the same folder, fsync and os.replace (a kill leaves the old file or the new one); on object
@@ -335,6 +379,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
   write_bytes_atomic(path, text.encode("utf-8"))
 
 
+@_classified("write")
 def append_text(path: str | os.PathLike, text: str) -> None:
   """Appends `text` to a file: locally in place; an object is rewritten whole with it (an
   object cannot grow), so a reader sees the old contents or the new ones."""
@@ -358,6 +403,7 @@ def save_figure(figure: Any, path: str | os.PathLike, **kwargs) -> None:
   write_bytes_atomic(path, buffer.getvalue())
 
 
+@_classified("read")
 def local_copy(path: str | os.PathLike) -> str:
   """A local file or folder with `path`'s contents: `path` itself when local, else a download
   into a new temporary folder, under the same name (for readers that take only local files:
@@ -395,6 +441,7 @@ def _bucket_key(path: str) -> tuple[str, str]:
   return bucket, key
 
 
+@_classified("read")
 def read_object(path: str | os.PathLike) -> tuple[bytes, int | None] | None:
   """(contents, generation) of an object, or None when there is none. The generation (GCS's
   version number of the object) is None off gs:// and for local files."""
@@ -415,6 +462,7 @@ def read_object(path: str | os.PathLike) -> tuple[bytes, int | None] | None:
   return bytes(data), generation
 
 
+@_classified("write")
 def write_object(
   path: str | os.PathLike, data: bytes, if_generation: int | None = None
 ) -> int | None:
@@ -460,6 +508,7 @@ def write_object(
   return int(written["generation"])
 
 
+@_classified("delete")
 def delete_object(path: str | os.PathLike, if_generation: int | None = None) -> bool:
   """Deletes an object (only at generation `if_generation` when given; checked by GCS on
   gs://); returns whether it was deleted (False: absent or at another generation)."""
