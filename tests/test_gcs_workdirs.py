@@ -353,3 +353,59 @@ def test_two_processes_claiming_at_once_get_one_lock(gcs_bucket, gcs_emulator):
   ]
   outcomes = sorted(p.communicate(timeout=120)[0].strip() for p in processes)
   assert outcomes == ["busy", "held"]
+
+
+def _upload_tree(local, url):
+  for folder, _, names in os.walk(local):
+    for name in names:
+      relative = os.path.relpath(os.path.join(folder, name), local).replace(os.sep, "/")
+      with open(os.path.join(folder, name), "rb") as f:
+        paths.write_bytes_atomic(paths.join(url, relative), f.read())
+
+
+@pytest.mark.slow
+def test_inputs_in_a_bucket_give_what_local_inputs_give(gcs_bucket, tmp_path, tiny_random_model):
+  """mutual.analyze with its model (this project's format), image folder and descriptor file
+  all on gs://, into a gs:// workdir: the records and tables of the same inputs read locally."""
+  from PIL import Image
+
+  from mutual.analysis import runner
+  from stori_jax.plumbing.config_files import load_config
+
+  rng = np.random.default_rng(0)
+  inputs = tmp_path / "inputs"
+  for name in ("a", "b"):
+    (inputs / "images" / name).mkdir(parents=True)
+    for i in range(2):
+      pixels = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+      Image.fromarray(pixels).save(inputs / "images" / name / f"{i}.png")
+  (inputs / "descriptors.json").write_text(
+    json.dumps({"a": ["round", "red"], "b": ["square", "blue", "striped"]})
+  )
+  remote = f"gs://{gcs_bucket}/inputs"
+  _upload_tree(inputs, remote)
+  _upload_tree(tiny_random_model, f"{remote}/model")
+
+  def config(root, model):
+    c = load_config(os.path.join(REPO, "configs", "mutual_synthetic.py"), "smoke")
+    with c.unlocked():
+      c.model.source, c.model.name = model, "tiny-random"
+      c.data.source, c.data.classes, c.data.images_per_class = "folder", (), 2
+      c.data.root, c.data.descriptors = f"{root}/images", f"{root}/descriptors.json"
+    return c
+
+  local_dir, remote_dir = str(tmp_path / "mk"), f"gs://{gcs_bucket}/mk"
+  runner.run(config(str(inputs), tiny_random_model), local_dir, progress=False)
+  run_identity.release_workdirs()
+  runner.run(config(remote, f"{remote}/model"), remote_dir, progress=False)
+  run_identity.release_workdirs()
+  for name in ("table.md", "per_image/0000/00000.json", "per_image/0001/00001.json"):
+    assert paths.read_bytes(f"{remote_dir}/{name}") == (tmp_path / "mk" / name).read_bytes()
+  local_results = json.loads((tmp_path / "mk" / "results.json").read_text())
+  remote_results = json.loads(paths.read_text(f"{remote_dir}/results.json"))
+  assert remote_results["dataset"] == local_results["dataset"]
+  # The identity names the inputs by URL, with the same contents' digests as the local files.
+  local_run = json.loads((tmp_path / "mk" / "run.json").read_text())
+  remote_run = json.loads(paths.read_text(f"{remote_dir}/run.json"))
+  assert remote_run["model"]["path"] == f"{remote}/model"
+  assert remote_run["model"]["sha256"] == local_run["model"]["sha256"]
