@@ -103,6 +103,8 @@ def test_train_on_gs_resumes_after_sigkill_to_the_same_weights(gcs_emulator, tin
     _token_weights(gcs_emulator, bucket, "straight"),
     _token_weights(gcs_emulator, bucket, "resumed"),
   )
+  history = gcs_emulator.read(bucket, "resumed/history.jsonl").decode().splitlines()
+  assert [json.loads(line)["step"] for line in history] == list(range(1, 9))
   # The same command once more: the finished run is resumed at its last step.
   third = _run(command, env)
   assert third.returncode == 0, third.stderr[-3000:]

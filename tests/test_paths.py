@@ -139,3 +139,21 @@ def test_a_refused_read_of_an_input_is_one_paragraph(gcs_bucket, gcs_emulator, m
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
   with pytest.raises(FileNotFoundError):
     paths.read_bytes(f"gs://{gcs_bucket}/absent.json")
+
+
+def test_appends_to_an_object_are_coalesced_and_flushed(gcs_bucket, gcs_emulator, monkeypatch):
+  """GCS takes about one write per second to an object: appends in between wait in memory and
+  are written by the next rewrite, flush_appends, or a read of the object."""
+  url = f"gs://{gcs_bucket}/history.jsonl"
+  monkeypatch.setattr(paths, "APPEND_INTERVAL_S", 3600.0)
+  paths.append_text(url, "1\n")  # the first append writes at once
+  paths.append_text(url, "2\n")
+  assert gcs_emulator.read(gcs_bucket, "history.jsonl") == b"1\n"
+  paths.flush_appends()
+  assert gcs_emulator.read(gcs_bucket, "history.jsonl") == b"1\n2\n"
+  paths.append_text(url, "3\n")
+  assert paths.read_text(url) == "1\n2\n3\n"  # a read here sees the waiting append
+  paths.write_text_atomic(url, "1\n")  # a rewrite (a resumed run's truncation) starts afresh
+  paths.append_text(url, "2\n")
+  paths.flush_appends()
+  assert gcs_emulator.read(gcs_bucket, "history.jsonl") == b"1\n2\n"

@@ -29,6 +29,7 @@ per bucket) is off.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import functools
 import glob as glob_module
@@ -37,6 +38,8 @@ import os
 import re
 import shutil
 import tempfile
+import threading
+import time
 import uuid
 from typing import IO, Any, Iterator
 
@@ -329,6 +332,7 @@ def open(path: str | os.PathLike, mode: str = "r") -> IO[Any]:  # pylint: disabl
   """builtins.open (text as UTF-8) for a local path; the object's stream for a URL (a write
   becomes visible when the stream is closed, whole)."""
   if is_remote(path):
+    _forget_appends(os.fspath(path))
     return as_path(path).open(mode)
   if "b" in mode:
     return builtins.open(path, mode)
@@ -356,6 +360,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
   """
   path = os.fspath(path)
   if is_remote(path):
+    _forget_appends(path)
     as_path(path).write_bytes(bytes(data))
     return
   folder, name = os.path.split(os.path.abspath(path))
@@ -381,14 +386,59 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 @_classified("write")
 def append_text(path: str | os.PathLike, text: str) -> None:
-  """Appends `text` to a file: locally in place; an object is rewritten whole with it (an
-  object cannot grow), so a reader sees the old contents or the new ones."""
+  """Appends `text` to a file: locally in place. An object cannot grow, so it is rewritten
+  whole with the text (a reader sees the old contents or the new ones), at most once per
+  APPEND_INTERVAL_S: GCS takes about one write per second to one object, so appends that come
+  faster wait in memory for the next rewrite, or for `flush_appends` (the training loop calls it
+  before each checkpoint, so the history holds every record up to the step a checkpoint saves),
+  a read of the object in this process, or the process's exit."""
   if not is_remote(path):
     with builtins.open(path, "a", encoding="utf-8") as f:
       f.write(text)
     return
-  old = read_bytes(path) if exists(path) else b""
-  write_bytes_atomic(path, old + text.encode("utf-8"))
+  path = os.fspath(path)
+  with _APPENDS_LOCK:
+    entry = _APPENDS.get(path)
+    if entry is None:
+      if not _APPENDS:
+        atexit.register(flush_appends)  # now: after the client's own exit hooks, so run before
+      old = read_bytes(path) if exists(path) else b""
+      entry = _APPENDS[path] = {"data": old, "written": 0.0, "pending": False}
+    entry["data"] += text.encode("utf-8")
+    entry["pending"] = True
+    if time.monotonic() - entry["written"] >= APPEND_INTERVAL_S:
+      _write_appended(path, entry)
+
+
+#: Seconds between two rewrites of one object by `append_text`.
+APPEND_INTERVAL_S = 1.0
+# Objects appended to by this process: URL -> {"data": contents, "written": monotonic time of
+# the last rewrite, "pending": appends not written yet}.
+_APPENDS: dict[str, dict[str, Any]] = {}
+_APPENDS_LOCK = threading.RLock()
+
+
+def _write_appended(path: str, entry: dict[str, Any]) -> None:
+  as_path(path).write_bytes(entry["data"])
+  entry["written"], entry["pending"] = time.monotonic(), False
+
+
+def flush_appends(path: str | os.PathLike | None = None) -> None:
+  """Writes the appends still waiting (`append_text`) to their objects (only `path`'s when
+  given)."""
+  with _APPENDS_LOCK:
+    for url, entry in list(_APPENDS.items()):
+      if entry["pending"] and (path is None or url == os.fspath(path)):
+        _write_appended(url, entry)
+
+
+def _forget_appends(path: str) -> None:
+  """Before `path` is read or rewritten here: its waiting appends are written (a read sees
+  them), and a rewrite makes the kept contents stale."""
+  with _APPENDS_LOCK:
+    if path in _APPENDS:
+      flush_appends(path)
+      del _APPENDS[path]
 
 
 def save_figure(figure: Any, path: str | os.PathLike, **kwargs) -> None:

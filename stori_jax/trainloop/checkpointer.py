@@ -133,6 +133,8 @@ class TrainCheckpointer:
       CheckpointWriteError: the disk is full (this save or the one before, still being
         written, failed); the run stops at `step` with the last complete checkpoint kept.
     """
+    # A gs:// history's waiting records are written before the checkpoint of their step.
+    paths.flush_appends()
     # The previous save's background write ends first (orbax's save would wait for it too),
     # so that a failure is pinned on the step that failed.
     self._finish(stopped_at=step)
@@ -212,6 +214,7 @@ class TrainCheckpointer:
     self._finish(stopped_at=self._requested)
 
   def close(self) -> None:
+    paths.flush_appends()
     try:
       self._manager.close()
     except Exception:  # pylint: disable=broad-except
