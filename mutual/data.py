@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 from absl import logging
 
+from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic, synthetic_tasks
 from stori_jax.data.coop import COOP_LAYOUTS, read_classnames_txt
@@ -130,12 +131,12 @@ def descriptors_url(dataset: str) -> str:
 
 
 def _missing_message(path: str, dataset: str | None) -> str:
-  path = os.path.abspath(path)
+  path = storage.absolute(path)
   if dataset in DESCRIPTOR_FILES:
     where = f"Download {descriptors_url(dataset)}"
     helper = (
       f', or run `python -c "from mutual.data import download_descriptors; '
-      f"download_descriptors('{dataset}', '{os.path.dirname(path)}')\"` where the network allows"
+      f"download_descriptors('{dataset}', '{storage.parent(path)}')\"` where the network allows"
     )
   else:
     where = f"Download the dataset's descriptors_<dataset>.json from {DESCRIPTORS_REPOSITORY} (folder descriptors/)"
@@ -158,7 +159,7 @@ def load_descriptors(path: str | os.PathLike, dataset: str | None = None) -> dic
     InputError: the file is not UTF-8 JSON (line and column named) or not in that layout.
   """
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     raise DatasetMissingError(_missing_message(path, dataset))
   return _validated(read_json(path, "descriptor file"), path)
 
@@ -361,12 +362,13 @@ def _matched_dataset(
 
 
 def files_fingerprint(paths: Sequence[str]) -> str:
-  """A digest of image files' names, sizes and modification times: another value means the
-  class's images changed since a run kept its results (a resumed run then redoes the class)."""
+  """A digest of image files' names, sizes and versions (modification times; an object's
+  generation): another value means the class's images changed since a run kept its results (a
+  resumed run then redoes the class)."""
   h = hashlib.sha256()
   for path in paths:
-    stat = os.stat(path)
-    h.update(f"{os.path.basename(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    size, version = storage.version(path)  # an object's generation on gs://
+    h.update(f"{os.path.basename(path)}\0{size}\0{version}\n".encode())
   return h.hexdigest()
 
 
@@ -529,16 +531,16 @@ def folder_dataset(
 
   Labels follow the sorted folder names of the matched classes; `classes` picks labels.
   """
-  if not os.path.isdir(root):
+  if not storage.isdir(root):
     raise DatasetMissingError(
-      f"Image folder {os.path.abspath(root)} does not exist: put the evaluation images there as "
+      f"Image folder {storage.absolute(root)} does not exist: put the evaluation images there as "
       "<root>/<class folder>/<image files> (ImageNet: the ILSVRC2012 val images from "
       "https://image-net.org sorted into one folder per wnid)."
     )
   keys = subfolders(root)
   if not keys:
     raise InputError(
-      f"Image folder {os.path.abspath(root)} has no class folders: put the images there as "
+      f"Image folder {storage.absolute(root)} has no class folders: put the images there as "
       "<root>/<class folder>/<image files>."
     )
   files = {k: image_files(os.path.join(root, k)) for k in keys}

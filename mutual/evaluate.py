@@ -45,6 +45,7 @@ from absl import flags
 from mutual import run_flags
 from mutual.evaluation import runner as evaluation
 from stori_jax.plumbing import cli as stori_cli
+from stori_jax.plumbing import paths
 
 
 #: Every file the command writes, listed at the end of its output (those a config turns off are
@@ -78,11 +79,9 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     evaluation.run,
     "python -m mutual.evaluate --config configs/mutual_eval_synthetic.py --workdir DIR",
   )
-  with open(os.path.join(workdir, "table1.md"), encoding="utf-8") as f:
-    print(f.read())
+  print(paths.read_text(os.path.join(workdir, "table1.md")))
   if "protocols" in results:
-    with open(os.path.join(workdir, "protocols.md"), encoding="utf-8") as f:
-      print(f.read())
+    print(paths.read_text(os.path.join(workdir, "protocols.md")))
   stori_cli.print_outputs(workdir, OUTPUTS)
 
 

@@ -17,14 +17,13 @@
 
 from __future__ import annotations
 
-import os
 import textwrap
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from mutual import information
-from stori_jax.plumbing import jsonio
+from stori_jax.plumbing import jsonio, paths
 from stori_jax.plumbing.plotting import pyplot, save_figure
 
 #: The concept methods' names in titles and tables (as mutual.pipeline.METHOD_TITLES, one layer
@@ -169,7 +168,7 @@ def markdown_table(summary: Mapping[str, Any], model: str, methods: Sequence[str
 def write_json(path: str, payload: Any) -> None:
   """Deterministic JSON (sorted keys, fixed indentation), strict (NaN or infinity raise
   NonFiniteError) and atomic (stori_jax.plumbing.jsonio)."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  paths.makedirs(paths.parent(path))
   jsonio.write_json(path, payload, indent=1, sort_keys=True)
 
 

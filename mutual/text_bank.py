@@ -34,19 +34,19 @@ is in ImageNet's label order) and its unique descriptors, first seen first, with
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import json
 import os
 from typing import Any, Mapping
 
 import numpy as np
+import safetensors.numpy
 from safetensors import safe_open
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 import stori_jax
 from mutual import data, paper_config, pipeline
-from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing import jsonio, paths, run_identity
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data.files import read_json
 from stori_jax.plumbing.errors import InputError, UserError
@@ -107,10 +107,11 @@ def check_output(output: str, overwrite: bool) -> str:
   text bank and `overwrite` is False."""
   if not output:
     raise UserError("no output folder given; pass --output=DIR (a new or empty folder).")
-  path = os.path.abspath(os.path.expanduser(output))
-  if os.path.exists(path) and not os.path.isdir(path):
+  path = paths.absolute(os.path.expanduser(output))
+  paths.check_location(path)  # gs://: the bucket, the credentials and a write, before any work
+  if paths.exists(path) and not paths.isdir(path):
     raise UserError(f"--output {path} is a file; pass a folder for the text bank's two files.")
-  present = [name for name in FILES if os.path.exists(os.path.join(path, name))]
+  present = [name for name in FILES if paths.exists(os.path.join(path, name))]
   if present and not overwrite:
     raise UserError(
       f"{path} already holds a text bank ({', '.join(present)}); pass --overwrite to replace it, "
@@ -165,7 +166,7 @@ def config_classes(config) -> tuple[list[str], list[list[str]], dict[str, Any]]:
       "--config.data.descriptors=PATH (Menon & Vondrick's descriptors_<dataset>.json)."
     )
   per_class = data.load_descriptors(path, d.get("dataset"))
-  where = {"source": d.source, "descriptors": os.path.abspath(path)}
+  where = {"source": d.source, "descriptors": paths.absolute(path)}
   where["descriptors_sha256"] = run_identity.file_digest(path)
   return list(per_class), [list(v) for v in per_class.values()], where
 
@@ -232,7 +233,7 @@ def export_text_bank(config, output: str, *, overwrite: bool = False, progress: 
       f"the text bank of {config.model.source} cannot be exported: {problem}. Check the "
       "model's weights (python -m stori_jax.parity) and the descriptor file."
     )
-  os.makedirs(path, exist_ok=True)
+  paths.makedirs(path, exist_ok=True)
   # The arrays first, the names last: the names file, with the arrays' digest, completes the pair.
   _write_arrays(os.path.join(path, ARRAYS_FILE), arrays, names_digest(record))
   jsonio.write_json(os.path.join(path, NAMES_FILE), record, indent=1)
@@ -264,27 +265,13 @@ def unit_tolerance(dtype) -> float:
 
 
 def _write_arrays(target: str, arrays: Mapping[str, np.ndarray], names_sha256: str) -> None:
-  """The arrays file, written aside and renamed (a kill mid-write leaves no half file under the
-  final name), readable as a plain open() makes files (the umask's mode, not safetensors'
-  private 0600); a full disk is the user's DiskFullError."""
-  tmp = target + ".tmp"
+  """The arrays file, serialised in memory and written whole or not at all (a kill mid-write
+  leaves no half file under the final name; on gs:// one upload), readable as a plain open()
+  makes files (the umask's mode, not safetensors' private 0600); a full disk is the user's
+  DiskFullError."""
   metadata = {"format": FORMAT, "names": NAMES_FILE, "names_sha256": names_sha256}
-  try:
-    save_file(dict(arrays), tmp, metadata=metadata)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, target)
-  except BaseException as error:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-    if full or "No space left on device" in str(error):  # safetensors' own error type
-      raise jsonio.DiskFullError(
-        f"cannot write {target}: the disk (or quota) is full. Free some space and export again "
-        "with --overwrite."
-      ) from None
-    raise
+  data = safetensors.numpy.save(dict(arrays), metadata=metadata)
+  jsonio.write_bytes_atomic(target, data)
 
 
 def _is_strings(value: Any) -> bool:
@@ -382,9 +369,9 @@ def load_text_bank(directory: str | os.PathLike) -> ExportedTextBank:
       entry, the arrays are not finite unit rows, or the two files are not one export (their
       digests disagree); the message names the file and says to export again.
   """
-  directory = os.path.abspath(os.fspath(directory))
+  directory = paths.absolute(os.fspath(directory))
   again = "Export it again with python -m mutual.export --config=... --output=DIR --overwrite."
-  missing = [n for n in FILES if not os.path.isfile(os.path.join(directory, n))]
+  missing = [n for n in FILES if not paths.isfile(os.path.join(directory, n))]
   if missing:
     raise InputError(f"{directory} holds no text bank: {', '.join(missing)} missing. {again}")
   record = read_json(os.path.join(directory, NAMES_FILE), "text bank names file")
@@ -400,8 +387,9 @@ def load_text_bank(directory: str | os.PathLike) -> ExportedTextBank:
   if problem:
     raise InputError(f"{names_path}: {problem}. {again}")
   try:
-    arrays = load_file(arrays_path)
-    with safe_open(arrays_path, framework="numpy") as f:
+    local = paths.local_copy(arrays_path)  # safetensors reads local files only
+    arrays = load_file(local)
+    with safe_open(local, framework="numpy") as f:
       metadata = f.metadata() or {}
   except Exception as e:  # safetensors raises its own error types (SafetensorError, ...)
     raise InputError(

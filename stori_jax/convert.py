@@ -10,11 +10,9 @@ orbax); `stori_jax.load(output)` reads it without torch.
 
 from __future__ import annotations
 
-import os
-
 from absl import flags
 
-from stori_jax.plumbing import cli
+from stori_jax.plumbing import cli, paths
 from stori_jax.checkpoints import native
 from stori_jax.plumbing.errors import UserError
 
@@ -41,10 +39,11 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Converts --input into --output and prints the architecture written."""
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
-  if os.path.exists(values.output) and not os.path.isdir(values.output):
+  paths.check_location(values.output)  # gs://: the bucket, the credentials, a write
+  if paths.exists(values.output) and not paths.isdir(values.output):
     raise UserError(f"--output {values.output} is a file; pass a folder to write")
   bundle = load(values.input, arch=values.arch)
-  source = os.path.abspath(values.input) if os.path.exists(values.input) else values.input
+  source = paths.absolute(values.input) if paths.exists(values.input) else values.input
   out = save(
     bundle, values.output, values.format, metadata={"converted_from": source, "arch": values.arch}
   )

@@ -14,13 +14,14 @@ exits 2; embeddings that are not finite are refused, never printed or saved.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 
 import numpy as np
 from absl import flags
 
-from stori_jax.plumbing import cli
+from stori_jax.plumbing import cli, paths
 from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints.open_clip_config import architecture_config
 from stori_jax.plumbing.errors import InputError, NonFiniteError, UserError
@@ -84,7 +85,12 @@ def output_path(output: str) -> str:
 
   Raises:
     InputError: the folder is missing or cannot be written to, or the path is a folder.
+    StorageError: a gs:// bucket is missing, or refuses the write or the credentials.
   """
+  if paths.is_remote(output):  # a bucket has no folders: its bucket and a write are checked
+    path = output if output.endswith(".npy") else output + ".npy"
+    paths.check_location(paths.parent(path))
+    return path
   if os.path.isdir(output) or output.endswith(os.sep):
     raise InputError(
       f"--output {output} is a folder; give a file name, such as "
@@ -109,7 +115,13 @@ def output_path(output: str) -> str:
 
 
 def save_npy(path: str, array: np.ndarray) -> None:
-  """np.save through a temporary file and os.replace: a kill never leaves half a file."""
+  """np.save through a temporary file and os.replace (gs://: one upload): a kill never leaves
+  half a file."""
+  if paths.is_remote(path):
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    paths.write_bytes_atomic(path, buffer.getvalue())
+    return
   folder = os.path.dirname(os.path.abspath(path))
   try:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")

@@ -14,7 +14,7 @@ import numpy as np
 from absl import flags
 
 import stori_jax
-from stori_jax.plumbing import cli, jsonio
+from stori_jax.plumbing import cli, jsonio, paths
 from stori_jax.world_evaluation import metrics as world_metrics
 from stori_jax.clip.bundle import START_BLOCK_NONE, resolve_start_block
 from stori_jax.plumbing.config_files import ConfigError
@@ -69,7 +69,7 @@ def _check_flags(config) -> None:
       problems.append(f"--weights must be numbers, got {text!r}")
   if any(not np.isfinite(w) or w < 0 for w in weights):
     problems.append(f"--weights must be finite and >= 0, got {config.weights}")
-  if os.path.exists(config.output_dir) and not os.path.isdir(config.output_dir):
+  if paths.exists(config.output_dir) and not paths.isdir(config.output_dir):
     problems.append(f"--output_dir {config.output_dir} is a file, not a folder")
   if problems:
     raise ConfigError("; ".join(problems) + ". Nothing was run.")
@@ -83,11 +83,12 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   config = values
   _check_flags(config)
   # Fail on an unwritable output folder now, not after the evaluation.
+  paths.check_location(config.output_dir)  # gs://: the bucket, the credentials, a write
   try:
-    os.makedirs(config.output_dir, exist_ok=True)
+    paths.makedirs(config.output_dir, exist_ok=True)
   except OSError as e:
     raise UserError(f"cannot create --output_dir {config.output_dir}: {e.strerror}") from None
-  if not os.access(config.output_dir, os.W_OK):
+  if not paths.is_remote(config.output_dir) and not os.access(config.output_dir, os.W_OK):
     raise UserError(f"--output_dir {config.output_dir} is not writable; pass another")
   bundle = stori_jax.load(config.source)
   resolve_start_block(bundle, config.start_block, "--start_block")

@@ -25,7 +25,7 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from stori_jax.plumbing import cli
+from stori_jax.plumbing import cli, paths
 from stori_jax.plumbing.errors import UserError
 from stori_jax.retrieval import model_sweep, runner, tables
 
@@ -47,7 +47,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   print(tables.report(results, config.get("table_digits", 3)))
   index = results.get("index", {})
   # The index cache lies outside the workdir; named when this run built it.
-  cache = [os.path.abspath(index["path"])] if index.get("path") and not index["from_cache"] else []
+  cache = [paths.absolute(index["path"])] if index.get("path") and not index["from_cache"] else []
   cli.print_outputs(
     workdir, ["run.json", "retrieval_metrics.json", "retrieval_tables.md", "fig*.png", *cache]
   )

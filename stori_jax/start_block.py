@@ -18,7 +18,7 @@ import os
 from absl import flags
 
 import stori_jax
-from stori_jax.plumbing import cli, jsonio, run_identity
+from stori_jax.plumbing import cli, jsonio, paths, run_identity
 from stori_jax.plumbing.config_files import load_config
 from stori_jax.plumbing.errors import UserError
 from stori_jax.retrieval import start_block_sweep
@@ -51,7 +51,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     raise UserError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
 
   path, _, argument = values.data_config.partition(":")
-  if not os.path.isfile(path):
+  if not paths.isfile(path):
     raise UserError(f"--data_config: no config file {path}; pass a retrieval config (.py).")
   data_config = load_config(path, argument or None)
   start_block_sweep.check_probe_config(data_config, f"--data_config {values.data_config}")
@@ -65,7 +65,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   sweep = start_block_sweep.measure(
     bundle, data_config.data, cache_dir=data_config.get("cache_dir")
   )
-  os.makedirs(values.workdir, exist_ok=True)
+  paths.makedirs(values.workdir, exist_ok=True)
   jsonio.write_json(
     os.path.join(values.workdir, "start_block.json"), {"model": values.model, **sweep}, indent=1
   )

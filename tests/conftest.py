@@ -4,6 +4,7 @@ JAX's compiled programs released after each test file."""
 
 import gc
 import importlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -154,3 +155,31 @@ def measure_command():
     return done.returncode, done.stderr[: found.start()], seconds, int(found.group(1)) * 1024
 
   return run
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+  """A local GCS (`gcp-storage-emulator`, in memory, on a loopback port) for the session's
+  gs:// tests (tests/gcs_emulator.py); stopped when the session ends."""
+  # Found, not imported: gcsfs reads GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT when it is imported.
+  for module, extra in (("gcp_storage_emulator", "test"), ("gcsfs", "gcs")):
+    if importlib.util.find_spec(module) is None:
+      pytest.skip(f"{module} is not installed (the {extra} extra installs it)")
+  import gcs_emulator  # pylint: disable=import-outside-toplevel  # tests/ is on sys.path
+
+  emulator = gcs_emulator.Emulator()
+  yield emulator
+  emulator.stop()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator, monkeypatch):
+  """A fresh bucket on the emulator, with this process pointed at the emulator (its
+  environment and gcsfs's anonymous token); returns the bucket's name."""
+  import fsspec.config  # pylint: disable=import-outside-toplevel
+
+  for key, value in gcs_emulator.env().items():
+    monkeypatch.setenv(key, value)
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", gcs_emulator.url)
+  monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon", "use_listings_cache": False})
+  return gcs_emulator.create_bucket()

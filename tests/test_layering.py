@@ -25,9 +25,10 @@ LAYERS = (
     "stori_jax.plumbing.errors",
     "stori_jax.plumbing.profiling",
   ),
+  ("stori_jax.plumbing.paths",),
+  ("stori_jax.plumbing.jsonio",),
   (
     "stori_jax.plumbing.plotting",
-    "stori_jax.plumbing.jsonio",
     "stori_jax.plumbing.config_files",
     "stori_jax.clip.preprocess",
     "stori_jax.tokenizer",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from tqdm import tqdm
 import stori_jax
 from mutual import run_flags, data, pipeline, report, report_html
 from stori_jax.plumbing import jsonio, multihost
+from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing.errors import UserError
 
 
@@ -62,7 +64,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   methods = tuple(config.analysis.methods)
   start, n_images = time.perf_counter(), 0
   figures = os.path.join(workdir, "figures")
-  os.makedirs(figures, exist_ok=True)
+  storage.makedirs(figures)
   computed: dict[int, list[dict]] = {}
   fig5: dict[int, tuple] = {}
   if todo:
@@ -95,8 +97,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   results["config"] = config.to_dict()
   report.write_json(os.path.join(workdir, "results.json"), results)
   table = report.markdown_table(results["dataset"], results["model"], methods)
-  with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
-    f.write(table)
+  jsonio.write_text_atomic(os.path.join(workdir, "table.md"), table)
   report.plot_curves(
     os.path.join(figures, "curves.png"),
     {m: results["dataset"][m]["curve"] for m in methods},
@@ -237,7 +238,7 @@ def _write_class(
       model=config.model.get("name", config.model.source),
     )
     _, images, refined = example
-    os.makedirs(os.path.dirname(_example_path(workdir, cls.label)), exist_ok=True)
+    storage.makedirs(os.path.dirname(_example_path(workdir, cls.label)))
     jsonio.write_arrays_atomic(
       _example_path(workdir, cls.label), {"images": images, "refined": refined}
     )
@@ -274,21 +275,26 @@ def _finished(workdir: str, cls, fingerprints, figures: bool) -> bool:
   same images: its class file names the same ids and fingerprint, and every record (and, for a
   figure class, Fig. 5's example) is there."""
   try:
-    with open(_class_path(workdir, cls.label), encoding="utf-8") as f:
+    with storage.open(_class_path(workdir, cls.label)) as f:
       stored = json.load(f)
   except (OSError, ValueError):
     return False
   if stored != _class_state(cls, fingerprints.get(cls.label), figures):
     return False
-  if figures and not os.path.isfile(_example_path(workdir, cls.label)):
+  if figures and not storage.isfile(_example_path(workdir, cls.label)):
     return False
-  return all(os.path.isfile(_record_path(workdir, cls.label, i)) for i in range(len(cls)))
+  # One listing of the class's folder, not a request per record (on a bucket, thousands).
+  folder = os.path.dirname(_record_path(workdir, cls.label, 0))
+  present = set(storage.listdir(folder)) if storage.isdir(folder) else set()
+  return all(
+    os.path.basename(_record_path(workdir, cls.label, i)) in present for i in range(len(cls))
+  )
 
 
 def _read_example(workdir: str, cls) -> tuple:
   """A kept figure class's (name, images, refined foreground), as the run that analysed it
   held them."""
-  with np.load(_example_path(workdir, cls.label)) as arrays:
+  with np.load(io.BytesIO(storage.read_bytes(_example_path(workdir, cls.label)))) as arrays:
     return cls.name, arrays["images"], arrays["refined"]
 
 
@@ -319,23 +325,23 @@ def _remove_stale_records(workdir: str, counts) -> int:
   kept = {_record_path(workdir, label, i) for label, count in counts for i in range(count)}
   classes = os.path.join(workdir, "classes")
   removed = 0
-  if os.path.isdir(classes):
+  if storage.isdir(classes):
     ours = {
       p for label, _ in counts for p in (_class_path(workdir, label), _example_path(workdir, label))
     }
-    for name in os.listdir(classes):
+    for name in storage.listdir(classes):
       path = os.path.join(classes, name)
-      if not name.startswith(".") and path not in ours and os.path.isfile(path):
-        os.remove(path)
+      if not name.startswith(".") and path not in ours and storage.isfile(path):
+        storage.remove(path)
         removed += 1
   root = os.path.join(workdir, "per_image")
-  for folder, _, names in os.walk(root, topdown=False):
+  for folder, _, names in storage.walk(root, topdown=False):
     for name in names:
       path = os.path.join(folder, name)
       if name.endswith(".json") and path not in kept:
-        os.remove(path)
+        storage.remove(path)
         removed += 1
-    if folder != root and not os.listdir(folder):
+    if folder != root and not storage.is_remote(folder) and not os.listdir(folder):
       os.rmdir(folder)
   return removed
 
@@ -352,7 +358,7 @@ def _read_records(workdir: str, counts) -> list[dict]:
     for i in range(count):
       path = _record_path(workdir, label, i)
       try:
-        with open(path, encoding="utf-8") as f:
+        with storage.open(path) as f:
           records.append(json.load(f))
       except FileNotFoundError:
         raise UserError(
@@ -367,7 +373,8 @@ def _write_report_html(workdir: str, results, records, methods) -> None:
   """Writes workdir/report.html (mutual.report_html): the figures that exist and the per-image
   JSON files are linked by their paths relative to the workdir."""
   figures = os.path.join(workdir, "figures")
-  names = [f"figures/{name}" for name in sorted(os.listdir(figures)) if name.endswith(".png")]
+  found = storage.listdir(figures) if storage.isdir(figures) else []
+  names = [f"figures/{name}" for name in sorted(found) if name.endswith(".png")]
   seen: dict[int, int] = {}
   paths = []
   for record in records:  # records are in class order, images in order within a class

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from mutual import paper_config
 from mutual.baselines import cache
+from stori_jax.plumbing import jsonio, paths
 from stori_jax.plumbing.config_files import ConfigError
 
 
@@ -336,8 +337,8 @@ def train_lf_cbm(
   """
   s = {**paper_config.LF_CBM_DEFAULTS, **dict(settings or {})}
   path = _lf_cbm_path(workdir)
-  if path is not None and os.path.exists(path):
-    with np.load(path) as saved:
+  if path is not None and paths.exists(path):
+    with paths.open(path, "rb") as f, np.load(f) as saved:
       model = LabelFreeCBM(*(saved[f.name] for f in dataclasses.fields(LabelFreeCBM)))
       record = json.loads(str(saved["record"]))
     return model, record
@@ -422,12 +423,12 @@ def train_lf_cbm(
     seconds=round(time.perf_counter() - start, 3),
   )
   if path is not None:
-    os.makedirs(workdir, exist_ok=True)
-    partial = path + ".partial.npz"
-    np.savez(
-      partial,
-      record=json.dumps(record),
-      **{f.name: getattr(model, f.name) for f in dataclasses.fields(LabelFreeCBM)},
+    paths.makedirs(workdir)
+    jsonio.write_arrays_atomic(  # whole or absent: a stopped run leaves no half model
+      path,
+      dict(
+        record=np.array(json.dumps(record)),
+        **{f.name: getattr(model, f.name) for f in dataclasses.fields(LabelFreeCBM)},
+      ),
     )
-    os.replace(partial, path)  # whole or absent: a stopped run leaves no half model
   return model, record

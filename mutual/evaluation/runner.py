@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import time
 import zipfile
 from typing import Any, Callable, Mapping
@@ -36,7 +37,7 @@ from mutual.baselines import cache as baseline_cache
 from mutual.baselines import lf_cbm as baseline_lf_cbm
 from mutual.baselines import suite as baseline_suite
 from mutual.protocols import bottlenecks
-from stori_jax.plumbing import jsonio
+from stori_jax.plumbing import jsonio, paths
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.plumbing.plotting import pyplot, save_figure
@@ -86,8 +87,16 @@ def train_baselines(
   `mutual.baselines.suite.train_all`)."""
   b = config.baselines
   train_classes = train_dataset.classes(size)
-  # Every image of a large training set: the patch features on disk, beside the checkpoints.
+  # Every image of a large training set: the patch features on disk, beside the checkpoints;
+  # for a workdir in a bucket on this host's local disk (a memory map needs a local file).
   on_disk = workdir is not None and b.get("cache_on_disk", False)
+  features = None
+  if on_disk:
+    features = os.path.join(workdir, "features")
+    if paths.is_remote(workdir):
+      digest = hashlib.sha256(workdir.encode()).hexdigest()[:16]
+      features = os.path.join(tempfile.gettempdir(), "stori_jax_features", digest)
+      logging.warning("The baselines' feature cache of %s is on local disk: %s", workdir, features)
   cached = baseline_cache.cache_features(
     bundle,
     train_classes,
@@ -95,7 +104,7 @@ def train_baselines(
     batch_size=min(64, int(config.evaluation.batch_size)),
     dtype=np.dtype(b.cache_dtype),
     progress=progress,
-    directory=os.path.join(workdir, "features") if on_disk else None,
+    directory=features,
   )
   targets = baseline_cache.descriptor_targets(class_names, per_class, bank.descriptors)
   trained = baseline_suite.train_all(
@@ -553,13 +562,13 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   trained, baselines_summary = None, None
   summary_path = os.path.join(workdir, "baselines", "summary.json")
   # The baselines explain the classes left; their training summary is kept once trained.
-  train = config.baselines.enabled and (todo or not os.path.isfile(summary_path))
+  train = config.baselines.enabled and (todo or not paths.isfile(summary_path))
   bank = None
   if todo or train or len(done_protocols) < len(wanted):
     bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
   if config.baselines.enabled:
     if not train:
-      with open(summary_path, encoding="utf-8") as f:
+      with paths.open(summary_path) as f:
         baselines_summary = json.load(f)
     else:
       trained, n_train = train_baselines(
@@ -614,7 +623,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       )
       if index == 0:  # Fig. 7: the first image's steps
         _plot_steps(workdir, config, cls, arrays.pop("steps"), _curves_of(arrays))
-      os.makedirs(os.path.join(workdir, "classes"), exist_ok=True)
+      paths.makedirs(os.path.join(workdir, "classes"))
       jsonio.write_arrays_atomic(
         _class_path(workdir, cls.label),
         {**arrays, "state": np.array(jsonio.dumps_strict(states[index]))},
@@ -662,7 +671,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     results["fig6"] = _plot_feature_maps(workdir, config, first_rows(fig6, fig6_count), table5)
   if baselines_summary is not None:
     results["baselines"] = baselines_summary
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir, exist_ok=True)
   table = xai.table_rows(summaries, results["requires_training"])
   text = (
     f"## Table 1 (App. D, E): explanations on the XAI metrics ({model}, {n_images} images)\n\n"
@@ -671,8 +680,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     "\n\n"
   )
   text += bottlenecks.table5_markdown(table5, model)
-  with open(os.path.join(workdir, "table1.md"), "w", encoding="utf-8") as f:
-    f.write(text)
+  paths.write_text_atomic(os.path.join(workdir, "table1.md"), text)
   plot_curves(
     os.path.join(workdir, "curves.png"),
     summaries,
@@ -685,7 +693,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     def keep(name, result):
       """Writes a protocol's result as it ends; reports it as a resumed run will read it."""
       path = _protocol_path(workdir, name)
-      os.makedirs(os.path.dirname(path), exist_ok=True)
+      paths.makedirs(os.path.dirname(path))
       # In the result's own key order (not sorted): the tables list methods in that order.
       jsonio.write_json(path, dict(classes=classes_digest, result=result), indent=1)
       return json.loads(jsonio.dumps_strict(result))
@@ -705,8 +713,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     )
     results["protocols"] = proto
     md = "".join(f"{protocols.section(name, {model: r})}\n" for name, r in proto.items())
-    with open(os.path.join(workdir, "protocols.md"), "w", encoding="utf-8") as f:
-      f.write(md)
+    paths.write_text_atomic(os.path.join(workdir, "protocols.md"), md)
     report.write_json(os.path.join(workdir, "protocols.json"), _rounded(proto))
     if "layer_similarity" in proto:
       protocols.plot_layer_similarity(
@@ -831,7 +838,7 @@ def _protocol_path(workdir: str, name: str) -> str:
 def _kept_class(workdir: str, cls, state: dict) -> bool:
   """Whether an earlier run of this command left the class's Table 1 pass for these images."""
   try:
-    with np.load(_class_path(workdir, cls.label)) as arrays:
+    with paths.open(_class_path(workdir, cls.label), "rb") as f, np.load(f) as arrays:
       return json.loads(str(arrays["state"])) == state
   except (OSError, ValueError, KeyError, zipfile.BadZipFile):
     return False
@@ -839,14 +846,14 @@ def _kept_class(workdir: str, cls, state: dict) -> bool:
 
 def _read_class(workdir: str, cls) -> dict[str, np.ndarray]:
   """A kept class's arrays, in the order they were written."""
-  with np.load(_class_path(workdir, cls.label)) as arrays:
+  with paths.open(_class_path(workdir, cls.label), "rb") as f, np.load(f) as arrays:
     return {k: arrays[k] for k in arrays.files if k != "state"}
 
 
 def _kept_protocol(workdir: str, name: str, classes_digest: str):
   """An earlier run's result of protocol `name` on the same classes' images, else None."""
   try:
-    with open(_protocol_path(workdir, name), encoding="utf-8") as f:
+    with paths.open(_protocol_path(workdir, name)) as f:
       stored = json.load(f)
   except (OSError, ValueError):
     return None

@@ -26,6 +26,7 @@ import numpy as np
 from mutual import features, foreground, paper_config, pipeline
 from mutual.protocols.progress import stage_bar
 from mutual.protocols.zero_shot import percent
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data.files import DatasetMissingError
 from stori_jax.clip.encoding import l2_normalize_jax
@@ -145,7 +146,7 @@ def read_voc_boxes(path: str) -> tuple[int, int, np.ndarray]:
     InputError: the file is not such an annotation (the message names the file and field).
   """
   try:
-    root = ElementTree.parse(path).getroot()
+    root = ElementTree.fromstring(paths.read_bytes(path))
   except (ElementTree.ParseError, OSError) as error:
     raise InputError(
       f"Cannot read the box file {path}: {error}. Box files are PASCAL VOC XML (ImageNet's "
@@ -193,7 +194,7 @@ def box_file(boxes_dir: str, image_id: str) -> str | None:
   folder, name = os.path.split(image_id)
   stem = os.path.splitext(name)[0] + ".xml"
   for path in (os.path.join(boxes_dir, stem), os.path.join(boxes_dir, folder, stem)):
-    if os.path.isfile(path):
+    if paths.isfile(path):
       return path
   return None
 
@@ -374,9 +375,9 @@ def check_inputs(config, dataset) -> None:
       "images (ImageNet: ILSVRC2012_bbox_val_v3.tgz from https://image-net.org, extracted: "
       f"<folder>/ILSVRC2012_val_00000001.xml ...), {leave_out}"
     )
-  if not os.path.isdir(boxes):
+  if not paths.isdir(boxes):
     raise DatasetMissingError(
-      f"The box folder {os.path.abspath(boxes)} (config.protocols.corloc.boxes) does not "
+      f"The box folder {paths.absolute(boxes)} (config.protocols.corloc.boxes) does not "
       "exist: extract the PASCAL VOC XML box files there (ImageNet: ILSVRC2012_bbox_val_v3.tgz), "
       f"{leave_out}"
     )
@@ -388,7 +389,7 @@ def check_inputs(config, dataset) -> None:
   ]
   if missing:
     raise DatasetMissingError(
-      f"{len(missing)} evaluation images have no box file in {os.path.abspath(boxes)} (e.g. "
+      f"{len(missing)} evaluation images have no box file in {paths.absolute(boxes)} (e.g. "
       f"{missing[:3]}): each image <class>/<name>.<ext> needs <boxes>/<name>.xml or "
       f"<boxes>/<class>/<name>.xml; add them, {leave_out}"
     )

@@ -12,7 +12,7 @@ from mutual import run_flags
 from mutual.sweep.runner import run
 from mutual.sweep.table import fit_equation, markdown_table
 from stori_jax.plumbing import cli as stori_cli
-from stori_jax.plumbing import multihost
+from stori_jax.plumbing import multihost, paths
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
@@ -42,9 +42,8 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
           f"r = {fit['pearson_r']:.3f} (n = {fit['n']})"
         )
   for extra in ("table_groups.md", "table2.md"):  # App. G's groups, Table 2 (config-dependent)
-    if os.path.isfile(os.path.join(workdir, extra)):
-      with open(os.path.join(workdir, extra), encoding="utf-8") as f:
-        print(f.read())
+    if paths.isfile(os.path.join(workdir, extra)):
+      print(paths.read_text(os.path.join(workdir, extra)))
   stori_cli.print_outputs(
     workdir,
     [

@@ -28,7 +28,7 @@ from mutual.sweep.table import (
   table2_paper_tables,
   table_order,
 )
-from stori_jax.plumbing import jsonio, multihost
+from stori_jax.plumbing import jsonio, multihost, paths
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.plumbing.errors import UserError
@@ -158,8 +158,7 @@ def _random_note(config, paper_column: bool = True) -> str:
 
 
 def _write_text(path: str, text: str) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(text)
+  paths.write_text_atomic(path, text)
 
 
 def _write_outputs(workdir: str, config, results: Mapping[str, Any], rows, methods) -> None:
@@ -242,13 +241,13 @@ def _chunk_state(models: Sequence[str], classes, fingerprints) -> dict:
 def _finished_chunk(workdir: str, chunk: int, state: dict, table2: bool) -> bool:
   """Whether an earlier run of this sweep finished the chunk on the same models and images."""
   try:
-    with open(_shard_path(workdir, chunk), encoding="utf-8") as f:
+    with paths.open(_shard_path(workdir, chunk)) as f:
       stored = json.load(f)
   except (OSError, ValueError):
     return False
   if not isinstance(stored, dict) or stored.get("state") != state:
     return False
-  return not table2 or os.path.isfile(_concepts_path(workdir, chunk))
+  return not table2 or paths.isfile(_concepts_path(workdir, chunk))
 
 
 def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]:
@@ -257,7 +256,7 @@ def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]
   for chunk in range(n_chunks):
     path = _shard_path(workdir, chunk)
     try:
-      with open(path, encoding="utf-8") as f:
+      with paths.open(path) as f:
         shard = json.load(f)
     except FileNotFoundError:
       raise UserError(
@@ -276,11 +275,11 @@ def _remove_stale_shards(workdir: str, n_chunks: int) -> int:
   folder = os.path.join(workdir, "shards")
   ours = {p for c in range(n_chunks) for p in (_shard_path(workdir, c), _concepts_path(workdir, c))}
   removed = 0
-  if os.path.isdir(folder):
-    for name in os.listdir(folder):
+  if paths.isdir(folder):
+    for name in paths.listdir(folder):
       path = os.path.join(folder, name)
       if name.startswith("chunk_") and path not in ours:
-        os.remove(path)
+        paths.remove(path)
         removed += 1
   return removed
 
@@ -288,7 +287,7 @@ def _remove_stale_shards(workdir: str, n_chunks: int) -> int:
 def _restore_concepts(workdir, index, concepts, descriptors, n_classes, methods, chunk) -> None:
   """Adds a kept chunk's concepts of every model (its table2 file) to Table 2's passes, as
   the run that analysed it added them (`descriptors`: the bank every model's passes share)."""
-  with np.load(_concepts_path(workdir, index)) as arrays:
+  with paths.open(_concepts_path(workdir, index), "rb") as f, np.load(f) as arrays:
     for j, concept_pass in enumerate(concepts):
       if concept_pass is None:
         concept_pass = concepts[j] = protocols.ConceptPass.empty(descriptors, n_classes, methods)
@@ -463,7 +462,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
             )
         chunk_records[j] += [_slim(r) for r in image_records]
     if table2:  # written first: the shard makes the chunk final
-      os.makedirs(os.path.dirname(_concepts_path(workdir, index)), exist_ok=True)
+      paths.makedirs(os.path.dirname(_concepts_path(workdir, index)))
       jsonio.write_arrays_atomic(_concepts_path(workdir, index), chunk_concepts)
     report.write_json(_shard_path(workdir, index), dict(state=states[index], records=chunk_records))
   seconds = time.perf_counter() - start

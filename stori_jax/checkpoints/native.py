@@ -14,9 +14,10 @@ from typing import Any, Mapping
 import jax
 import ml_dtypes
 import numpy as np
+import safetensors.numpy
 from safetensors.numpy import load_file, save_file
 
-from stori_jax.plumbing import jsonio
+from stori_jax.plumbing import jsonio, paths
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.checkpoints.validate import (
   check_float_weights,
@@ -38,7 +39,7 @@ FORMAT_VERSION = 1
 
 
 def is_native_dir(path: str | os.PathLike) -> bool:
-  return os.path.isfile(os.path.join(path, CONFIG_FILE))
+  return paths.isfile(os.path.join(path, CONFIG_FILE))
 
 
 def save(
@@ -57,8 +58,8 @@ def save(
   """
   if preprocess_config is None:
     preprocess_config = PreprocessConfig(config.vision.image_size)
-  directory = os.path.abspath(directory)
-  os.makedirs(directory, exist_ok=True)
+  directory = paths.absolute(directory)
+  paths.makedirs(directory, exist_ok=True)
   check_params(params, config, "params to save")
   if params_format == "safetensors":
     dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[
@@ -67,8 +68,11 @@ def save(
     # np.array (not ascontiguousarray) keeps 0-d params 0-d.
     flat = {k: np.array(v, dtype, order="C") for k, v in flatten(params).items()}
     target = os.path.join(directory, SAFETENSORS_FILE)
-    save_file(flat, target + ".tmp")  # then renamed: a kill mid-write keeps the old file whole
-    os.replace(target + ".tmp", target)
+    if paths.is_remote(target):  # one upload: whole or absent
+      paths.write_bytes_atomic(target, safetensors.numpy.save(flat))
+    else:
+      save_file(flat, target + ".tmp")  # then renamed: a kill mid-write keeps the old file whole
+      os.replace(target + ".tmp", target)
   elif params_format == "orbax":
     if params_dtype != "float32":
       raise ValueError(
@@ -95,19 +99,21 @@ def save(
 
 
 def _read_params_safetensors(path: str) -> dict[str, np.ndarray]:
-  if not os.path.isfile(path):
+  if not paths.isfile(path):
     raise CheckpointError(
       f"{path} does not exist, but {CONFIG_FILE} next to it says the params are there "
       f"(params_format 'safetensors'). Copy the whole converted directory again, or convert "
       "the original weights again with python -m stori_jax.convert."
     )
-  if os.path.getsize(path) == 0:
+  if paths.size(path) == 0:
     raise CheckpointError(
       f"{path} is empty (0 bytes): the copy or conversion was cut short. Copy it again, or "
       "convert the original weights again with python -m stori_jax.convert."
     )
   try:
-    return load_file(path)
+    return (
+      safetensors.numpy.load(paths.read_bytes(path)) if paths.is_remote(path) else load_file(path)
+    )
   except Exception as e:  # safetensors raises its own error types (SafetensorError, ...)
     raise CheckpointError(
       f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); it is probably "
@@ -118,9 +124,9 @@ def _read_params_safetensors(path: str) -> dict[str, np.ndarray]:
 
 def params_path(directory: str | os.PathLike) -> str:
   """Where a converted directory keeps its params (the file or orbax folder)."""
-  directory = os.path.abspath(directory)
+  directory = paths.absolute(directory)
   try:
-    with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as f:
+    with paths.open(os.path.join(directory, CONFIG_FILE)) as f:
       params_format = json.load(f).get("params_format", "safetensors")
   except (OSError, ValueError, AttributeError):
     params_format = "safetensors"
@@ -131,7 +137,7 @@ def params_path(directory: str | os.PathLike) -> str:
 def read_metadata(directory: str | os.PathLike) -> dict[str, Any]:
   """The free-form metadata of a checkpoint in this format (where its weights came from), without
   reading its params."""
-  path = os.path.join(os.path.abspath(directory), CONFIG_FILE)
+  path = os.path.join(paths.absolute(directory), CONFIG_FILE)
   meta = read_json(path, "checkpoint config", error=CheckpointError)
   return dict(meta.get("metadata", {})) if isinstance(meta, dict) else {}
 
@@ -143,7 +149,7 @@ def load(directory: str | os.PathLike):
     CheckpointError: naming the file and what is wrong with it (not UTF-8 JSON, a key of the
       wrong type, a missing, empty or truncated params file, mismatched shapes).
   """
-  directory = os.path.abspath(directory)
+  directory = paths.absolute(directory)
   path = os.path.join(directory, CONFIG_FILE)
   meta = read_json(path, "checkpoint config", error=CheckpointError)
   if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):

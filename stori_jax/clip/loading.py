@@ -10,6 +10,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from stori_jax.plumbing import paths
 from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints import hf, hub, native, openai, validate
 from stori_jax.checkpoints.errors import CheckpointError
@@ -227,7 +228,7 @@ def load(
   """
   source = os.fspath(source)
   origin = source
-  entry = None if os.path.exists(source) else registry.find(source)
+  entry = None if paths.exists(source) else registry.find(source)
   if entry is not None:
     if arch is not None:
       raise CheckpointError(
@@ -243,10 +244,12 @@ def load(
     source = os.path.join(ASSETS_DIR, source)
   elif source.startswith("hf-hub:"):
     source = hub.download(source[len("hf-hub:") :], hub.OPEN_CLIP_FILES, revision)
-  elif not os.path.exists(source):
+  elif not paths.exists(source):
     source = _hub_id_or_missing(source, revision)
+  if paths.is_remote(source) and not native.is_native_dir(source):
+    source = paths.local_copy(source)  # gs://: other layouts are read from a local copy
 
-  if os.path.isdir(source):
+  if paths.isdir(source):
     if native.is_native_dir(source):
       config, params, preprocess, _ = native.load(source)
       weights = native.params_path(source)

@@ -9,12 +9,14 @@ the pixels match it exactly.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 from typing import Sequence, Union
 
 import numpy as np
 from PIL import Image
 
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import InputError, UserError
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -84,12 +86,18 @@ def to_8bit(image: Image.Image, where: str = "") -> Image.Image:
 
 
 def _read_image_file(path: str | os.PathLike) -> Image.Image:
-  if not os.path.exists(path):
+  source = path
+  if paths.is_remote(path):  # an object (gs://): read whole, then decoded from memory
+    try:
+      source = io.BytesIO(paths.read_bytes(path))
+    except FileNotFoundError:
+      raise ImageFileMissingError(f"Image file {path} does not exist.") from None
+  elif not os.path.exists(path):
     raise ImageFileMissingError(f"Image file {path} does not exist.")
-  if not os.path.isfile(path):
+  elif not os.path.isfile(path):
     raise InputError(f"{path} is not an image file (it is a directory or a device).")
   try:
-    with Image.open(path) as im:
+    with Image.open(source) as im:
       im.load()
   except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
     # PIL says "image file is truncated" or "cannot identify image file" without the name.

@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from stori_jax.data.files import read_text_lines
+from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing.errors import InputError
 
 
@@ -53,16 +54,16 @@ def celeba_split_rows(root: str | os.PathLike, files: Sequence[str], split: str)
   if split not in codes:
     raise ValueError(f"split must be 'all', 'train', 'valid' or 'test', got {split!r}")
   path = os.path.join(os.fspath(root), "list_eval_partition.txt")
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     raise ValueError(f"split {split!r} needs {path}; use split='all' without it")
-  with open(path, encoding="utf-8") as f:
+  with storage.open(path) as f:
     partition = dict(line.split()[:2] for line in f if line.strip())
   return np.asarray([partition.get(name) == codes[split] for name in files])
 
 
 def _first_file(paths: Sequence[str]) -> str:
   for path in paths:
-    if os.path.isfile(path):
+    if storage.isfile(path):
       return path
   raise InputError(f"none of {list(paths)} exists; is data.root the CUB_200_2011 folder?")
 
@@ -76,20 +77,21 @@ def read_cub_attributes(root: str | os.PathLike) -> tuple[list[str], dict[str, n
   <certainty_id> <time>"; a few official lines hold extra fields, ignored).
   """
   root = os.fspath(root)
-  with open(_first_file([os.path.join(root, "images.txt")]), encoding="utf-8") as f:
+  with storage.open(_first_file([os.path.join(root, "images.txt")])) as f:
     images = [line.split() for line in f if line.strip()]
   ids = {int(r[0]): k for k, r in enumerate(images)}
   names_path = _first_file(
     [
       os.path.join(root, "attributes.txt"),
       os.path.join(root, "attributes", "attributes.txt"),
-      os.path.join(os.path.dirname(os.path.abspath(root)), "attributes.txt"),
+      os.path.join(storage.parent(root), "attributes.txt"),
     ]
   )
-  with open(names_path, encoding="utf-8") as f:
+  with storage.open(names_path) as f:
     names = dict(line.split()[:2] for line in f if line.strip())
   labels_path = _first_file([os.path.join(root, "attributes", "image_attribute_labels.txt")])
-  rows = np.loadtxt(labels_path, dtype=np.int64, usecols=(0, 1, 2), ndmin=2)
+  with storage.open(labels_path) as f:
+    rows = np.loadtxt(f, dtype=np.int64, usecols=(0, 1, 2), ndmin=2)
   present = np.zeros((len(images), max(int(k) for k in names) + 1), bool)
   unknown = set(rows[:, 0].tolist()) - set(ids)
   if unknown:

@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data.files import (
   ClassMismatchError,
@@ -165,10 +166,10 @@ def load_coop_split(
       f"{dataset_name!r} has no CoOp layout; expected one of {sorted(COOP_LAYOUTS)}."
     )
   layout = COOP_LAYOUTS[name]
-  root = os.path.abspath(os.fspath(root))
+  root = storage.absolute(os.fspath(root))
   dataset_dir = os.path.join(root, layout.folder)
   image_dir = os.path.join(dataset_dir, layout.image_dir)
-  if not os.path.isdir(root):
+  if not storage.isdir(root):
     raise DatasetMissingError(
       f"The data root {root} does not exist. " + _coop_instructions(name, root)
     )
@@ -177,11 +178,11 @@ def load_coop_split(
 
   split_path = os.path.join(dataset_dir, layout.split_file)
   problems = []  # both pieces at once, so that one message says everything to fetch
-  if not os.path.isdir(image_dir):
+  if not storage.isdir(image_dir):
     problems.append(
       f"the image folder {image_dir} does not exist: download {layout.images_instructions(root)}"
     )
-  if not os.path.isfile(split_path):
+  if not storage.isfile(split_path):
     problems.append(
       f"CoOp's split file {split_path} does not exist: download "
       f"{layout.split_file} from {layout.split_url} and put it at {split_path}"
@@ -309,7 +310,7 @@ def _check_every_class_has_items(
 
 
 def _check_files_exist(paths: Sequence[str], name: str, image_dir: str, hint: str) -> None:
-  missing = [p for p in paths if not os.path.isfile(p)]
+  missing = [p for p in paths if not storage.isfile(p)]
   if missing:
     raise DatasetMissingError(
       f"{name}: {len(missing)} of {len(paths)} images listed in the split are missing under "
@@ -325,9 +326,9 @@ def read_classnames_txt(path: str | os.PathLike) -> dict[str, str]:
     InputError: the file is not UTF-8 (line named) or names a key twice.
   """
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     raise DatasetMissingError(
-      f"The class-name file {os.path.abspath(path)} does not exist: write one "
+      f"The class-name file {storage.absolute(path)} does not exist: write one "
       "'<folder or label> <class name>' line per class there (ImageNet: CoOp's classnames.txt "
       f"from {COOP_LAYOUTS['imagenet'].split_url})."
     )
@@ -344,14 +345,14 @@ def read_classnames_txt(path: str | os.PathLike) -> dict[str, str]:
 def _load_coop_imagenet(root: str, dataset_dir: str, image_dir: str) -> FewShotSplit:
   layout = COOP_LAYOUTS["imagenet"]
   classnames_path = os.path.join(dataset_dir, "classnames.txt")
-  if not os.path.isfile(classnames_path):
+  if not storage.isfile(classnames_path):
     raise DatasetMissingError(
       f"imagenet: {classnames_path} does not exist. Download classnames.txt from "
       f"{layout.split_url} (linked in {COOP_DATASETS_DOC}) and put it at {classnames_path}."
     )
   split_dirs = {s: os.path.join(image_dir, s) for s in ("train", "val")}
   for split, path in split_dirs.items():
-    if not os.path.isdir(path):
+    if not storage.isdir(path):
       raise DatasetMissingError(
         f"imagenet: {path} does not exist. Download {layout.images_instructions(root)} "
         f"(data root {root}; see {COOP_DATASETS_DOC})."

@@ -19,6 +19,7 @@ import numpy as np
 
 from stori_jax.data.attributes import read_cub_attributes
 from stori_jax.data.files import DatasetMissingError, read_text_lines
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import InputError
 
 CUB_URL = "https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz"
@@ -111,7 +112,7 @@ def read_cub(root: str | os.PathLike) -> CubTable:
     InputError: a file is malformed, or the files disagree (an image without a class).
   """
   root = os.fspath(root)
-  missing = [f for f in CUB_FILES if not os.path.isfile(os.path.join(root, f))]
+  missing = [f for f in CUB_FILES if not paths.isfile(os.path.join(root, f))]
   if missing:
     raise DatasetMissingError(missing_message(root, missing))
   images = _pairs(os.path.join(root, "images.txt"), "CUB images.txt")

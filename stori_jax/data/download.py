@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import urllib.request
 from typing import Any, Callable
+
+from stori_jax.plumbing import paths
 
 
 def fetch_json(
@@ -28,7 +29,7 @@ def fetch_json(
     timeout: seconds before the connection attempt gives up.
   """
   path = os.fspath(path)
-  if os.path.isfile(path):
+  if paths.isfile(path):
     return path
   try:
     with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -36,10 +37,8 @@ def fetch_json(
     validate(json.loads(payload.decode("utf-8")), url)
   except (OSError, ValueError) as error:  # URLError, HTTPError and timeouts are OSErrors
     raise on_error(error) from error
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  # Write then rename, so an interrupted download never leaves a truncated file behind.
-  with tempfile.NamedTemporaryFile("wb", dir=folder, suffix=".part", delete=False) as f:
-    f.write(payload)
-  os.replace(f.name, path)
+  paths.makedirs(paths.parent(path))
+  # Whole or not at all (a temporary file renamed; one upload), so an interrupted download
+  # never leaves a truncated file behind.
+  paths.write_bytes_atomic(path, payload)
   return path

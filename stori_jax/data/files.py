@@ -18,6 +18,7 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import InputError, UserError
 
 
@@ -40,7 +41,7 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", error: type = In
   """
   path = os.fspath(path)
   try:
-    with open(path, "rb") as f:
+    with paths.open(path, "rb") as f:
       raw = f.read()
   except OSError as e:
     raise error(f"Cannot read the {what} {path}: {e.strerror or e}.") from None
@@ -80,7 +81,7 @@ def read_text_lines(path: str | os.PathLike, what: str = "text file") -> list[st
     InputError: the file is not UTF-8; the message names the path and the line.
   """
   path = os.fspath(path)
-  with open(path, "rb") as f:
+  with paths.open(path, "rb") as f:
     raw = f.read()
   try:
     return raw.decode("utf-8-sig").splitlines()

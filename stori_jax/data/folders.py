@@ -9,18 +9,20 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from stori_jax.plumbing import paths
+
 #: File name endings read as images (compared in lower case).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
 def visible_entries(folder: str | os.PathLike) -> list[str]:
   """The sorted names in `folder` that do not start with '.'."""
-  return sorted(name for name in os.listdir(folder) if not name.startswith("."))
+  return sorted(name for name in paths.listdir(folder) if not name.startswith("."))
 
 
 def subfolders(root: str | os.PathLike) -> list[str]:
   """The sorted names of the visible folders in `root` (class folders)."""
-  return [name for name in visible_entries(root) if os.path.isdir(os.path.join(root, name))]
+  return [name for name in visible_entries(root) if paths.isdir(os.path.join(root, name))]
 
 
 def image_files(
@@ -42,7 +44,7 @@ def images_under(
   root = os.fspath(root)
   return sorted(
     os.path.relpath(os.path.join(folder, name), root)
-    for folder, _, names in os.walk(root)
+    for folder, _, names in paths.walk(root)
     for name in names
     if name.lower().endswith(tuple(extensions))
   )

@@ -22,6 +22,7 @@ from typing import Iterable, Sequence, Union
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import InputError, UserError
 from stori_jax.clip.preprocess import resize_center_crop, to_8bit, to_pil
 
@@ -140,6 +141,21 @@ def image_problem(source: str | bytes) -> str | None:
   if isinstance(source, (bytes, bytearray, memoryview)):
     data = bytes(source)
     size, head, tail, opener = len(data), data[:_TAIL], data[-_TAIL:], lambda: io.BytesIO(data)
+  elif paths.is_remote(source):  # an object: its head and tail only, as for a local file
+    path = os.fspath(source)
+    if not paths.exists(path):
+      return "does not exist"
+    if paths.isdir(path):
+      return "is a directory"
+    try:
+      size = paths.size(path)
+      with paths.open(path, "rb") as f:
+        head = f.read(_TAIL)
+        f.seek(max(0, size - _TAIL))
+        tail = f.read(_TAIL)
+    except OSError as error:
+      return f"cannot be read ({error.strerror or error})"
+    opener = lambda: io.BytesIO(paths.read_bytes(path))  # noqa: E731
   else:
     path = os.fspath(source)
     if not os.path.lexists(path):

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from stori_jax.data.files import DatasetMissingError
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import UserError
 
 
@@ -80,7 +81,7 @@ def _is_prepared(builder) -> bool:
   is_prepared = getattr(builder, "is_prepared", None)
   if is_prepared is not None:
     return bool(is_prepared())
-  return os.path.isdir(os.fspath(builder.data_dir))  # TFDS before is_prepared() existed
+  return paths.isdir(os.fspath(builder.data_dir))  # TFDS before is_prepared() existed
 
 
 def label_names(builder) -> list[str]:

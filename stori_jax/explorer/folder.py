@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 from absl import logging
 
+from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing import jsonio
 from stori_jax.plumbing.errors import InputError, UserError
 from stori_jax.clip.preprocess import resize_center_crop, to_pil
@@ -39,6 +40,9 @@ def image_folder(root: str, cache_dir: str | None = None):
   stamps = []
   for key in listing.keys:
     try:
+      if storage.is_remote(root):  # an object's size and generation
+        stamps.append("\t".join([key, *map(str, storage.version(storage.join(root, key)))]))
+        continue
       st = os.stat(os.path.join(root, key))
       stamps.append(f"{key}\t{st.st_size}\t{st.st_mtime_ns}\t{st.st_ctime_ns}")
     except OSError:
@@ -105,9 +109,9 @@ def _unreadable_images(
 ) -> dict[str, str]:
   """{key: reason} of the images under root that cannot be read; remembered per fingerprint."""
   record = os.path.join(cache_dir, f"folder-{fingerprint[:32]}.images.json") if cache_dir else None
-  if record and os.path.isfile(record):
+  if record and storage.isfile(record):
     try:
-      with open(record, encoding="utf-8") as f:
+      with storage.open(record) as f:
         saved = json.load(f)
       unreadable = saved["unreadable"]
       if saved["images"] == len(keys) and set(unreadable) <= set(keys):
@@ -125,10 +129,10 @@ def _unreadable_images(
       unreadable[key] = problem
   if record:
     try:
-      os.makedirs(cache_dir, exist_ok=True)
+      storage.makedirs(cache_dir, exist_ok=True)
       jsonio.write_json(
         record,
-        {"root": os.path.abspath(root), "images": len(keys), "unreadable": unreadable},
+        {"root": storage.absolute(root), "images": len(keys), "unreadable": unreadable},
         indent=1,
       )
     except OSError as e:  # only an optimisation: say so and go on

@@ -37,7 +37,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing import jsonio, paths, run_identity
 from stori_jax.clip.bundle import resolve_start_block
 from stori_jax.plumbing.config_files import ConfigChecks, ConfigError
 from stori_jax.data import synthetic, synthetic_tasks
@@ -433,7 +433,7 @@ def train_pair(bundle, task: PairTask, config, workdir: str, announce: bool = Tr
     {"classes", "zero_shot", "trained" (accuracy reports), "steps", "prompts": [{"class",
     "prompt", "attribute", "share", "tokens": [(token, weight)], "words": [(word, weight)]}]}.
   """
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir, exist_ok=True)
   split = task.split
   train_features, test_features = trainer.encode_split(bundle, split, config)
   mesh = prompt_mesh()

@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 from stori_jax.data import synthetic_tasks
 from stori_jax.data.download import fetch_json
 from stori_jax.data.files import check_no_problems, nearest, normalise_name, read_json
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import InputError
 from stori_jax.fewshot.datasets import DatasetMissingError, canonical_name
 
@@ -127,7 +128,7 @@ def _dataset_of_file(path: str) -> str | None:
 
 
 def _missing_cupl_message(dataset: str | None, path: str) -> str:
-  path = os.path.abspath(path)
+  path = paths.absolute(path)
   if dataset is None:
     files = ", ".join(f"{f} ({d})" for d, f in CUPL_FILES.items())
     return (
@@ -137,7 +138,7 @@ def _missing_cupl_message(dataset: str | None, path: str) -> str:
   return (
     f"Download {CUPL_FILES[dataset]} from {cupl_url(dataset)} (repository "
     f"{CUPL_REPOSITORY}, folder all_prompts/base_prompts/) and put it at {path}, or run "
-    f"stori_jax.fewshot.prompts.download_cupl({dataset!r}, {os.path.dirname(path)!r}) "
+    f"stori_jax.fewshot.prompts.download_cupl({dataset!r}, {paths.parent(path)!r}) "
     "where the network allows. The file has no licence, so it is not shipped here."
   )
 
@@ -197,9 +198,9 @@ def load_cupl_prompts(
   """
   path = os.fspath(path)
   dataset = canonical_name(dataset) if dataset else _dataset_of_file(path)
-  if not os.path.isfile(path):
+  if not paths.isfile(path):
     raise DatasetMissingError(
-      f"CuPL prompt file {os.path.abspath(path)} does not exist. "
+      f"CuPL prompt file {paths.absolute(path)} does not exist. "
       + _missing_cupl_message(dataset, path)
     )
   prompts = _validated(read_json(path, "CuPL prompt file"), path)

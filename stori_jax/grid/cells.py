@@ -44,6 +44,7 @@ from typing import Any, Iterator
 import ml_collections
 from absl import logging
 
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.config_files import ConfigChecks, ConfigError, load_config
 from stori_jax.fewshot import paper_config, trainer
 
@@ -307,7 +308,7 @@ def load_base(spec: str) -> ml_collections.ConfigDict:
     ConfigError: no such file, or its get_config refuses the argument.
   """
   path, _, argument = spec.partition(":")
-  if not os.path.isfile(path):
+  if not paths.isfile(path):
     raise ConfigError(
       f"config.base.config_file: no config file {path} (from {spec!r}, in {os.getcwd()}); a "
       f"relative path is read from the current folder: run from the repository root or give "

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import jax
 import ml_collections
 
-from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing import jsonio, paths, run_identity
 from stori_jax.fewshot import trainer
 from stori_jax.grid import cells as cells_lib
 from stori_jax.grid import figure, tables
@@ -70,10 +70,10 @@ def cell_differences(cell: cells_lib.Cell, directory: str) -> list[tuple[str, An
   """How the run recorded in a cell's folder differs from the cell ([] when it is the cell's
   run), or None when the folder holds no run.json."""
   path = os.path.join(directory, run_identity.RUN_FILE)
-  if not os.path.exists(path):
+  if not paths.exists(path):
     return None
   try:
-    with open(path, encoding="utf-8") as f:
+    with paths.open(path) as f:
       stored = json.load(f)
   except (OSError, ValueError) as e:
     return [(run_identity.RUN_FILE, f"unreadable ({e})", "the cell's identity")]
@@ -90,7 +90,7 @@ def read_metrics(directory: str) -> dict[str, Any] | None:
   short by a full disk or a copy, not UTF-8), not an object, or without a finite accuracy in
   [0, 1] under each of "trained" and "zero_shot" (what the tables read)."""
   try:
-    with open(os.path.join(directory, "metrics.json"), encoding="utf-8") as f:
+    with paths.open(os.path.join(directory, "metrics.json")) as f:
       metrics = json.load(f)
   except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
     return None
@@ -174,8 +174,8 @@ def run(
     else:
       # A damaged metrics.json (cut short, emptied) is no finished cell: the trainer runs it
       # again, from its last checkpoint (the final one of a finished run: evaluation only).
-      status = "resumed" if os.path.isdir(os.path.join(directory, "checkpoints")) else "trained"
-      if os.path.exists(os.path.join(directory, "metrics.json")):
+      status = "resumed" if paths.isdir(os.path.join(directory, "checkpoints")) else "trained"
+      if paths.exists(os.path.join(directory, "metrics.json")):
         status = "redone"
       held = run_identity.held_workdirs()
       try:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import glob
 import os
 import re
 import sys
@@ -46,6 +45,7 @@ from absl import logging as absl_logging
 from ml_collections.config_flags import config_flags, config_path
 
 from stori_jax.plumbing import jsonio, profiling, run_identity
+from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -153,10 +153,33 @@ def _missing_config_file(argv: Sequence[str], values: flags.FlagValues) -> str |
   return None
 
 
+def _local_config_files(argv: list[str], values: flags.FlagValues) -> list[str]:
+  """`argv` with a config file given as a URL (--config=gs://.../x.py[:ARG]) replaced by a
+  local copy of it: ml_collections imports config files from local paths only."""
+  for flag in _config_flags(values):
+    source = _flag_argument(argv, flag.name)
+    if source is None or not storage.is_remote(source):
+      continue
+    head, rest = source.split("://", 1)
+    path = f"{head}://{rest.split(':', 1)[0]}"
+    try:
+      local = storage.local_copy(path) + source[len(path) :]
+    except FileNotFoundError:
+      raise user_error_exit(UserError(f"--{flag.name}: no config file {path}")) from None
+    except Exception as error:  # pylint: disable=broad-except  # classified, else raised
+      problem = storage.describe_error(path, error, "read")
+      if problem is None:
+        raise
+      raise user_error_exit(problem) from None
+    argv = [a[: -len(source)] + local if a.endswith(f"={source}") else a for a in argv]
+    argv = [local if a == source else a for a in argv]
+  return argv
+
+
 def parse_flags(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> list[str]:
   """absl's flag parsing of `argv` (program name first) into `values`, returning the other
   arguments, with command-line mistakes as one paragraph on stderr and exit code 2."""
-  argv = list(argv)
+  argv = _local_config_files(list(argv), values)
   missing = _missing_config_file(argv, values)
   if missing:
     raise user_error_exit(UserError(missing))
@@ -308,14 +331,14 @@ def print_outputs(directory: str, names: Sequence[str]) -> list[str]:
   for name in names:
     pattern = os.path.join(directory, name) if name else directory
     # A path that exists as written is no pattern (a user's file name may hold "[").
-    matches = sorted(glob.glob(pattern)) if not os.path.exists(pattern) else [pattern]
-    paths.extend(p for p in matches if os.path.exists(p) and p not in paths)
+    matches = storage.glob(pattern) if not storage.exists(pattern) else [pattern]
+    paths.extend(p for p in matches if storage.exists(p) and p not in paths)
   if not paths:
     return []
   lines = [WROTE_HEADING]
   for path in paths:
-    if os.path.isdir(path):
-      count = sum(len(files) for _, _, files in os.walk(path))
+    if storage.isdir(path):
+      count = sum(len(files) for _, _, files in storage.walk(path))
       lines.append(f"  {os.path.join(path, '')}  ({count} file{'s' if count != 1 else ''})")
     else:
       lines.append(f"  {path}")

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import UserError
 
 _MISSING = object()
@@ -27,8 +28,9 @@ def load_config(path: str | os.PathLike, argument: str | None = None) -> ml_coll
   """`get_config()` of the config file at `path` (`get_config(argument)` when given), as
   `--config path[:argument]` would build it."""
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  if not paths.isfile(path):
     raise FileNotFoundError(f"no config file {path}")
+  path = paths.local_copy(path)  # a URL (gs://): Python imports a local copy
   name = "_config_" + os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import uuid
 from typing import Any, Mapping
 
 import numpy as np
+
+from stori_jax.plumbing import paths
 
 # DiskFullError lives in errors (the figure writers raise it too); jsonio.DiskFullError stays.
 from stori_jax.plumbing.errors import DISK_FULL_ERRNOS, DiskFullError, NonFiniteError
@@ -29,7 +29,7 @@ def dumps_strict(obj: Any, **kwargs) -> str:
 
 
 def write_text_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` through a temporary file in the same folder and os.replace."""
+  """`write_bytes_atomic` of UTF-8 text."""
   write_bytes_atomic(path, text.encode("utf-8"))
 
 
@@ -41,27 +41,23 @@ def write_arrays_atomic(path: str, arrays: Mapping[str, Any]) -> None:
   write_bytes_atomic(path, buffer.getvalue())
 
 
-def write_bytes_atomic(path: str, data: bytes) -> None:
-  """Writes `data` to `path` through a temporary file in the same folder and os.replace: a
-  kill during the write leaves the old file or the new one, never half of one."""
-  folder, name = os.path.split(os.path.abspath(path))
-  # A unique name opened exclusively ("x"), not mkstemp: the file gets the mode a plain open()
-  # gives (mkstemp's are private, 0600).
-  tmp = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+def write_bytes_atomic(path: str, data: bytes, what: str = "") -> None:
+  """Writes `data` to `path` whole or not at all (`paths.write_bytes_atomic`: locally through
+  a temporary file in the same folder and os.replace, to object storage as one upload).
+
+  what: the file's kind in the full-disk message ("the figure "), if any.
+
+  Raises:
+    DiskFullError: the disk (or quota) is full; the message names the file and the fix.
+  """
   try:
-    with open(tmp, "xb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException as error:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+    paths.write_bytes_atomic(path, data)
+  except OSError as error:
+    if error.errno in DISK_FULL_ERRNOS:
       raise DiskFullError(
-        f"cannot write {path}: the disk (or quota) is full. The earlier version of the file, "
-        "if any, is kept; free some space and run the same command again (a training run "
-        "resumes from its last checkpoint)."
+        f"cannot write {what}{path}: the disk (or quota) is full. The earlier version of the "
+        "file, if any, is kept; free some space and run the same command again (a training "
+        "run resumes from its last checkpoint)."
       ) from None
     raise
 

@@ -23,7 +23,7 @@ import optax
 from absl import logging
 from tqdm import tqdm
 
-from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing import jsonio, paths, run_identity
 from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints import native
 from stori_jax.plumbing.config_files import ConfigChecks
@@ -270,7 +270,7 @@ def plot_curve(records: list[dict[str, float]], path: str) -> None:
   if families:
     ax_acc.legend()
   # The run's folder names which run the curve is of.
-  name = os.path.basename(os.path.dirname(os.path.abspath(path)))
+  name = os.path.basename(paths.parent(path))
   fig.suptitle(f"Contrastive pretraining of the tiny CLIP ({name})", fontsize=10)
   fig.tight_layout()
   save_figure(fig, path, dpi=110)
@@ -363,7 +363,7 @@ def train(config, workdir: str, restart: bool = False) -> CLIPBundle:
     clip_config,
     jax.device_get(state["params"]),
     preprocess_config=preprocess,
-    source=os.path.abspath(workdir),
+    source=paths.absolute(workdir),
   )
   if config.export_dir:
     export = export_path(config, workdir)

@@ -33,7 +33,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from stori_jax.plumbing import run_identity
+from stori_jax.plumbing import paths, run_identity
 from stori_jax.trainloop import loop, metrics_log
 from stori_jax.clip.bundle import CLIPBundle, resolve_start_block
 from stori_jax.trainloop.checkpointer import nonfinite_code
@@ -216,7 +216,7 @@ def train(config, workdir: str, restart: bool = False):
     text=dataclasses.replace(base.config.text, default_start_block=int(config.default_start_block))
   )
   bundle = CLIPBundle(
-    clip_config, params, preprocess_config=base.preprocess_config, source=os.path.abspath(workdir)
+    clip_config, params, preprocess_config=base.preprocess_config, source=paths.absolute(workdir)
   )
   export = export_path(config, workdir)
   metadata = _base_metadata(config.init_from)

@@ -45,6 +45,7 @@ import ml_collections
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
+from stori_jax.plumbing import paths
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic
 from stori_jax.data.attributes import celeba_split_rows, read_celeba_attributes
@@ -336,7 +337,7 @@ class _Pool:
 
 def _celeba_table(root: str) -> tuple[list[str], dict[str, np.ndarray]]:
   path = os.path.join(root, "list_attr_celeba.txt")
-  if not os.path.isfile(path):
+  if not paths.isfile(path):
     raise InputError(
       f"{path} does not exist; point data.root at the CelebA folder holding "
       "list_attr_celeba.txt, list_eval_partition.txt and img_align_celeba/"
@@ -359,10 +360,10 @@ def _celeba_pool(data, options) -> _Pool:
   rows = _celeba_rows(data.root, files, options.split, "config.attributes.split")
   rows = _subsample(rows, int(options.max_images), seed)
   image_dir = os.path.join(data.root, "img_align_celeba")
-  image_dir = image_dir if os.path.isdir(image_dir) else data.root
+  image_dir = image_dir if paths.isdir(image_dir) else data.root
   spec = {
     "source": "celeba-attributes",
-    "root": os.path.abspath(data.root),
+    "root": paths.absolute(data.root),
     "split": options.split,
     "max_images": int(options.max_images),
     "seed": seed,
@@ -390,7 +391,7 @@ def _cub_pool(data, options) -> _Pool:
   names = [cub.attribute_names[i - 1] for i in KOH_ATTRIBUTE_IDS if i <= count]
   spec = {
     "source": "cub-attributes",
-    "root": os.path.abspath(data.root),
+    "root": paths.absolute(data.root),
     "split": options.split,
     "max_images": int(options.max_images),
     "seed": seed,

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic
 from stori_jax.data import synthetic_tasks as sw
@@ -344,7 +345,7 @@ def celeba_data(
 ) -> RetrievalData:
   """CelebA from a folder with list_attr_celeba.txt and the JPEGs (see the module doc)."""
   attr_path = os.path.join(root, "list_attr_celeba.txt")
-  if not os.path.isfile(attr_path):
+  if not storage.isfile(attr_path):
     raise InputError(
       f"{attr_path} does not exist; point data.root at the CelebA folder holding "
       "list_attr_celeba.txt and img_align_celeba/"
@@ -354,11 +355,11 @@ def celeba_data(
   files = [f for f, k in zip(files, keep) if k]
   table = {n: v[keep] for n, v in table.items()}
   image_dir = os.path.join(root, "img_align_celeba")
-  if not os.path.isdir(image_dir):
+  if not storage.isdir(image_dir):
     image_dir = root
   used, tasks, notes = tasks_from_table(table, prompts, images_per_category, seed)
   paths = [os.path.join(image_dir, files[i]) for i in used]
-  missing = [p for p in paths if not os.path.isfile(p)]
+  missing = [p for p in paths if not storage.isfile(p)]
   if missing:
     raise InputError(
       f"{len(missing)} of the {len(paths)} CelebA images chosen are missing under {image_dir}, "
@@ -367,7 +368,7 @@ def celeba_data(
   keys = tuple(files[i] for i in used)
   spec = {
     "source": "celeba",
-    "root": os.path.abspath(root),
+    "root": storage.absolute(root),
     "split": split,
     "images_per_category": images_per_category,
     "seed": seed,
@@ -447,7 +448,7 @@ def cub_data(
   paths = [os.path.join(root, "images", files[i]) for i in used]
   spec = {
     "source": "cub",
-    "root": os.path.abspath(root),
+    "root": storage.absolute(root),
     "images_per_category": images_per_category,
     "seed": seed,
     "tasks": notes,
@@ -458,12 +459,12 @@ def cub_data(
 
 def folder_data(root: str, extensions=IMAGE_EXTENSIONS) -> RetrievalData:
   """Every image under a folder (sorted relative paths), without tasks (the explorer)."""
-  if not os.path.isdir(root):
+  if not storage.isdir(root):
     raise InputError(f"{root} is not a folder of images")
   files = images_under(root, extensions)
   if not files:
     raise InputError(f"no images ({', '.join(extensions)}) under {root}")
-  spec = {"source": "folder", "root": os.path.abspath(root)}
+  spec = {"source": "folder", "root": storage.absolute(root)}
   loader = source_loader([os.path.join(root, f) for f in files])
   return RetrievalData("folder", spec, tuple(files), loader, ())
 

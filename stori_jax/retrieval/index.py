@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 
 import jax
@@ -19,6 +18,7 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
+from stori_jax.plumbing import jsonio, paths
 from stori_jax.clip.encoding import encode_images
 from stori_jax.retrieval.datasets import RetrievalData
 
@@ -82,23 +82,15 @@ def build_index(
   path = None
   if cache_dir:
     path = os.path.join(cache_dir, f"{data.name}-{cache_key(bundle, data)}.npz")
-    cached = _read_cache(path) if os.path.isfile(path) else None
+    cached = _read_cache(path) if paths.isfile(path) else None
     if cached is not None and cached[1] == tuple(data.keys):
       return ImageIndex(cached[0], cached[1], path, from_cache=True)
   embeddings = encode_data(bundle, data, batch_size)
   if path:
-    os.makedirs(cache_dir, exist_ok=True)
-    # written whole under a unique name, then renamed: no reader or concurrent writer ever
-    # sees a half-written cache
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-      with os.fdopen(fd, "wb") as f:
-        np.savez(f, embeddings=embeddings, keys=np.asarray(data.keys))
-      os.replace(tmp, path)
-    except BaseException:
-      if os.path.exists(tmp):
-        os.remove(tmp)
-      raise
+    # Whole under its name or absent (a unique temporary file renamed; on gs:// one upload): no
+    # reader or concurrent writer ever sees a half-written cache.
+    paths.makedirs(cache_dir)
+    jsonio.write_arrays_atomic(path, {"embeddings": embeddings, "keys": np.asarray(data.keys)})
   return ImageIndex(embeddings, tuple(data.keys), path, from_cache=False)
 
 
@@ -106,7 +98,7 @@ def _read_cache(path: str) -> tuple[np.ndarray, tuple[str, ...]] | None:
   """(embeddings, keys) of a cache file, or None with a warning when it is unusable
   (truncated, corrupt, not finite): the index is then rebuilt and the file replaced."""
   try:
-    with np.load(path) as f:
+    with paths.open(path, "rb") as source, np.load(source) as f:
       embeddings, keys = f["embeddings"], tuple(str(k) for k in f["keys"])
   except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
     problem = f"{type(e).__name__}: {e}"

@@ -31,7 +31,7 @@ from absl import logging
 from tqdm import tqdm
 
 import stori_jax
-from stori_jax.plumbing import jsonio, run_identity
+from stori_jax.plumbing import jsonio, paths, run_identity
 from stori_jax.clip import loading
 from stori_jax.clip.bundle import resolve_start_block
 from stori_jax.checkpoints import hub
@@ -110,7 +110,7 @@ def fetch_registered(models: Sequence[str], models_dir: str = "") -> None:
   before any work; CheckpointError names what to fetch and where to put it."""
   for name in models:
     entry = registry.find(name) if not name.startswith(RANDOM) else None
-    if entry is not None and not os.path.exists(name):
+    if entry is not None and not paths.exists(name):
       hub.fetch_weights(entry.name, entry.hf_repo, entry.weights_files, models_dir or None)
 
 
@@ -265,7 +265,7 @@ def plot_favoured(path: str, results, title: str = "") -> None:
 
 def write_outputs(workdir: str, results, name: str) -> None:
   """fig5_models.json / .md / .png and fig5_models_favoured.png."""
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir, exist_ok=True)
   jsonio.write_json(os.path.join(workdir, "fig5_models.json"), results, indent=1)
   jsonio.write_text_atomic(os.path.join(workdir, "fig5_models.md"), markdown(results))
   first = results["models"][results["order"][0]]

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from stori_jax.plumbing import multihost
+from stori_jax.plumbing import multihost, paths
 from stori_jax.plumbing.errors import NonFiniteError, UserError
 
 #: The errno values that mean the disk (or the user's quota on it) is full.
@@ -114,7 +114,8 @@ class TrainCheckpointer:
   """Keeps the last `keep` checkpoints of a training run under `directory`."""
 
   def __init__(self, directory: str | os.PathLike, keep: int = 2):
-    self.directory = os.path.abspath(directory)
+    # A URL (gs://) as given: orbax writes it through epath and tensorstore's own drivers.
+    self.directory = paths.absolute(directory)
     self._manager = ocp.CheckpointManager(
       self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     )
@@ -132,6 +133,8 @@ class TrainCheckpointer:
       CheckpointWriteError: the disk is full (this save or the one before, still being
         written, failed); the run stops at `step` with the last complete checkpoint kept.
     """
+    # A gs:// history's waiting records are written before the checkpoint of their step.
+    paths.flush_appends()
     # The previous save's background write ends first (orbax's save would wait for it too),
     # so that a failure is pinned on the step that failed.
     self._finish(stopped_at=step)
@@ -190,15 +193,15 @@ class TrainCheckpointer:
   def _move_aside(self, step: int) -> str:
     """Moves step `step`'s folder to `<directory>-broken/<step>[-n]` (on process 0; the
     others wait for it); returns the new path."""
-    source = os.path.join(self.directory, str(step))
-    target = os.path.join(f"{self.directory}-broken", str(step))
+    source = paths.join(self.directory, str(step))
+    target = paths.join(f"{self.directory}-broken", str(step))
     n = 1
-    while os.path.exists(target):
+    while paths.exists(target):
       n += 1
-      target = os.path.join(f"{self.directory}-broken", f"{step}-{n}")
-    if jax.process_index() == 0 and os.path.exists(source):
-      os.makedirs(os.path.dirname(target), exist_ok=True)
-      os.replace(source, target)
+      target = paths.join(f"{self.directory}-broken", f"{step}-{n}")
+    if jax.process_index() == 0 and paths.exists(source):
+      paths.makedirs(paths.parent(target), exist_ok=True)
+      paths.move(source, target)
     multihost.wait_for_all_processes(f"checkpoint {source} moved aside")
     return target
 
@@ -211,6 +214,7 @@ class TrainCheckpointer:
     self._finish(stopped_at=self._requested)
 
   def close(self) -> None:
+    paths.flush_appends()
     try:
       self._manager.close()
     except Exception:  # pylint: disable=broad-except
@@ -233,7 +237,7 @@ class TrainCheckpointer:
     self._failed = True
     complete = [
       int(name)
-      for name in (os.listdir(self.directory) if os.path.isdir(self.directory) else [])
+      for name in (paths.listdir(self.directory) if paths.isdir(self.directory) else [])
       if name.isdigit() and (failed is None or int(name) < failed)
     ]
     kept = (
@@ -298,7 +302,7 @@ class NonFiniteWatch:
     parts = [p for i, p in enumerate(NONFINITE_PARTS) if code >> i & 1]
     kept = (
       f"the last good checkpoint (step {self.last_saved}) is kept in "
-      f"{os.path.join(workdir, 'checkpoints')}"
+      f"{paths.join(workdir, 'checkpoints')}"
       if self.last_saved is not None
       else "no checkpoint had been saved yet"
     )

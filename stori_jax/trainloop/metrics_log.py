@@ -5,10 +5,9 @@ NonFiniteError instead of being written."""
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
-from stori_jax.plumbing import jsonio
+from stori_jax.plumbing import jsonio, paths
 
 
 def read_records(path: str, up_to_step: int | None = None) -> list[dict[str, Any]]:
@@ -19,10 +18,10 @@ def read_records(path: str, up_to_step: int | None = None) -> list[dict[str, Any
   leaves the old file or the new one, never a truncated history). A line cut short by a
   killed run is dropped.
   """
-  if not os.path.exists(path):
+  if not paths.exists(path):
     return []
   records = []
-  with open(path, encoding="utf-8") as f:
+  with paths.open(path) as f:
     for line in f:
       try:
         records.append(json.loads(line))
@@ -36,5 +35,4 @@ def read_records(path: str, up_to_step: int | None = None) -> list[dict[str, Any
 
 def append_record(path: str, record: dict[str, Any]) -> None:
   line = jsonio.dumps_strict(record) + "\n"  # before opening: a refused record leaves no trace
-  with open(path, "a", encoding="utf-8") as f:
-    f.write(line)
+  paths.append_text(path, line)  # an object (gs://) is rewritten with the line
