@@ -13,8 +13,8 @@
 # run on every worker with --distributed added (jax.distributed.initialize() finds the pod);
 # any other command runs on worker 0 alone. On each worker launch/worker.sh (sent along) finds
 # the repository at REPO_DIR (default stori-jax, under the worker's home) or clones REPO_URL
-# there, installs it once (INSTALL, default `-e . jax[tpu]`, with libtpu's index; skipped when
-# its stamp shows it installed), then runs the command there. A missing repository without
+# there, installs it once (INSTALL, default `-e .[gcs] jax[tpu]`: gcsfs for gs:// workdirs,
+# with libtpu's index; skipped when its stamp shows it installed), then runs the command there. A missing repository without
 # REPO_URL stops each worker with one line. STORI_BARRIER_TIMEOUT_S, STORI_COMPILATION_CACHE,
 # JAX_COMPILATION_CACHE_DIR and STORI_SHARED_DATA are passed on when set.
 #
@@ -36,7 +36,7 @@ shift 2
 stori_parse_command "$@"
 REPO_DIR=${REPO_DIR:-stori-jax}
 REPO_URL=${REPO_URL:-}
-INSTALL=${INSTALL:--e . jax[tpu]}
+INSTALL=${INSTALL:--e .[gcs] jax[tpu]}
 PIP_ARGS=${PIP_ARGS:--f https://storage.googleapis.com/jax-releases/libtpu_releases.html}
 if [ "$MULTIHOST" = 1 ]; then
   workers=all

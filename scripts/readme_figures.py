@@ -43,6 +43,8 @@ Sections:
   mutual_evaluate  mutual.evaluate on configs/mutual_eval_synthetic.py: Table 1, Table 5 and the
                    concept labeler, the protocols (App. A.1's CorLoc and layer similarity,
                    A.2-A.4, Table 2)
+  gcs              the README's gs:// commands (the demo on gs://demo/one twice, then on two
+                   processes on gs://demo/two) against tests/gcs_emulator.py's local GCS
   suite            `make test`'s suite (pytest -m "not slow"): its time, passed and skipped
   suite_all        `make test-all`'s suite (slow tests too; tens of minutes): the same
 
@@ -63,6 +65,7 @@ import dataclasses
 import difflib
 import os
 import re
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -1085,6 +1088,105 @@ def contrast_figures() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Workdirs in a bucket: the README's gs:// commands, against the local GCS the tests use.
+
+
+def _gcs_run(args: Sequence[str], env: Mapping[str, str]) -> tuple[float, str]:
+  """Runs a command as the README shows it (a subprocess: the commands run on their own
+  processes, the second one on two); (seconds, stdout + stderr); AssertionError unless exit 0."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  start = time.perf_counter()
+  done = subprocess.run(list(args), cwd=ROOT, env=dict(env), capture_output=True, text=True)
+  seconds = time.perf_counter() - start
+  if done.returncode != 0:
+    raise AssertionError(f"{' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+  return seconds, done.stdout + done.stderr
+
+
+def gcs_figures() -> dict[str, str]:
+  """The demo on `gs://demo/one` twice and on `gs://demo/two` with two processes
+  (launch/local_multiprocess.sh), against tests/gcs_emulator.py's local GCS: the times, the
+  resume line, the objects written, the accuracies and the two runs' weight difference."""
+  import json  # pylint: disable=import-outside-toplevel
+
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  sys.path.insert(0, os.path.join(ROOT, "tests"))
+  import gcs_emulator  # pylint: disable=import-outside-toplevel  # tests/, the tests' own GCS
+
+  # A fresh compilation cache: the first run's time is a first run's, compilation included.
+  cache = tempfile.mkdtemp(prefix="stori_jax_gcs_figures_")
+  emulator = gcs_emulator.Emulator()
+  try:
+    emulator.create_bucket("demo")
+    env = {
+      **os.environ,
+      **emulator.env(),
+      "PYTHON": sys.executable,
+      "JAX_COMPILATION_CACHE_DIR": cache,
+    }
+    train = [sys.executable, "-m", "stori_jax.train", "--config", "configs/demo.py"]
+    first, _ = _gcs_run([*train, "--workdir", "gs://demo/one"], env)
+    _, printed = _gcs_run([*train, "--workdir", "gs://demo/one"], env)
+    resumed = re.search(r"Resumed from step (\d+) of (\d+)", printed)
+    if resumed is None:
+      raise AssertionError("the second run did not resume:\n" + printed[-2000:])
+    launch = ["bash", "launch/local_multiprocess.sh", "2", "--config", "configs/demo.py"]
+    two, _ = _gcs_run([*launch, "--workdir", "gs://demo/two"], env)
+    names = emulator.objects("demo", "one/")
+    if os.path.exists(os.path.join(ROOT, "gs:")):
+      raise AssertionError("a gs:// workdir became a local folder gs:")
+    metrics = {w: json.loads(emulator.read("demo", f"{w}/metrics.json")) for w in ("one", "two")}
+    weights = {
+      w: np.concatenate(
+        [r["token_weights"] for r in json.loads(emulator.read("demo", f"{w}/weights.json"))]
+      )
+      for w in ("one", "two")
+    }
+  finally:
+    emulator.stop()
+    shutil.rmtree(cache, ignore_errors=True)
+  files = sorted({n.split("/")[1] for n in names if n.count("/") == 1 and n != "one/.lock"})
+  steps = sorted(
+    {
+      int(n.split("/")[2])
+      for n in names
+      if n.startswith("one/checkpoints/") and n.split("/")[2].isdigit()
+    }
+  )
+  one, multi = metrics["one"], metrics["two"]
+  same = all(one[k]["accuracy"] == multi[k]["accuracy"] for k in ("zero_shot", "trained"))
+  if not same:
+    raise AssertionError(f"two processes' accuracies differ from one's: {multi} vs {one}")
+  difference = float(np.max(np.abs(weights["one"] - weights["two"])))
+  pct = lambda m, k: f"{100 * m[k]['accuracy']:.2f}%"  # noqa: E731
+  block = "\n".join(
+    [
+      "```bash",
+      "python tests/gcs_emulator.py --port 9023 --bucket demo &",
+      "export STORAGE_EMULATOR_HOST=http://127.0.0.1:9023",
+      "python -m stori_jax.train --config configs/demo.py --workdir gs://demo/one    "
+      f"# exit 0, {about(first)}",
+      "python -m stori_jax.train --config configs/demo.py --workdir gs://demo/one    "
+      f'# exit 0: "Resumed from step {resumed.group(1)} of {resumed.group(2)}"',
+      "launch/local_multiprocess.sh 2 --config configs/demo.py --workdir gs://demo/two   "
+      f"# exit 0, {about(two)}",
+      "```",
+    ]
+  )
+  text = (
+    f"The first run wrote {', '.join(f'`{n}`' for n in files)} and the checkpoints of steps "
+    f"{' and '.join(str(s) for s in steps)} as objects under `gs://demo/one/`, and no local "
+    f"folder (a URL was once made a local folder `gs:`). Both runs report zero-shot "
+    f"{pct(one, 'zero_shot')} and SToRI {pct(one, 'trained')}; the two processes' "
+    f"`metrics.json` has the same accuracies (on {multi['num_devices']} devices), their weights "
+    f"within {difference:.1e} of one process's.".replace("e-0", "e-")
+  )
+  return {"gcs": "\n" + block + "\n\n" + "\n".join(textwrap.wrap(text, 96)) + "\n"}
+
+
+# ---------------------------------------------------------------------------------------------
 # The test suite: its time and counts, as `make test` and `make test-all` run it.
 
 _SUMMARY = re.compile(r"=+ (.*?) in ([\d.]+)s")
@@ -1190,6 +1292,11 @@ SECTIONS: dict[str, Section] = {
     mutual_evaluate_figures,
     ("mutual_evaluate",),
     "mutual.evaluate on configs/mutual_eval_synthetic.py: Tables 1 and 5, protocols",
+  ),
+  "gcs": Section(
+    gcs_figures,
+    ("gcs",),
+    "the demo on gs://demo/one twice and on two processes, against the tests' local GCS",
   ),
   "suite": Section(
     suite_figures,

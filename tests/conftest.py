@@ -182,4 +182,8 @@ def gcs_bucket(gcs_emulator, monkeypatch):
     monkeypatch.setenv(key, value)
   monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", gcs_emulator.url)
   monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon", "use_listings_cache": False})
-  return gcs_emulator.create_bucket()
+  yield gcs_emulator.create_bucket()
+  # The test's lock objects released while this process still points at the emulator (the
+  # autouse release runs after monkeypatch's undo, when gcsfs would look for the real GCS and
+  # retry for most of a minute).
+  run_identity.release_workdirs()

@@ -289,6 +289,7 @@ class _Killed(Exception):
   """Stands for the process being killed in the middle of a run."""
 
 
+@pytest.mark.slow
 def test_fresh_views_train_and_resume_to_the_same_weights(tmp_path, tiny_random_model, monkeypatch):
   """config.views = 0: a new view of every image at every step, drawn on the device in the step
   from (seed, step, image). A run interrupted after its checkpoint at step 2 resumes to the

@@ -338,6 +338,7 @@ except run_identity.WorkdirBusyError:
 """
 
 
+@pytest.mark.slow
 def test_two_processes_claiming_at_once_get_one_lock(gcs_bucket, gcs_emulator):
   """The emulator does not check ifGenerationMatch (GCS does): the read-back after
   LOCK_SETTLE_S decides the race here."""

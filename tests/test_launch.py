@@ -226,7 +226,7 @@ def test_tpu_launcher_clones_installs_once_and_runs(tmp_path):
   calls = log.read_text().splitlines()
   installs = [c for c in calls if c.startswith("-m pip install")]
   assert installs == [
-    "-m pip install --quiet -e . jax[tpu] -f "
+    "-m pip install --quiet -e .[gcs] jax[tpu] -f "
     "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
   ]
   assert calls.count("-m stori_jax.train --config=c.py --distributed") == 2

@@ -491,6 +491,7 @@ def _to_uint8(unit):
   return np.round(np.asarray(unit) * 255).astype(np.uint8)
 
 
+@pytest.mark.slow
 def test_render_prompts_reference_variant():
   images, maps = _world_maps(**WORLD, seed=5)
   unit = images.astype(np.float32) / 255

@@ -261,6 +261,7 @@ def _outputs(workdir) -> dict:
   return found
 
 
+@pytest.mark.slow
 def test_rerun_keeps_the_finished_classes(tmp_path, run_command, monkeypatch, capsys):
   """Issue 36: the same `mutual.analyze` command on a finished 4-class run analyses no class
   and loads no model (a fraction of the first run's time), and writes the same results; a
