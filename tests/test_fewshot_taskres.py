@@ -16,6 +16,7 @@ from stori_jax import train
 from stori_jax.plumbing.config_files import load_config
 from stori_jax.fewshot import datasets, prompts, schedules, trainer
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
+from demo_flags import short_demo_flags
 
 DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/demo.py")
 
@@ -25,16 +26,7 @@ LR, WEIGHT_DECAY = 0.02, 0.1  # a large decay, so that L2 vs decoupled decay sho
 
 
 def _flags(workdir, model, *extra):
-  """A short few-shot run of configs/demo.py on `model` (as tests/test_fewshot_train.py's)."""
-  return [
-    f"--config={DEMO}",
-    f"--workdir={workdir}",
-    f"--config.model.source={model}",
-    "--config.views=2",
-    "--config.shots=4",
-    "--config.data.n_test_per_class=5",
-    *extra,
-  ]
+  return short_demo_flags(workdir, model, *extra, schedule=False)
 
 
 def _gradient(params: np.ndarray, step: int) -> np.ndarray:

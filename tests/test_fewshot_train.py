@@ -19,6 +19,7 @@ from stori_jax import train
 from stori_jax.data import synthetic_tasks
 from stori_jax.fewshot import trainer
 from test_cli import assert_ends_with_outputs
+from demo_flags import short_demo_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.py")
@@ -26,19 +27,7 @@ PROGRAM = [sys.executable, "-m", "stori_jax.train"]
 
 
 def _flags(workdir, model, *extra):
-  """The flags of a short few-shot run of configs/demo.py on `model`."""
-  return [
-    f"--config={DEMO}",
-    f"--workdir={workdir}",
-    f"--config.model.source={model}",
-    "--config.views=2",
-    "--config.shots=4",
-    "--config.data.n_test_per_class=5",
-    "--config.log_every=1",
-    "--config.eval_every=2",
-    "--config.checkpoint_every=2",
-    *extra,
-  ]
+  return short_demo_flags(workdir, model, *extra)
 
 
 def _command(workdir, model, *extra):

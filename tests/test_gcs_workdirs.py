@@ -20,6 +20,7 @@ import pytest
 import gcs_emulator as emulator_helpers
 from stori_jax import run_grid, train
 from stori_jax.plumbing import paths, run_identity
+from demo_flags import short_demo_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.py")
@@ -34,19 +35,7 @@ def no_local_gs_folder():
 
 
 def _train_flags(workdir, model, *extra):
-  """A short few-shot run of configs/demo.py (as tests/test_fewshot_train.py runs it)."""
-  return [
-    f"--config={DEMO}",
-    f"--workdir={workdir}",
-    f"--config.model.source={model}",
-    "--config.views=2",
-    "--config.shots=4",
-    "--config.data.n_test_per_class=5",
-    "--config.log_every=1",
-    "--config.eval_every=2",
-    "--config.checkpoint_every=2",
-    *extra,
-  ]
+  return short_demo_flags(workdir, model, *extra)
 
 
 def _env(emulator, url=None):

@@ -191,6 +191,11 @@ def _classified(doing: str):
   return decorate
 
 
+#: The name start of `check_location`'s probe objects (a workdir's claim ignores them: another
+#: process of the same run may be probing it).
+PROBE_PREFIX = ".write-probe-"
+
+
 @_classified("read")
 def exists(path: str | os.PathLike) -> bool:
   if is_remote(path):
@@ -655,7 +660,7 @@ def check_location(path: str | os.PathLike, write: bool = True) -> None:
     raise problem from None
   if not write:
     return
-  probe = join(path, f".write-probe-{uuid.uuid4().hex}")
+  probe = join(path, f"{PROBE_PREFIX}{uuid.uuid4().hex}")
   try:
     write_bytes_atomic(probe, b"stori_jax write probe\n")
     delete_object(probe)

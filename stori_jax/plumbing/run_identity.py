@@ -477,7 +477,12 @@ def claim_workdir(
   # A gs:// workdir: its bucket, the credentials and a write are checked before anything else.
   paths.check_location(workdir)
   path = paths.join(workdir, RUN_FILE)
-  if paths.exists(workdir) and not paths.isdir(workdir):
+  # On object storage "a file" is an object named as the workdir: the prefix may exist and not
+  # list as a folder for a moment while another process's write probe comes and goes.
+  is_file = paths.isfile(workdir) if paths.is_remote(workdir) else None
+  if is_file is None:
+    is_file = paths.exists(workdir) and not paths.isdir(workdir)
+  if is_file:
     raise WorkdirMismatchError(
       f"the workdir {workdir} is a file, not a folder; pass another --workdir"
     )
@@ -487,7 +492,9 @@ def claim_workdir(
     lock_workdir(workdir, check_only=True)
   # A workdir holding only run.json has no results to lose (a run stopped by a bad value
   # before its first output): the new run takes it over.
-  if paths.isdir(workdir) and set(paths.listdir(workdir)) - {RUN_FILE, LOCK_FILE}:
+  if paths.isdir(workdir) and {
+    name for name in paths.listdir(workdir) if not name.startswith(paths.PROBE_PREFIX)
+  } - {RUN_FILE, LOCK_FILE}:
     problem = None
     if not paths.exists(path):
       problem = f"{workdir} holds files but no {RUN_FILE}, so it was not made by this {what}"
