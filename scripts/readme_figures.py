@@ -1189,7 +1189,8 @@ def gcs_figures() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------
 # The test suite: its time and counts, as `make test` and `make test-all` run it.
 
-_SUMMARY = re.compile(r"=+ (.*?) in ([\d.]+)s")
+# pytest's last line: "=== 5 passed, 1 skipped in 3.2s ===", or under -q (as run here) bare.
+_SUMMARY = re.compile(r"(?:=+ )?(\d+ \w+(?:, \d+ \w+)*) in ([\d.]+)s")
 
 
 def suite_run(marks: str | None) -> tuple[dict[str, int], float]:

@@ -410,6 +410,10 @@ def test_every_covered_figure_of_the_readme_is_in_a_generated_region(figures):
       "about 6 minutes on 2 CPU cores (813 passed, 3 skipped)",
     ),
     ("==== 12 passed in 3.20s ====", "about 3 s on 2 CPU cores (12 passed, 0 skipped)"),
+    (  # what pytest -q (as the section runs it) really prints: no "=" around it
+      "1025 passed, 134 deselected, 9 warnings in 613.55s (0:10:13)",
+      "about 10 minutes on 2 CPU cores (1025 passed, 0 skipped)",
+    ),
   ],
 )
 def test_the_suite_section_reads_pytest_s_summary(figures, monkeypatch, summary, want):
