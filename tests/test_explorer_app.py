@@ -485,6 +485,7 @@ def _load_run() -> dict:
   }
 
 
+@pytest.mark.slow
 def test_load_on_loopback():
   context = multiprocessing.get_context("spawn")
   with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
@@ -600,6 +601,7 @@ def _closed_by_server(sock, timeout: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_slow_clients_hold_bounded_threads_and_time_out(explorer):
   """Row 8: 300 connections sending half a header held 300 threads, with no timeout. Now at
   most `threads` handler threads, and each connection is closed once its header deadline

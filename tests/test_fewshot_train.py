@@ -131,6 +131,7 @@ def test_the_top_words_table_aligns_any_class_name_width():
   assert lines[2].startswith("  orange striped triangle  triangle 1.40  ")
 
 
+@pytest.mark.slow
 def test_run_scores_words_with_the_report_hook_of_its_dataset(tmp_path, tiny_random_model):
   """`run` has no dataset branch: the split's dataset name picks the hook that adds its
   scores to metrics.json (by default the synthetic world's, `world_scoring.REPORT_HOOKS`)."""

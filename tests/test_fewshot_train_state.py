@@ -76,7 +76,7 @@ def _assert_compiled_once(result: dict) -> None:
   assert result["sharded"]
 
 
-@pytest.mark.parametrize("method_name", ["stori", "taskres"])
+@pytest.mark.parametrize("method_name", [pytest.param("stori", marks=pytest.mark.slow), "taskres"])
 def test_the_step_compiles_once_from_its_initial_state(method_name):
   result = _compiles_of_three_steps(method_name)
   assert result["buckets"] > 1  # several length buckets, still one step program

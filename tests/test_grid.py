@@ -381,6 +381,7 @@ def test_the_paper_grids_train_stori_on_taskres_scheme(monkeypatch):
       )
 
 
+@pytest.mark.slow
 def test_a_grid_synthetic_cell_warms_up_for_an_epoch_then_steps_a_cosine_per_epoch(
   tmp_path, monkeypatch
 ):

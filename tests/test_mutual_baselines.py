@@ -220,6 +220,7 @@ def test_train_all_and_explain_on_toy_features():
   assert all(s["steps"] == 72 // 16 for s in summary.values())
 
 
+@pytest.mark.slow
 def test_train_all_checkpoints_under_its_workdir_and_a_rerun_resumes(tmp_path, capfd):
   cached, desc, targets = _toy(), _descriptors(), np.eye(3, 6, dtype=np.float32)
   config = ml_collections.ConfigDict(

@@ -147,3 +147,30 @@ def test_appends_to_an_object_are_coalesced_and_flushed(gcs_bucket, gcs_emulator
   paths.append_text(url, "2\n")
   paths.flush_appends()
   assert gcs_emulator.read(gcs_bucket, "history.jsonl") == b"1\n2\n"
+
+
+def test_a_prefix_whose_objects_come_and_go_is_never_a_file(gcs_bucket):
+  """Another process's write probe appears and vanishes under a workdir's prefix: between
+  an existence check and a folder check the prefix can exist and then not list as a folder.
+  Only an object named as the path itself makes it a file."""
+  import threading
+
+  root = f"gs://{gcs_bucket}/run"
+  stop = threading.Event()
+
+  def churn():
+    while not stop.is_set():
+      probe = paths.join(root, f"{paths.PROBE_PREFIX}x")
+      paths.write_bytes_atomic(probe, b"probe")
+      paths.delete_object(probe)
+
+  worker = threading.Thread(target=churn)
+  worker.start()
+  try:
+    seen = [paths.isfile(root) for _ in range(300)]
+  finally:
+    stop.set()
+    worker.join()
+  assert not any(seen), f"{sum(seen)} of 300 checks called a bare prefix a file"
+  paths.write_text_atomic(root, "an object named as the prefix\n")
+  assert paths.isfile(root)

@@ -42,6 +42,7 @@ def small_config():
   return config
 
 
+@pytest.mark.slow
 def test_a_few_steps_lower_the_loss():
   config = small_config()
   config.total_steps = 30

@@ -78,6 +78,7 @@ def test_bad_values_are_refused_before_any_work(tmp_path):
   del error
 
 
+@pytest.mark.slow
 def test_the_step_donates_its_state():
   tiny = CLIPConfig(
     embed_dim=16,

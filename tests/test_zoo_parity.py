@@ -109,6 +109,7 @@ def test_parity_would_catch_unused_batch_norm_statistics():
   assert report["image_features"]["max_rel"] > 100 * FP32_REL_TOL, report["image_features"]
 
 
+@pytest.mark.slow
 def test_vit_details_have_a_feature_map_too():
   config = CLIPConfig(
     embed_dim=16,

@@ -213,8 +213,14 @@ def isdir(path: str | os.PathLike) -> bool:
 
 @_classified("read")
 def isfile(path: str | os.PathLike) -> bool:
+  """A local file, or an object named exactly as the URL. (epath's is_file is "exists and not
+  a folder": a prefix whose only object another process is just deleting passes the first
+  check and fails the second, so a bare prefix would read as a file for a moment.)"""
   if is_remote(path):
-    return as_path(path).is_file()
+    try:  # info, not fsspec's isfile, which would hide a refused read as "not a file"
+      return _fs(os.fspath(path)).info(os.fspath(path))["type"] == "file"
+    except FileNotFoundError:
+      return False
   return os.path.isfile(path)
 
 

@@ -438,6 +438,16 @@ def move_aside(workdir: str) -> str:
   return target
 
 
+def _contents(workdir: str) -> set[str]:
+  """The names in a workdir, less other processes' write probes; none if it is no folder (on
+  object storage a prefix whose only object was a probe can vanish between two calls)."""
+  try:
+    names = paths.listdir(workdir) if paths.isdir(workdir) else []
+  except (FileNotFoundError, NotADirectoryError):
+    names = []
+  return {name for name in names if not name.startswith(paths.PROBE_PREFIX)}
+
+
 def claim_workdir(
   workdir: str,
   identity: Mapping[str, Any],
@@ -477,11 +487,12 @@ def claim_workdir(
   # A gs:// workdir: its bucket, the credentials and a write are checked before anything else.
   paths.check_location(workdir)
   path = paths.join(workdir, RUN_FILE)
-  # On object storage "a file" is an object named as the workdir: the prefix may exist and not
-  # list as a folder for a moment while another process's write probe comes and goes.
-  is_file = paths.isfile(workdir) if paths.is_remote(workdir) else None
-  if is_file is None:
-    is_file = paths.exists(workdir) and not paths.isdir(workdir)
+  # On object storage "a file" is an object named as the workdir (paths.isfile): the prefix
+  # may exist and not list as a folder for a moment while another process's probe comes and goes.
+  if paths.is_remote(workdir):
+    is_file = paths.isfile(workdir)
+  else:  # anything there that is no folder (a file, a socket)
+    is_file = os.path.exists(workdir) and not os.path.isdir(workdir)
   if is_file:
     raise WorkdirMismatchError(
       f"the workdir {workdir} is a file, not a folder; pass another --workdir"
@@ -492,9 +503,7 @@ def claim_workdir(
     lock_workdir(workdir, check_only=True)
   # A workdir holding only run.json has no results to lose (a run stopped by a bad value
   # before its first output): the new run takes it over.
-  if paths.isdir(workdir) and {
-    name for name in paths.listdir(workdir) if not name.startswith(paths.PROBE_PREFIX)
-  } - {RUN_FILE, LOCK_FILE}:
+  if _contents(workdir) - {RUN_FILE, LOCK_FILE}:
     problem = None
     if not paths.exists(path):
       problem = f"{workdir} holds files but no {RUN_FILE}, so it was not made by this {what}"
