@@ -36,12 +36,17 @@ def _descriptors(d=6, e=5, seed=1):
 TRAIN = dict(epochs=40, batch_size=16, learning_rate=3e-2, final_learning_rate=3e-3, seed=0)
 
 
+def _settings(**changes) -> fitting.FitSettings:
+  """The toy fits' settings (TRAIN) with `changes`."""
+  return fitting.FitSettings(**{**TRAIN, **changes})
+
+
 @pytest.fixture(scope="module")
 def trained():
   """Both bottlenecks trained once on the toy features: {attention: (model, result)}."""
   cached, desc = _toy(), _descriptors()
   return {
-    a: bottleneck.train_bottleneck(cached, desc, 3, attention=a, width=16, progress=False, **TRAIN)
+    a: bottleneck.train_bottleneck(cached, desc, 3, _settings(), attention=a, width=16)
     for a in ("softmax", "gumbel")
   }
 
@@ -61,10 +66,9 @@ def test_bottleneck_learns(trained, attention):
 def test_training_is_deterministic_given_the_seed(trained):
   """Same seed, same parameters (Gumbel noise included); another seed, others."""
   cached, desc = _toy(), _descriptors()
-  short = {**TRAIN, "epochs": 3}
   runs = [
     bottleneck.train_bottleneck(
-      cached, desc, 3, attention="gumbel", width=16, progress=False, **{**short, "seed": s}
+      cached, desc, 3, _settings(epochs=3, seed=s), attention="gumbel", width=16
     )[1]
     for s in (0, 0, 1)
   ]
@@ -176,7 +180,7 @@ def test_labeler_names_a_region_by_its_class_descriptors():
   for c in range(3):
     targets[c, 2 * c : 2 * c + 2] = 1
   model, result = feature_maps.train_labeler(
-    cached, targets, drop_rate=0.3, block_size=2, progress=False, **{**TRAIN, "epochs": 30}
+    cached, targets, _settings(epochs=30), drop_rate=0.3, block_size=2
   )
   assert result.losses[-5:].mean() < result.losses[:5].mean()
   out = feature_maps.explain_feature_maps(model, result.params, cached.tokens, 2, 0.9, True)
@@ -193,7 +197,7 @@ def test_descriptor_targets_and_fit_errors():
   t = cache.descriptor_targets(["a", "b"], {"a": ["x", "y"], "b": ["y", "zz"]}, ["x", "y", "z"])
   np.testing.assert_array_equal(t, [[1, 1, 0], [0, 1, 0]])
   with pytest.raises(ValueError, match="no training examples"):
-    fitting.fit(lambda p, b, k, s: 0.0, {}, {"x": np.zeros((0, 2))}, epochs=1)
+    fitting.fit(lambda p, b, k, s: 0.0, {}, {"x": np.zeros((0, 2))}, fitting.FitSettings(1))
 
 
 @pytest.mark.slow
@@ -249,12 +253,12 @@ def test_train_all_checkpoints_under_its_workdir_and_a_rerun_resumes(tmp_path, c
 # The fit on training.loop.
 
 
-def _reference_fit(
-  loss_fn, params, arrays, *, epochs, batch_size, learning_rate, final_learning_rate, seed, **_
-):
+def _reference_fit(loss_fn, params, arrays, settings, **_):
   """The fit's loop before it ran on training.loop (issue 28), kept as the reference: Adam on a
   cosine decay, one numpy Generator's permutations, keys folded with the step, float(loss)
   read back every step."""
+  epochs, batch_size, seed = settings.epochs, settings.batch_size, settings.seed
+  learning_rate, final_learning_rate = settings.learning_rate, settings.final_learning_rate
   n = len(next(iter(arrays.values())))
   batch = min(int(batch_size), n)
   per_epoch = n // batch
@@ -304,12 +308,12 @@ def test_fit_trains_to_the_numbers_of_the_loop_it_replaced(which, monkeypatch):
   def train():
     if which == "gumbel":
       model, result = bottleneck.train_bottleneck(
-        cached, desc, 3, attention="gumbel", width=16, progress=False, **{**TRAIN, "epochs": 10}
+        cached, desc, 3, _settings(epochs=10), attention="gumbel", width=16
       )
       out = bottleneck.explain_bottleneck(model, result.params, cached.tokens, desc, cached.labels)
       return result, (out["logits"].argmax(1) == cached.labels).mean()
     model, result = feature_maps.train_labeler(
-      cached, targets, drop_rate=0.3, block_size=2, progress=False, **{**TRAIN, "epochs": 10}
+      cached, targets, _settings(epochs=10), drop_rate=0.3, block_size=2
     )
     out = feature_maps.explain_feature_maps(model, result.params, cached.tokens, 1, 0.9, False)
     return result, targets[cached.labels, out["ids"][:, 0]].mean()
@@ -359,10 +363,15 @@ def test_a_stopped_fit_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_pat
   cached = _toy()
   x = cached.tokens.mean(axis=(1, 2))
   loss_fn, params = _softmax_regression(x)
-  common = dict(epochs=5, batch_size=16, learning_rate=0.1, final_learning_rate=0.01, seed=3)
-  common.update(progress=False, checkpoint_every=3)
+  settings = fitting.FitSettings(5, 16, learning_rate=0.1, final_learning_rate=0.01, seed=3)
+  common = dict(checkpoint_every=3)
   straight = fitting.fit(
-    loss_fn, params, {"x": x, "labels": cached.labels}, workdir=str(tmp_path / "a"), **common
+    loss_fn,
+    params,
+    {"x": x, "labels": cached.labels},
+    settings,
+    workdir=str(tmp_path / "a"),
+    **common,
   )
   assert len(straight.losses) == 20
   with pytest.raises(Stopped):  # stopped while the batch of step 11 (0-based) was gathered
@@ -370,13 +379,19 @@ def test_a_stopped_fit_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_pat
       loss_fn,
       params,
       {"x": StopsAfter(x, 11), "labels": cached.labels},
+      settings,
       workdir=str(tmp_path / "b"),
       **common,
     )
   assert sorted(os.listdir(tmp_path / "b" / "checkpoints")) == ["6", "9"]
   capfd.readouterr()
   resumed = fitting.fit(
-    loss_fn, params, {"x": x, "labels": cached.labels}, workdir=str(tmp_path / "b"), **common
+    loss_fn,
+    params,
+    {"x": x, "labels": cached.labels},
+    settings,
+    workdir=str(tmp_path / "b"),
+    **common,
   )
   assert f"Resumed from step 9 of 20 in {tmp_path / 'b'}" in capfd.readouterr().err
   _assert_same_params(straight.params, resumed.params)
@@ -396,12 +411,8 @@ def test_a_diverged_fit_stops_with_the_nonfinite_paragraph(tmp_path):
       loss_fn,
       params,
       {"x": x, "labels": cached.labels},
-      epochs=5,
-      batch_size=16,
-      learning_rate=0.1,
-      seed=0,
+      fitting.FitSettings(epochs=5, batch_size=16, learning_rate=0.1, seed=0),
       desc="MM-CBM",
-      progress=False,
       workdir=str(tmp_path),
       checkpoint_every=4,
     )
@@ -445,7 +456,7 @@ def test_a_fit_is_one_jitted_step_per_step_and_reads_nothing_back_until_the_end(
   check = NonFiniteWatch.check
   monkeypatch.setattr(NonFiniteWatch, "check", lambda w, *a: (checks.append(1), check(w, *a))[1])
   result = fitting.fit(
-    loss_fn, params, {"x": x, "labels": cached.labels}, epochs=5, batch_size=16, progress=False
+    loss_fn, params, {"x": x, "labels": cached.labels}, fitting.FitSettings(5, batch_size=16)
   )
   assert len(dispatched) == 20 and programs == [1]
   assert reads and set(reads) == {20}, reads
@@ -483,5 +494,5 @@ def test_features_cached_on_disk_equal_the_cache_in_memory_and_train_alike(tmp_p
     loss_fn, params = _softmax_regression(cached.tokens.mean(axis=(1, 2)))
     loss = lambda p, b, k, s: loss_fn(p, {"x": b["tokens"].mean(axis=(1, 2)), **b}, k, s)  # noqa: E731
     arrays = {"tokens": cached.tokens, "labels": cached.labels}
-    losses.append(fitting.fit(loss, params, arrays, epochs=2, batch_size=16, progress=False).losses)
+    losses.append(fitting.fit(loss, params, arrays, fitting.FitSettings(2, 16)).losses)
   np.testing.assert_array_equal(*losses)

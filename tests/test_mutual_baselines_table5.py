@@ -13,7 +13,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import top_k_accuracy_score
 
 from mutual import paper_config
-from mutual.baselines import cache, suite
+from mutual.baselines import cache, fitting, suite
 from mutual.baselines import lf_cbm as lf_cbm_baseline
 from mutual.baselines import standard as standard_baseline
 from mutual.protocols import bottlenecks
@@ -271,19 +271,15 @@ def test_standard_mlp_learns_the_toy_classes():
   model, result = standard_baseline.train_standard(
     cached,
     3,
+    fitting.FitSettings(30, 16, learning_rate=3e-2, final_learning_rate=3e-3),
     hidden=16,
-    epochs=30,
-    batch_size=16,
-    learning_rate=3e-2,
-    final_learning_rate=3e-3,
-    progress=False,
   )
   assert result.losses[-5:].mean() < 0.2 * result.losses[:5].mean()
   logits = model.apply({"params": result.params}, cached.embeddings)
   assert (np.asarray(logits).argmax(1) == cached.labels).mean() > 0.95
   with pytest.raises(ValueError, match="image embeddings"):
     standard_baseline.train_standard(
-      cache.CachedFeatures(cached.tokens, cached.labels), 3, hidden=8, epochs=1
+      cache.CachedFeatures(cached.tokens, cached.labels), 3, fitting.FitSettings(1), hidden=8
     )
 
 
@@ -315,12 +311,8 @@ def test_standard_and_lf_cbm_beat_chance_on_the_embedded_world():
   model, result = standard_baseline.train_standard(
     cached,
     12,
+    fitting.FitSettings(20, 64, learning_rate=3e-3, final_learning_rate=3e-4),
     hidden=int(b.width),
-    epochs=20,
-    batch_size=64,
-    learning_rate=3e-3,
-    final_learning_rate=3e-4,
-    progress=False,
   )
   standard = bottlenecks.topk_accuracy(model.apply({"params": result.params}, test_e), test_l)
   lf, record = lf_cbm_baseline.train_lf_cbm(

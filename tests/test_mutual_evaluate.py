@@ -316,7 +316,7 @@ def test_fig6_names_each_map_by_the_labelers_top_descriptor(tmp_path, monkeypatc
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
 
-  from mutual.baselines import cache, feature_maps, suite  # pylint: disable=import-outside-toplevel
+  from mutual.baselines import cache, feature_maps, fitting, suite  # pylint: disable=import-outside-toplevel
 
   rng = np.random.default_rng(3)
   tokens = rng.normal(size=(12, 4, 4, 8)).astype(np.float32)
@@ -325,12 +325,9 @@ def test_fig6_names_each_map_by_the_labelers_top_descriptor(tmp_path, monkeypatc
   model, result = feature_maps.train_labeler(
     cache.CachedFeatures(tokens, labels),
     targets,
+    fitting.FitSettings(2, batch_size=4, learning_rate=1e-2),
     drop_rate=0.3,
     block_size=2,
-    epochs=2,
-    batch_size=4,
-    learning_rate=1e-2,
-    progress=False,
   )
   trained = suite.Baselines(None, None, (model, result))
   bank = type("Bank", (), {"descriptors": [f"descriptor {d}" for d in range(6)]})()

@@ -72,23 +72,18 @@ def train_bottleneck(
   cached: cache.CachedFeatures,
   descriptor_embeddings: np.ndarray,
   num_classes: int,
+  settings: fitting.FitSettings,
   *,
   attention: str,
   width: int,
   temperature: float = 1.0,
-  epochs: int,
-  batch_size: int = 64,
-  learning_rate: float = 1e-4,
-  final_learning_rate: float = 1e-5,
-  seed: int = 0,
-  progress: bool = True,
   workdir: str | None = None,
 ) -> tuple[MultimodalBottleneck, fitting.TrainResult]:
   """Trains MM-CBM (attention="softmax") or MM-ProtoSim ("gumbel") with cross-entropy;
   checkpoints in <workdir>/checkpoints when a workdir is given (see `fitting.fit`)."""
   model = MultimodalBottleneck(num_classes, width, attention, temperature)
   descriptors = jnp.asarray(descriptor_embeddings, jnp.float32)
-  init_key, gumbel_key = jax.random.split(jax.random.PRNGKey(seed))
+  init_key, gumbel_key = jax.random.split(jax.random.PRNGKey(settings.seed))
   params = model.init(
     {"params": init_key, "gumbel": gumbel_key},
     cache.flat_tokens(cached.tokens[:1]),
@@ -114,13 +109,8 @@ def train_bottleneck(
     loss_fn,
     params,
     {"tokens": cached.tokens, "labels": cached.labels},
-    epochs=epochs,
-    batch_size=batch_size,
-    learning_rate=learning_rate,
-    final_learning_rate=final_learning_rate,
-    seed=seed,
+    settings,
     desc="MM-ProtoSim" if attention == "gumbel" else "MM-CBM",
-    progress=progress,
     workdir=workdir,
   )
   return model, result

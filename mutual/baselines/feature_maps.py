@@ -58,15 +58,10 @@ class ConceptLabeler(nn.Module):
 def train_labeler(
   cached: cache.CachedFeatures,
   targets: np.ndarray,
+  settings: fitting.FitSettings,
   *,
   drop_rate: float = 0.5,
   block_size: int = 3,
-  epochs: int,
-  batch_size: int = 64,
-  learning_rate: float = 1e-4,
-  final_learning_rate: float = 1e-5,
-  seed: int = 0,
-  progress: bool = True,
   workdir: str | None = None,
 ) -> tuple[ConceptLabeler, fitting.TrainResult]:
   """Trains the concept labeler with binary cross-entropy against the class's descriptors
@@ -76,7 +71,9 @@ def train_labeler(
   grid = cached.tokens.shape[1:3]
   targets = jnp.asarray(targets, jnp.float32)
   sample = cache.flat_tokens(cached.tokens[:1])
-  params = model.init(jax.random.PRNGKey(seed), sample, jnp.ones(sample.shape[:2]))["params"]
+  params = model.init(jax.random.PRNGKey(settings.seed), sample, jnp.ones(sample.shape[:2]))[
+    "params"
+  ]
 
   def loss_fn(params, batch, key, progress):
     del progress
@@ -91,13 +88,8 @@ def train_labeler(
     loss_fn,
     params,
     {"tokens": cached.tokens, "labels": cached.labels},
-    epochs=epochs,
-    batch_size=batch_size,
-    learning_rate=learning_rate,
-    final_learning_rate=final_learning_rate,
-    seed=seed,
+    settings,
     desc="Feature Maps labeler",
-    progress=progress,
     workdir=workdir,
   )
   return model, result

@@ -7,7 +7,6 @@ numpy Generator (`epoch_orders`) and the loss gets a jax PRNG key folded with th
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any, Callable, Mapping
 
@@ -16,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from stori_jax.plumbing import paths
 from stori_jax.trainloop import loop
 from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 
@@ -28,6 +28,31 @@ class TrainResult:
   params: Any
   losses: np.ndarray
   seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSettings:
+  """How a baseline is fitted (App. D): `epochs` passes over the examples in batches of
+  `batch_size`, Adam with a cosine decay from `learning_rate` to `final_learning_rate`, batches
+  and per-step keys drawn from `seed`."""
+
+  epochs: int
+  batch_size: int = 64
+  learning_rate: float = 1e-4
+  final_learning_rate: float = 1e-5
+  seed: int = 0
+
+  @classmethod
+  def from_config(cls, train) -> FitSettings:
+    """From config.baselines.train (keys epochs, batch_size, learning_rate,
+    final_learning_rate, seed)."""
+    return cls(
+      epochs=int(train.epochs),
+      batch_size=int(train.batch_size),
+      learning_rate=float(train.learning_rate),
+      final_learning_rate=float(train.final_learning_rate),
+      seed=int(train.seed),
+    )
 
 
 class _NoCheckpoints:
@@ -65,14 +90,9 @@ def fit(
   loss_fn: Callable,
   params,
   arrays: Mapping[str, np.ndarray],
+  settings: FitSettings,
   *,
-  epochs: int,
-  batch_size: int = 64,
-  learning_rate: float = 1e-4,
-  final_learning_rate: float = 1e-5,
-  seed: int = 0,
   desc: str = "train",
-  progress: bool = True,
   workdir: str | None = None,
   checkpoint_every: int | None = None,
 ) -> TrainResult:
@@ -87,10 +107,9 @@ def fit(
       fraction of training done before the step, in [0, 1).
     params: initial parameters (copied: the caller's arrays are not donated).
     arrays: training arrays with a common leading size N (batches index them).
-    epochs: passes over the data; each visits a fresh permutation (incomplete batches dropped).
-    seed: seeds the permutations and the per-step PRNG keys.
+    settings: epochs (each visits a fresh permutation; incomplete batches dropped), batch
+      size, the two learning rates, and the seed of the permutations and per-step PRNG keys.
     desc: the progress bar's label; also names the fit in a divergence message.
-    progress: unused by the loop, whose progress bar is always shown (kept for the callers).
     workdir: the fit's folder: checkpoints in <workdir>/checkpoints, resumed from by a fit
       with the same arguments; None: no checkpoint.
     checkpoint_every: steps between checkpoints (default: a tenth of the fit, at least 1).
@@ -99,16 +118,16 @@ def fit(
     ValueError: no training examples.
     NonFiniteError: the loss, the gradients or the weights became NaN or infinite.
   """
-  del progress
   n = len(next(iter(arrays.values())))
   if n == 0:
     raise ValueError("no training examples")
-  batch = min(int(batch_size), n)
+  batch = min(int(settings.batch_size), n)
   per_epoch = n // batch
-  steps = per_epoch * int(epochs)
+  steps = per_epoch * int(settings.epochs)
   total = max(steps, 1)  # the schedule's length
+  learning_rate, seed = settings.learning_rate, settings.seed
   schedule = optax.cosine_decay_schedule(
-    learning_rate, decay_steps=total, alpha=final_learning_rate / learning_rate
+    learning_rate, decay_steps=total, alpha=settings.final_learning_rate / learning_rate
   )
   optimizer = optax.adam(schedule)
 
@@ -160,7 +179,7 @@ def fit(
   if workdir is None:
     checkpointer, checkpoint_every = _NoCheckpoints(), steps
   else:
-    checkpointer = TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=2)
+    checkpointer = TrainCheckpointer(paths.join(workdir, "checkpoints"), keep=2)
     checkpoint_every = checkpoint_every or max(1, -(-steps // 10))
   spec = loop.LoopSpec(
     total_steps=steps,

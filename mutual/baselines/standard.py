@@ -39,21 +39,16 @@ class StandardMLP(nn.Module):
 def train_standard(
   cached: cache.CachedFeatures,
   num_classes: int,
+  settings: fitting.FitSettings,
   *,
   hidden: int,
-  epochs: int,
-  batch_size: int = 64,
-  learning_rate: float = 1e-4,
-  final_learning_rate: float = 1e-5,
-  seed: int = 0,
-  progress: bool = True,
   workdir: str | None = None,
 ) -> tuple[StandardMLP, fitting.TrainResult]:
   """Trains the Standard MLP with cross-entropy on `cached.embeddings`, as the other baselines
   (App. D's Adam and schedule, `fitting.fit`); checkpoints in <workdir>/checkpoints."""
   embeddings = cache.embeddings_of(cached, "The Standard MLP")
   model = StandardMLP(num_classes, hidden)
-  params = model.init(jax.random.PRNGKey(seed), jnp.asarray(embeddings[:1]))["params"]
+  params = model.init(jax.random.PRNGKey(settings.seed), jnp.asarray(embeddings[:1]))["params"]
 
   def loss_fn(params, batch, key, progress):
     del key, progress
@@ -64,13 +59,8 @@ def train_standard(
     loss_fn,
     params,
     {"embeddings": embeddings, "labels": cached.labels},
-    epochs=epochs,
-    batch_size=batch_size,
-    learning_rate=learning_rate,
-    final_learning_rate=final_learning_rate,
-    seed=seed,
+    settings,
     desc="Standard",
-    progress=progress,
     workdir=workdir,
   )
   return model, result

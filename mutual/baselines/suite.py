@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from stori_jax.plumbing import paths
 
 from mutual.baselines.bottleneck import MultimodalBottleneck, explain_bottleneck, train_bottleneck
 from mutual.baselines.cache import CachedFeatures, flat_tokens
@@ -20,7 +20,7 @@ from mutual.baselines.feature_maps import (
   feature_map_figure,
   train_labeler,
 )
-from mutual.baselines.fitting import TrainResult
+from mutual.baselines.fitting import FitSettings, TrainResult
 from mutual.baselines.lf_cbm import LabelFreeCBM, lf_cbm_settings, train_lf_cbm
 from mutual.baselines.standard import StandardMLP, train_standard
 
@@ -159,57 +159,49 @@ def train_all(
   lf_settings = lf_cbm_settings(config)  # refused before any training
 
   def folder(name):
-    return None if workdir is None else os.path.join(workdir, FOLDERS[name])
+    return None if workdir is None else paths.join(workdir, FOLDERS[name])
 
-  t = config.train
-  common = dict(
-    epochs=int(t.epochs),
-    batch_size=int(t.batch_size),
-    learning_rate=float(t.learning_rate),
-    final_learning_rate=float(t.final_learning_rate),
-    seed=int(t.seed),
-    progress=progress,
-  )
+  settings = FitSettings.from_config(config.train)
   num_classes = int(targets.shape[0])
   cbm = train_bottleneck(
     cached,
     descriptor_embeddings,
     num_classes,
+    settings,
     attention="softmax",
     width=int(config.width),
     workdir=folder("MM-CBM"),
-    **common,
   )
   protosim = train_bottleneck(
     cached,
     descriptor_embeddings,
     num_classes,
+    settings,
     attention="gumbel",
     width=int(config.width),
     temperature=float(config.gumbel_temperature),
     workdir=folder("MM-ProtoSim"),
-    **common,
   )
   fm = config.feature_maps
   labeler = train_labeler(
     cached,
     targets,
+    dataclasses.replace(settings, epochs=int(fm.get("epochs", settings.epochs))),
     drop_rate=float(fm.drop_rate),
     block_size=int(fm.block_size),
     workdir=folder("Feature Maps"),
-    **{**common, "epochs": int(fm.get("epochs", t.epochs))},
   )
   if cached.embeddings is None:
     return Baselines(cbm, protosim, labeler)
   standard = train_standard(
-    cached, num_classes, hidden=int(config.width), workdir=folder("Standard"), **common
+    cached, num_classes, settings, hidden=int(config.width), workdir=folder("Standard")
   )
   lf_cbm = train_lf_cbm(
     cached,
     descriptor_embeddings,
     num_classes,
     lf_settings,
-    seed=int(t.seed),
+    seed=settings.seed,
     progress=progress,
     workdir=folder("LF-CBM"),
   )
