@@ -12,8 +12,9 @@ this figure. Here (stori_jax.fewshot.pairwise_contrast): the attributes labelled
 class's training images, at most 10, most frequent first, one prompt each, "a photo of
 {a_name}, a type of bird, which has {attribute}." ("a photo of a Warbling Vireo, a type of
 bird, which has grey wing."); all of each class's training images (the official split, ~30),
-tested on its test images; the paper's few-shot optimiser at CLIP's 5e-2, 200 epochs, 10
-augmented views.
+tested on its test images; the paper's few-shot training (App. A.1): Adam at CLIP's 5e-2 on
+TaskRes's scheme (a warm-up epoch at 1e-5, then a cosine stepped per epoch), 200 epochs, a
+fresh augmented view of every image at every step.
 """
 
 import ml_collections

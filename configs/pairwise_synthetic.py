@@ -9,8 +9,9 @@ star" (Warbling Vireo: another pattern, so the stripes tell them apart) and agai
 striped star" (White eyed Vireo, "which also has striped wings": the same pattern, another
 colour). Each class's prompts state the attributes labelled on at least three quarters of its
 16 training images: its colour, pattern and shape (the size and background are random per
-image), one prompt each. The tiny CLIP, 100 epochs of Adam at 0.05: about a minute on two CPU
-cores (most of it compiling).
+image), one prompt each. The tiny CLIP, 100 epochs of Adam at 0.05 on the paper's scheme
+(TaskRes's: a warm-up epoch, then a cosine per epoch): about a minute on two CPU cores (most of
+it compiling).
 """
 
 import ml_collections
@@ -38,6 +39,8 @@ def get_config():
   # Three quarters of the images: the class's colour, pattern and shape (every image); a size
   # reaches it by chance in about one class of 13 (16 images; random per image).
   config.prompts.min_share = 0.75
+  # Not the paper's fresh view per step: 4 flipped views per image encoded once, the fast
+  # approximation (README), as configs/demo.py.
   config.views = 4
   # Flips only, as configs/demo.py: crops cut the world's small objects off.
   config.augment_scale = (1.0, 1.0)

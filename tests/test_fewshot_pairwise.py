@@ -199,6 +199,45 @@ def test_contrast_refuses_a_missing_cub_before_loading_a_model(tmp_path, run_com
     pairwise_contrast.build_pairings(load_config(os.path.join(ROOT, "configs", "pairwise_cub.py")))
 
 
+def test_the_cub_config_trains_on_the_papers_scheme_with_fresh_views(
+  tmp_path, run_command, tiny_random_model
+):
+  """configs/pairwise_cub.py as shipped but for the model, data and length: App. A.1's few-shot
+  training, TaskRes's scheme (epoch 1 at 1e-5, then one cosine rate per epoch, Dassl's
+  CosineAnnealingLR restarted after the warm-up) and a fresh view of every image at every step
+  (no cached views)."""
+  root = write_cub(str(tmp_path), _vireo_labels)
+  done = run_command(
+    contrast,
+    "--config",
+    os.path.join(ROOT, "configs", "pairwise_cub.py"),
+    f"--config.data.root={root}",
+    "--config.data.others=('Warbling_Vireo',)",
+    f"--config.model.source={tiny_random_model}",
+    "--config.epochs=3",
+    "--config.batch_size=4",
+    "--config.log_every=1",
+    f"--workdir={tmp_path / 'out'}",
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  run = json.loads((tmp_path / "out" / "run.json").read_text())["config"]
+  assert run["views"] == 0 and run["optim"]["schedule"] == "taskres"
+  history = [
+    json.loads(line)
+    for line in (tmp_path / "out" / "vs_Warbling_Vireo" / "history.jsonl").read_text().splitlines()
+  ]
+  rates = {}
+  for record in history:
+    if "lr" in record:
+      rates.setdefault(record["epoch"], set()).add(record["lr"])
+  assert sorted(rates) == [1, 2, 3] and all(len(r) == 1 for r in rates.values()), rates
+  (warmup,), (second,), (third,) = (rates[e] for e in (1, 2, 3))
+  assert warmup == pytest.approx(1e-5, rel=1e-6)
+  # lr (1 + cos(pi (e - 2) / 3)) / 2 in epoch e >= 2: the full rate, then a quarter down.
+  assert second == pytest.approx(0.05, rel=1e-6)
+  assert third == pytest.approx(0.05 * (1 + np.cos(np.pi / 3)) / 2, rel=1e-6)
+
+
 @pytest.mark.slow
 def test_contrast_on_the_embedded_world(tmp_path, run_command):
   """The embedded Fig. 3: red striped star against red dotted star (the pattern tells them

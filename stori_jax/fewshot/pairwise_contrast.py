@@ -17,8 +17,9 @@ which training settings Fig. 3 used. Choices (docs/design.md, section 5):
   {a_name}, a type of bird, which has {attribute}." (the class name as CoOp writes class names,
   the attribute as App. A.2 writes its CUB retrieval prompts);
 * no Base prompt joins the class embedding: the classifier is the attribute prompts alone;
-* training is `fewshot.trainer`'s SToRI step (Adam on the log-weights, cosine schedule) on the
-  two classes' training images.
+* training is `fewshot.trainer`'s SToRI step (Adam on the log-weights) on the two classes'
+  training images, with the paper's few-shot settings (`base_config`: TaskRes's schedule, a fresh
+  augmented view at every step).
 
 Sources: `cub_pairings` (CUB-200-2011's folder: classes, official split and per-image attribute
 labels, `data.cub`) and `synthetic_pairings` (the embedded world, offline: a class's images carry
@@ -45,7 +46,7 @@ from stori_jax.data.cub import attribute_text, class_attribute_shares, read_cub
 from stori_jax.data.files import ClassMismatchError, nearest, normalise_name, quoted
 from stori_jax.data.splits import FewShotSplit, LabeledImage, sample_k_shot
 from stori_jax.fewshot import prompts as prompt_text
-from stori_jax.fewshot import report, trainer
+from stori_jax.fewshot import paper_config, report, trainer
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
 from stori_jax.fewshot.text_classifier import WeightedTextClassifier, prompt_mesh
 from stori_jax.clip.loading import load
@@ -336,11 +337,13 @@ def build_pairings(config) -> list[PairTask]:
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """The study's settings, the paper's few-shot ones where they apply (App. A.1: Adam, cosine
-  schedule, no weight decay, batch 256; 5e-2, CLIP's rate for the datasets it does not name;
-  200 epochs, its rate beyond 4 shots; reweighting from block 7 of ViT-L/14, the model's
-  default) and this project's where the paper is silent (one prompt per attribute of a class,
-  no Base prompt, no log-weight penalty). configs/pairwise_*.py fill in the model and data."""
+  """The study's settings, the paper's few-shot ones where they apply (App. A.1: Adam, no weight
+  decay, batch 256, TaskRes's training scheme: one warm-up epoch at 1e-5, then a cosine stepped
+  per epoch; a fresh augmented view of every image at every step; 5e-2, CLIP's rate for the
+  datasets it does not name; 200 epochs, its rate beyond 4 shots; reweighting from block 7 of
+  ViT-L/14, the model's default) and this project's where the paper is silent (one prompt per
+  attribute of a class, no Base prompt, no log-weight penalty). configs/pairwise_*.py fill in
+  the model and data."""
   c = ml_collections.ConfigDict()
   c.name = "pairwise"
   c.seed = 1
@@ -349,13 +352,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.prompts = ml_collections.ConfigDict(dict(template=CUB_TEMPLATE, per_class=10, min_share=0.5))
   # None: the model's default first reweighted block (7 of ViT-L/14's 12, the paper's).
   c.start_block = ml_collections.config_dict.placeholder(int)
-  c.views = (
-    10  # cached augmented views per image (0: a fresh view every step, as the paper configs)
-  )
+  # 0: a fresh augmented view of every training image at every step, as the paper configs;
+  # N > 0: N views per image encoded once and drawn from (the fast approximation, README).
+  c.views = 0
+  c.image_dtype = "float32"
   c.augment_scale = (0.08, 1.0)
   c.batch_size = 256
   c.epochs = 200
-  c.optim = ml_collections.ConfigDict(dict(lr=0.05, log_weight_penalty=0.0))
+  c.optim = ml_collections.ConfigDict(
+    dict(
+      lr=0.05,
+      log_weight_penalty=0.0,
+      schedule="taskres",
+      warmup_epochs=paper_config.TASKRES_WARMUP_EPOCHS,
+      warmup_lr=paper_config.TASKRES_WARMUP_LR,
+    )
+  )
   c.chunk = 64
   c.log_every = 10
   c.eval_every = 50
