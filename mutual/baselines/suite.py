@@ -10,8 +10,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from stori_jax.plumbing import paths
 
+from stori_jax.plumbing import paths
 from mutual.baselines.bottleneck import MultimodalBottleneck, explain_bottleneck, train_bottleneck
 from mutual.baselines.cache import CachedFeatures, flat_tokens
 from mutual.baselines.feature_maps import (

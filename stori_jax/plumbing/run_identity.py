@@ -487,13 +487,9 @@ def claim_workdir(
   # A gs:// workdir: its bucket, the credentials and a write are checked before anything else.
   paths.check_location(workdir)
   path = paths.join(workdir, RUN_FILE)
-  # On object storage "a file" is an object named as the workdir (paths.isfile): the prefix
-  # may exist and not list as a folder for a moment while another process's probe comes and goes.
-  if paths.is_remote(workdir):
-    is_file = paths.isfile(workdir)
-  else:  # anything there that is no folder (a file, a socket)
-    is_file = os.path.exists(workdir) and not os.path.isdir(workdir)
-  if is_file:
+  # paths.isfile, not "exists and no folder": on object storage a prefix can exist and then not
+  # list as a folder while another process's write probe comes and goes.
+  if paths.isfile(workdir):
     raise WorkdirMismatchError(
       f"the workdir {workdir} is a file, not a folder; pass another --workdir"
     )
