@@ -321,7 +321,7 @@ def plot_concepts(
     text_ax.set_axis_off()
     y = 1.0
     step = line_h / text_h
-    for concept, wrapped in caption:
+    for concept, caption_lines in caption:
       text_ax.text(
         0.0,
         y,
@@ -332,7 +332,7 @@ def plot_concepts(
         bbox=concept_label_box(concept),
         transform=text_ax.transAxes,
       )
-      for line in wrapped:
+      for line in caption_lines:
         # Black on the white page; the numbered box ties the line to its outline.
         text_ax.text(
           0.09, y, line, fontsize=7, color="black", va="top", transform=text_ax.transAxes
