@@ -219,7 +219,8 @@ def summary(explanation: Explanation, methods: Sequence[str], top: int = 3) -> s
     for concept in m["concepts"]:
       if concept["descriptors"]:
         lines.append(
-          f"    concept {concept['concept']} ({concept['patches']} patches): "
+          f"    concept {concept['concept']} ({concept['patches']} "
+          f"patch{'' if concept['patches'] == 1 else 'es'}): "
           + ", ".join(concept["descriptors"][:top])
         )
     if m["mutual_descriptors"]:

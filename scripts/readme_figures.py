@@ -38,6 +38,8 @@ Sections:
                    docs/images/fig3_pairwise.png
   mutual_analyze   mutual.analyze on configs/mutual_synthetic.py, plus the concept pixels on
                    objects and descriptors naming attributes (a second pass, as the test does)
+  mutual_explain   `python -m mutual.explain` on an embedded-world image: what it prints, its
+                   figure (docs/images/mutual_explain.png) and the input image
   mutual_modes     Table 3's row of configs/mutual_synthetic.py in both analysis modes, and
                    reference mode's per-image agreement with mutual/reference.py
   mutual_precision the images whose MI or AUC change with bfloat16 towers (both modes;
@@ -618,6 +620,54 @@ def mutual_analyze_figures() -> dict[str, str]:
     f"(K-means) of the time against {100 * truth['chance']:.1f}% by chance (asserted)."
   )
   return {"mutual_analyze": text}
+
+
+EXPLAIN_INPUT = "docs/images/explain_input.png"
+EXPLAIN_IMAGE = "docs/images/mutual_explain.png"
+#: The embedded world's image the docs explain: class 2 (an orange striped circle), drawn by rule.
+EXPLAIN_CLASS, EXPLAIN_SEED = 2, 7
+
+
+def mutual_explain_figures() -> dict[str, Any]:
+  """`python -m mutual.explain --image EXPLAIN_INPUT --workdir workdirs/explain` (the command,
+  run in this process on an embedded-world image drawn by rule; timed): what it prints, its
+  figure (EXPLAIN_IMAGE) and the input image itself (EXPLAIN_INPUT)."""
+  import io  # pylint: disable=import-outside-toplevel
+
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+
+  from mutual import data, explain  # pylint: disable=import-outside-toplevel
+
+  ewf = _ewf()
+  (cls,) = data.synthetic_classes(1, seed=EXPLAIN_SEED, image_size=64, classes=(EXPLAIN_CLASS,))
+  encoded = io.BytesIO()
+  Image.fromarray(cls.images[0]).save(encoded, format="PNG")
+  name = os.path.basename(EXPLAIN_INPUT)
+  with tempfile.TemporaryDirectory() as folder:
+    image, workdir = os.path.join(folder, name), os.path.join(folder, "explain")
+    with open(image, "wb") as f:
+      f.write(encoded.getvalue())
+    start = time.perf_counter()
+    printed = ewf.run_command(explain, ["--image", image, "--workdir", workdir])
+    seconds = time.perf_counter() - start
+    with open(os.path.join(workdir, os.path.splitext(name)[0] + ".png"), "rb") as f:
+      figure = f.read()
+  printed = printed.replace(image, EXPLAIN_INPUT).replace(workdir, "workdirs/explain")
+  command = f"python -m mutual.explain --image {EXPLAIN_INPUT} --workdir workdirs/explain"
+  text = "\n".join(
+    [
+      f"On {machine()} ({about(seconds)}, the model's load and compilation included), the "
+      f"embedded world's {cls.name} below:",
+      "",
+      "```",
+      f"$ {command}",
+      printed.rstrip(),
+      "```",
+      "",
+      f"![mutual.explain on an embedded-world image]({EXPLAIN_IMAGE})",
+    ]
+  )
+  return {"mutual_explain": text, EXPLAIN_INPUT: encoded.getvalue(), EXPLAIN_IMAGE: figure}
 
 
 def mutual_modes_figures() -> dict[str, str]:
@@ -1330,6 +1380,12 @@ SECTIONS: dict[str, Section] = {
     mutual_analyze_figures,
     ("mutual_analyze",),
     "mutual.analyze on configs/mutual_synthetic.py",
+  ),
+  "mutual_explain": Section(
+    mutual_explain_figures,
+    ("mutual_explain",),
+    "python -m mutual.explain on an embedded-world image: its output and figure",
+    images=(EXPLAIN_INPUT, EXPLAIN_IMAGE),
   ),
   "mutual_modes": Section(
     mutual_modes_figures,
