@@ -233,6 +233,52 @@ def test_storage_problems_stop_before_any_work(
   assert gcs_emulator.objects(gcs_bucket) == []
 
 
+#: Workdirs that would put objects elsewhere than they name, and the refusal's words (issue 44).
+_MISLEADING_WORKDIRS = {
+  # tensorstore reads '#' and '?' as URL syntax: run#1's and run#2's arrays would share `run/`.
+  "fragment": ("gs://{bucket}/run#1", "may not hold '#'"),
+  "query": ("gs://{bucket}/q?a", "may not hold '?'"),
+  "one_slash": ("gs:/{bucket}/typo", "takes two slashes (gs://{bucket}/typo)"),
+  "upper_case": ("GS://{bucket}/upper", "lower case (gs://{bucket}/upper)"),
+  "parent": ("gs://{bucket}/x/../one", "without them (gs://{bucket}/one, if"),
+  "above_bucket": ("gs://{bucket}/../one", "climbs above the bucket"),
+  "no_bucket": ("gs:///run", "names no bucket"),
+}
+
+
+@pytest.mark.parametrize("command", ["train", "run_grid", "mutual.analyze"])
+@pytest.mark.parametrize("case", sorted(_MISLEADING_WORKDIRS))
+def test_a_workdir_url_that_would_write_elsewhere_is_refused_before_any_work(
+  gcs_bucket, gcs_emulator, run_command, command, case
+):
+  template, message = _MISLEADING_WORKDIRS[case]
+  workdir = template.format(bucket=gcs_bucket)
+  module, *args = _commands(workdir)[command]
+  result = run_command(module, *args)
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1, result.stderr[-3000:]
+  assert message.format(bucket=gcs_bucket) in errors[0] and "Nothing was done." in errors[0]
+  assert result.stdout.strip() == ""
+  # The whole bucket: nothing written anywhere (no `run` object, no `run/...` prefix).
+  assert gcs_emulator.objects(gcs_bucket) == []
+  assert not os.path.exists(os.path.join(REPO, "gs:"))
+
+
+@pytest.mark.parametrize("root", ["gs://{bucket}", "gs://{bucket}/"])
+def test_restart_on_a_bucket_root_asks_for_a_folder(gcs_bucket, gcs_emulator, run_command, root):
+  paths.write_text_atomic(f"gs://{gcs_bucket}/other.txt", "someone else's object\n")
+  workdir = root.format(bucket=gcs_bucket)
+  start = time.monotonic()
+  result = run_command(*_commands(workdir)["train"], "--restart")
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "it is a whole bucket" in errors[0], result.stderr[-3000:]
+  assert f"gs://{gcs_bucket}/run1" in errors[0]
+  assert time.monotonic() - start < 30  # no retries against another bucket
+  assert gcs_emulator.objects(gcs_bucket) == ["other.txt"]
+
+
 def test_a_config_file_in_a_bucket(gcs_bucket, gcs_emulator, run_command):
   """--config=gs://...: read through a local copy; a missing one is one paragraph."""
   with open(os.path.join(REPO, "configs", "grid_synthetic.py"), "rb") as f:

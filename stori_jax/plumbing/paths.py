@@ -14,8 +14,11 @@ object appears whole or not at all), an append rewrites the object, and a move c
 deletes. gcsfs's listings cache is off: several processes and hosts share a workdir, and a
 cached listing would not show the objects another one wrote.
 
-`check_location` is the one check before any work: the bucket exists, the credentials are
-there, and a write is allowed; each failure is one paragraph (`StorageError`, exit 2).
+`check_location` is the one check before any work: the URL says where its objects go
+(`check_url`: no one-slash `gs:/` typo, no `GS://`, no `..`, no `#` or `?`, which tensorstore
+would read as URL syntax and write orbax's arrays elsewhere), the bucket exists, the
+credentials are there, and a write is allowed; each failure is one paragraph (`StorageError`,
+exit 2).
 
 `read_object`, `write_object` and `delete_object` are the conditional operations a lock on
 object storage needs (`run_identity`): on gs:// they carry GCS's generation preconditions
@@ -33,6 +36,7 @@ import atexit
 import builtins
 import functools
 import glob as glob_module
+import math
 import os
 import re
 import shutil
@@ -87,6 +91,88 @@ def check_scheme(path: str | os.PathLike) -> None:
     )
 
 
+# A remote scheme written with one slash (`gs:/bucket/x`, `gs:bucket`): a typo that would
+# otherwise name a local folder `gs:`.
+_ONE_SLASH = re.compile(r"^(%s):/?(?!/)" % "|".join(REMOTE_SCHEMES), re.IGNORECASE)
+
+
+def check_url(path: str | os.PathLike) -> None:
+  """Refuses, before any work, a path this project would read or write somewhere else than it
+  says (StorageError, one paragraph): a URL of an unknown scheme (`check_scheme`); a remote
+  scheme with one slash (`gs:/b/x`, a typo that would make a local folder `gs:`); a scheme in
+  capitals (`GS://`, which etils does not know); a URL without a bucket; `.` or `..` in a URL
+  (object storage has no parent folders: `gs://b/x/../y` is an object name of its own); `#` or
+  `?` in an object-storage URL (tensorstore, which writes orbax's arrays, reads them as URL
+  syntax, so checkpoints would land outside the folder named, shared with other runs)."""
+  text = os.fspath(path)
+  check_scheme(text)
+  found = scheme(text)
+  if found is None:
+    typo = _ONE_SLASH.match(text)
+    if typo:
+      fixed = f"{typo.group(1).lower()}://{text[typo.end():]}"
+      raise StorageError(
+        f"{text}: a URL's scheme takes two slashes ({fixed}); with one this would be a local "
+        f"folder named {typo.group(1)}:. Write {fixed} for object storage, or ./{text} for a "
+        "local folder of that name. Nothing was done."
+      )
+    return
+  if found not in REMOTE_SCHEMES:
+    return
+  head = text[: len(found)]
+  rest = text[len(found) + 3 :]
+  if head != found:
+    raise StorageError(
+      f"{text}: write the URL scheme in lower case ({found}://{rest}). Nothing was done."
+    )
+  bucket, _, key = rest.partition("/")
+  if not bucket:
+    raise StorageError(
+      f"{text}: the URL names no bucket; write {found}://BUCKET/FOLDER. Nothing was done."
+    )
+  parts = key.split("/")
+  if "." in parts or ".." in parts:
+    resolved = _walk_up(parts)
+    suggestion = (
+      "this one climbs above the bucket"
+      if resolved is None
+      else f"{found}://{bucket}/{resolved}, if that is the one meant"
+    )
+    raise StorageError(
+      f"{text}: object storage has no folders, so '.' and '..' in a URL are not the current "
+      f"and parent folder but parts of an object's name, and the objects would not be where "
+      f"the path seems to point. Write the URL without them ({suggestion}). Nothing was done."
+    )
+  odd = sorted({c for c in key if c in "#?"})
+  if odd:
+    raise StorageError(
+      f"{text}: object names here may not hold {' or '.join(repr(c) for c in odd)}: "
+      "tensorstore, which writes the checkpoints' arrays, reads them as URL syntax (a fragment "
+      "or a query), so the arrays would be written outside this folder, where another run "
+      "whose name differs only after that character would share them. Name the folder "
+      "without it (e.g. with '-' or '_'). Nothing was done."
+    )
+
+
+def _walk_up(parts: list[str]) -> str | None:
+  """The key `parts` with '.' and '..' resolved ("x/../y" -> "y"); None if it climbs above
+  the bucket."""
+  kept: list[str] = []
+  for part in parts:
+    if part == "..":
+      if not kept:
+        return None
+      kept.pop()
+    elif part != ".":
+      kept.append(part)
+  return "/".join(kept)
+
+
+def is_bucket_root(path: str | os.PathLike) -> bool:
+  """Whether `path` is an object-storage URL naming a whole bucket (`gs://b`, `gs://b/`)."""
+  return is_remote(path) and not _bucket_key(os.fspath(path).rstrip("/"))[1]
+
+
 _CONFIGURED = False
 
 
@@ -123,7 +209,7 @@ def absolute(path: str | os.PathLike) -> str:
   """A local path made absolute (it then does not depend on the working folder); a URL as
   given (a URL is absolute already)."""
   path = os.fspath(path)
-  check_scheme(path)
+  check_url(path)
   return path if is_url(path) else os.path.abspath(path)
 
 
@@ -413,7 +499,7 @@ def append_text(path: str | os.PathLike, text: str) -> None:
       if not _APPENDS:
         atexit.register(flush_appends)  # now: after the client's own exit hooks, so run before
       old = read_bytes(path) if exists(path) else b""
-      entry = _APPENDS[path] = {"data": old, "written": 0.0, "pending": False}
+      entry = _APPENDS[path] = {"data": old, "written": -math.inf, "pending": False}
     entry["data"] += text.encode("utf-8")
     entry["pending"] = True
     if time.monotonic() - entry["written"] >= APPEND_INTERVAL_S:
@@ -641,7 +727,7 @@ def check_location(path: str | os.PathLike, write: bool = True) -> None:
     StorageError: one paragraph naming what is missing and the fix.
   """
   path = os.fspath(path)
-  check_scheme(path)
+  check_url(path)
   if not is_remote(path):
     return
   bucket, key = _bucket_key(path)
