@@ -289,6 +289,18 @@ def test_a_config_file_in_a_bucket(gcs_bucket, gcs_emulator, run_command):
   assert done.returncode == 0, done.stderr[-3000:]
   missing = run_command("stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/absent.py")
   assert missing.returncode == 2 and "no config file" in missing.stderr
+  # A run record in a bucket: named by its URL before anything is downloaded.
+  record = f"gs://{gcs_bucket}/run/run.json"
+  paths.write_text_atomic(record, '{"config": {"seed": 0}, "done": true}\n')
+  wrong = run_command("stori_jax.run_grid", f"--config={record}")
+  assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+  assert f"{record} is not a config file" in wrong.stderr
+  assert "the record a run keeps in its workdir" in wrong.stderr
+  # A config in a bucket that fails as Python: the URL and the line named, not the local copy.
+  paths.write_text_atomic(f"gs://{gcs_bucket}/configs/bad.py", "def get_config():\n  return nul\n")
+  bad = run_command("stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/bad.py")
+  assert bad.returncode == 2 and "Traceback" not in bad.stderr
+  assert f"the config file gs://{gcs_bucket}/configs/bad.py fails as Python at line 2" in bad.stderr
 
 
 # ---- The lock of a gs:// workdir ---------------------------------------------------------------

@@ -153,6 +153,73 @@ def _missing_config_file(argv: Sequence[str], values: flags.FlagValues) -> str |
   return None
 
 
+def _config_file_path(source: str) -> str:
+  """The file of a config flag's value `source` (`file.py[:ARGUMENT]`, a URL's scheme kept)."""
+  if storage.is_url(source):
+    head, rest = source.split("://", 1)
+    return f"{head}://{rest.split(':', 1)[0]}"
+  return source.split(":", 1)[0]
+
+
+def _not_a_config_file(argv: Sequence[str], values: flags.FlagValues) -> str | None:
+  """The message for a config flag given a file that is no config file (a run record, a
+  README, a JSON file), if there is one: named before the file is read or downloaded."""
+  for flag in _config_flags(values):
+    source = _flag_argument(argv, flag.name)
+    if source is None:
+      continue
+    path = _config_file_path(source)
+    if path.endswith(".py"):
+      continue
+    if os.path.basename(path.rstrip("/")) == run_identity.RUN_FILE:
+      what = (
+        f" {path} is the record a run keeps in its workdir (what it was run with, for the "
+        "next run there to compare); to run it again, pass the config file it was started "
+        "with and the same --workdir, which resumes it."
+      )
+    else:
+      what = ""
+    return (
+      f"--{flag.name}: {path} is not a config file. A config file is a Python file (.py) "
+      f"whose get_config() returns the settings, e.g. configs/demo.py (configs/ holds one per "
+      f"experiment); values are changed with --{flag.name}.KEY=VALUE.{what} Nothing was run."
+    )
+  return None
+
+
+def _broken_config_file(
+  error: BaseException, given: Sequence[str], argv: Sequence[str], values: flags.FlagValues
+) -> str | None:
+  """The message for a config file that fails as Python (a syntax error, an unknown name)
+  while it is loaded, naming the file as the user gave it (a URL, not its local copy) and the
+  line; None when `error` was not raised by a config file's own code."""
+  files = {}
+  for flag in _config_flags(values):
+    source, loaded = _flag_argument(given, flag.name), _flag_argument(argv, flag.name)
+    if source is not None and loaded is not None:
+      files[os.path.realpath(_config_file_path(loaded))] = (flag.name, _config_file_path(source))
+  line = None
+  if isinstance(error, SyntaxError) and error.filename:
+    where = files.get(os.path.realpath(error.filename))
+    line = error.lineno
+  else:
+    where, tb = None, error.__traceback__
+    while tb is not None:  # the innermost frame in a config file
+      found = files.get(os.path.realpath(tb.tb_frame.f_code.co_filename))
+      if found:
+        where, line = found, tb.tb_lineno
+      tb = tb.tb_next
+  if where is None:
+    return None
+  name, path = where
+  text = error.msg if isinstance(error, SyntaxError) else str(error)
+  return (
+    f"--{name}: the config file {path} fails as Python at line {line} "
+    f"({type(error).__name__}: {text}). A config file is a Python file whose get_config() "
+    "returns the settings (e.g. configs/demo.py): fix that line. Nothing was run."
+  )
+
+
 def _local_config_files(argv: list[str], values: flags.FlagValues) -> list[str]:
   """`argv` with a config file given as a URL (--config=gs://.../x.py[:ARG]) replaced by a
   local copy of it: ml_collections imports config files from local paths only."""
@@ -160,8 +227,7 @@ def _local_config_files(argv: list[str], values: flags.FlagValues) -> list[str]:
     source = _flag_argument(argv, flag.name)
     if source is None or not storage.is_remote(source):
       continue
-    head, rest = source.split("://", 1)
-    path = f"{head}://{rest.split(':', 1)[0]}"
+    path = _config_file_path(source)
     try:
       local = storage.local_copy(path) + source[len(path) :]
     except FileNotFoundError:
@@ -179,12 +245,21 @@ def _local_config_files(argv: list[str], values: flags.FlagValues) -> list[str]:
 def parse_flags(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> list[str]:
   """absl's flag parsing of `argv` (program name first) into `values`, returning the other
   arguments, with command-line mistakes as one paragraph on stderr and exit code 2."""
+  wrong = _not_a_config_file(argv, values)
+  if wrong:
+    raise user_error_exit(UserError(wrong))
+  given = list(argv)
   argv = _local_config_files(list(argv), values)
   missing = _missing_config_file(argv, values)
   if missing:
     raise user_error_exit(UserError(missing))
   try:
     return values(argv)
+  except (SyntaxError, NameError, TypeError, ImportError) as error:
+    message = _broken_config_file(error, given, argv, values)
+    if message is None:
+      raise
+    raise user_error_exit(UserError(message)) from None
   except flags.Error as error:
     # A config file's get_config raising (e.g. a bad `file.py:ARG`) arrives with the traceback
     # in the message: its last line names the problem.
