@@ -229,7 +229,7 @@ def _local_config_files(argv: list[str], values: flags.FlagValues) -> list[str]:
       continue
     path = _config_file_path(source)
     try:
-      local = storage.local_copy(path) + source[len(path) :]
+      local = storage.local_copy(path, expect="file") + source[len(path) :]
     except FileNotFoundError:
       raise user_error_exit(UserError(f"--{flag.name}: no config file {path}")) from None
     except Exception as error:  # pylint: disable=broad-except  # classified, else raised
@@ -320,6 +320,10 @@ def _call_main(
       result = main(args)
     except UserError as error:
       raise user_error_exit(error) from None
+    finally:
+      # The downloads of gs:// inputs (a config file, a model in another layout): the run is
+      # over, however it ended (a kill leaves them to the system's temp cleaning).
+      storage.remove_local_copies()
   _write_compilation_record(
     [w for w in run_identity.held_workdirs() if w not in held], compiled, cache_dir
   )
@@ -382,8 +386,10 @@ def run_in_process(module: ModuleType, args: Sequence[str] = ()) -> int:
   finally:
     sys.argv = saved_argv
     absl_logging.set_verbosity(saved_verbosity)
-    # The command's run ends here, not at the process's exit: free the workdirs it claimed.
+    # The command's run ends here, not at the process's exit: free the workdirs it claimed,
+    # and remove its downloads (a flag parse that failed leaves its config file's).
     run_identity.release_workdirs(keep=held)
+    storage.remove_local_copies()
   return _exit_code(code)
 
 

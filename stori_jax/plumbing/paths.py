@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import functools
 import glob as glob_module
 import math
@@ -537,33 +538,96 @@ def _forget_appends(path: str) -> None:
       del _APPENDS[path]
 
 
+#: The temporary folders of `local_copy`'s downloads still on disk (removed by
+#: `remove_local_copies`: at the end of a command, else at the process's exit).
+_LOCAL_COPIES: list[str] = []
+_LOCAL_COPIES_LOCK = threading.Lock()
+
+
 @_classified("read")
-def local_copy(path: str | os.PathLike) -> str:
+def local_copy(path: str | os.PathLike, expect: str | None = None) -> str:
   """A local file or folder with `path`'s contents: `path` itself when local, else a download
   into a new temporary folder, under the same name (for readers that take only local files:
-  a Python config file, a PyTorch checkpoint, a transformers folder).
+  a Python config file, a PyTorch checkpoint, a transformers folder). The download is removed
+  by `remove_local_copies` (the command's end: `cli`; the process's exit otherwise), or at
+  once by `copied_locally`.
+
+  Args:
+    expect: "file" or "folder": a URL of the other kind is refused before anything is
+      downloaded; None takes either.
 
   Raises:
     FileNotFoundError: there is no such object or prefix.
+    StorageError: `path` is a folder where a file is expected, or the reverse (named by URL).
   """
   path = os.fspath(path)
   if not is_remote(path):
     return path
+  folder = isdir(path)
+  if expect is not None and folder != (expect == "folder"):
+    if not folder and not exists(path):
+      raise FileNotFoundError(path)
+    found, wanted = ("a folder", "a file") if folder else ("a file", "a folder")
+    raise StorageError(
+      f"{path} is {found} in object storage where {wanted} is expected; pass the URL of "
+      f"{wanted}. Nothing was downloaded."
+    )
   name = path.rstrip("/").rsplit("/", 1)[-1]
-  target = os.path.join(tempfile.mkdtemp(prefix="stori_jax_"), name)
-  if not isdir(path):
-    data = read_bytes(path)
-    with builtins.open(target, "wb") as f:
-      f.write(data)
+  temporary = tempfile.mkdtemp(prefix="stori_jax_")
+  with _LOCAL_COPIES_LOCK:
+    if not _LOCAL_COPIES:
+      atexit.register(remove_local_copies)  # registered once the list is in use
+    _LOCAL_COPIES.append(temporary)
+  target = os.path.join(temporary, name)
+  try:
+    if not folder:
+      data = read_bytes(path)
+      with builtins.open(target, "wb") as f:
+        f.write(data)
+      return target
+    root = path.rstrip("/")
+    for where, _, names in walk(root):
+      local = os.path.join(target, *where[len(root) :].strip("/").split("/"))
+      os.makedirs(local, exist_ok=True)
+      for file_name in names:
+        with builtins.open(os.path.join(local, file_name), "wb") as f:
+          f.write(read_bytes(join(where, file_name)))
     return target
-  root = path.rstrip("/")
-  for folder, _, names in walk(root):
-    local = os.path.join(target, *folder[len(root) :].strip("/").split("/"))
-    os.makedirs(local, exist_ok=True)
-    for file_name in names:
-      with builtins.open(os.path.join(local, file_name), "wb") as f:
-        f.write(read_bytes(join(folder, file_name)))
-  return target
+  except BaseException:
+    remove_local_copies([temporary])
+    raise
+
+
+def remove_local_copies(folders: list[str] | None = None) -> None:
+  """Removes `local_copy`'s temporary folders (`folders` of them, default all)."""
+  with _LOCAL_COPIES_LOCK:
+    chosen = list(_LOCAL_COPIES) if folders is None else [f for f in folders if f in _LOCAL_COPIES]
+    for folder in chosen:
+      _LOCAL_COPIES.remove(folder)
+  for folder in chosen:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def copied_locally(path: str | os.PathLike, expect: str | None = None) -> Iterator[str]:
+  """`local_copy(path, expect)` for the length of a `with` block: the download is removed on
+  leaving it, and a UserError raised inside that names the local copy names `path` instead
+  (the user gave the URL, not the temporary folder)."""
+  path = os.fspath(path)
+  local = local_copy(path, expect)
+  try:
+    yield local
+  except UserError as error:
+    if local == path or local not in str(error):
+      raise
+    try:
+      renamed = type(error)(str(error).replace(local, path))
+    except Exception:  # pylint: disable=broad-except  # an error type of another signature
+      raise error from error.__cause__
+    raise renamed.with_traceback(error.__traceback__) from error.__cause__
+  finally:
+    if local != path:
+      remove_local_copies([os.path.dirname(local)])
 
 
 # ---- Conditional object operations (a lock on object storage) -------------------------------
