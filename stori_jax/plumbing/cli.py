@@ -290,7 +290,10 @@ def define_compilation_cache_flag(values: flags.FlagValues) -> None:
 
 
 def _write_compilation_record(
-  workdirs: Sequence[str], compiled: profiling.Compilations, cache_dir: str | None
+  workdirs: Sequence[str],
+  compiled: profiling.Compilations,
+  cache_dir: str | None,
+  off_reason: str | None = None,
 ) -> None:
   """compilation.json in the first workdir the command claimed (its own; a grid's cells come
   after it), on process 0 (the only one holding a claim)."""
@@ -298,7 +301,8 @@ def _write_compilation_record(
     return
   path = os.path.join(workdirs[0], COMPILATION_FILE)
   try:
-    jsonio.write_json(path, profiling.compilation_record(compiled, cache_dir), indent=1)
+    record = profiling.compilation_record(compiled, cache_dir, off_reason)
+    jsonio.write_json(path, record, indent=1)
   except OSError as error:  # a record about the run, not a result: never fails the run
     absl_logging.warning("could not write %s: %s", path, error)
 
@@ -313,7 +317,16 @@ def _call_main(
   (or off), a UserError as exit code 2, and compilation.json in the workdir it claimed."""
   if quiet:
     absl_logging.set_verbosity(absl_logging.WARNING)
+  problem = profiling.cache_env_problem()
+  if problem:
+    raise user_error_exit(UserError(problem))
   cache_dir = profiling.use_compilation_cache(compilation_cache)
+  if cache_dir is not None:
+    off_reason = None
+  elif profiling.cache_unusable_reason() is not None:
+    off_reason = f"the folder {profiling.cache_unusable_reason()}"
+  else:
+    off_reason = "turned off (--compilation_cache=false or STORI_COMPILATION_CACHE=0)"
   held = set(run_identity.held_workdirs())
   with profiling.compilations() as compiled:
     try:
@@ -325,7 +338,7 @@ def _call_main(
       # over, however it ended (a kill leaves them to the system's temp cleaning).
       storage.remove_local_copies()
   _write_compilation_record(
-    [w for w in run_identity.held_workdirs() if w not in held], compiled, cache_dir
+    [w for w in run_identity.held_workdirs() if w not in held], compiled, cache_dir, off_reason
   )
   return result
 
