@@ -279,6 +279,23 @@ def test_restart_on_a_bucket_root_asks_for_a_folder(gcs_bucket, gcs_emulator, ru
   assert gcs_emulator.objects(gcs_bucket) == ["other.txt"]
 
 
+@pytest.mark.slow
+def test_a_storage_service_that_cannot_be_reached_is_one_paragraph(
+  gcs_bucket, monkeypatch, run_command
+):
+  """The emulator stopped (nothing listens at its address): gcsfs's bounded retries (about
+  35 s), then one paragraph naming the endpoint, exit 2, no aiohttp traceback."""
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{emulator_helpers.free_port()}")
+  start = time.monotonic()
+  result = run_command(*_commands(f"gs://{gcs_bucket}/run")["train"])
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "cannot be reached, after the storage client's retries" in errors[0]
+  assert "Traceback" not in result.stderr and "aiohttp" not in result.stderr, result.stderr[-3000:]
+  assert result.stdout.strip() == ""
+  assert time.monotonic() - start < 120
+
+
 def test_a_config_file_in_a_bucket(gcs_bucket, gcs_emulator, run_command):
   """--config=gs://...: read through a local copy; a missing one is one paragraph."""
   with open(os.path.join(REPO, "configs", "grid_synthetic.py"), "rb") as f:

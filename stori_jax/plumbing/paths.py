@@ -37,6 +37,7 @@ import builtins
 import contextlib
 import functools
 import glob as glob_module
+import logging
 import math
 import os
 import re
@@ -190,6 +191,7 @@ def _configure() -> None:
     os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", url.rstrip("/"))
     os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+  logging.getLogger("gcsfs").addFilter(_DropRetryTracebacks())
   try:
     import fsspec.config  # lazy: only object storage needs it
   except ImportError:
@@ -766,6 +768,14 @@ def describe_error(path: str, error: BaseException, doing: str) -> StorageError 
         "VM give its service account access to the bucket; or set "
         "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file. Nothing was done."
       )
+    if name in _UNREACHABLE or isinstance(current, ConnectionError):
+      endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or f"the {scheme(path)}:// service"
+      return StorageError(
+        f"cannot {doing} {path}: {endpoint} cannot be reached, after the storage client's "
+        f"retries ({_first(text)}). Check the network connection (or that the emulator at "
+        "STORAGE_EMULATOR_HOST runs), then run the same command again: a run resumes from "
+        "what it had written."
+      )
     if code == 403 or isinstance(current, PermissionError):
       return StorageError(
         f"cannot {doing} {path}: the storage service refused it (403 Forbidden: "
@@ -775,6 +785,26 @@ def describe_error(path: str, error: BaseException, doing: str) -> StorageError 
       )
     current = current.__cause__ or current.__context__
   return None
+
+
+#: The client's errors (aiohttp's, under gcsfs) for a storage service that cannot be reached:
+#: raised after gcsfs's own bounded retries (about 35 s).
+_UNREACHABLE = (
+  "ClientConnectorError",
+  "ServerDisconnectedError",
+  "ClientOSError",
+  "ServerTimeoutError",
+  "ConnectionTimeoutError",
+)
+
+
+class _DropRetryTracebacks(logging.Filter):
+  """Drops gcsfs's logged tracebacks of a request out of retries: the error is raised to the
+  caller as well, and the path layer reports it as one paragraph."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (record.exc_info and ("out of retries" in message or "non-retriable" in message))
 
 
 def _first(text: str, limit: int = 160) -> str:
