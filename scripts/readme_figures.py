@@ -223,7 +223,7 @@ def bound(measured: float) -> str:
   if measured <= 0:
     return "0"
   exponent = math.ceil(math.log10(measured) - 1e-12)
-  return f"1e{exponent}" if exponent < 0 else f"{10 ** exponent:g}"
+  return f"1e{exponent}" if exponent < 0 else f"{10**exponent:g}"
 
 
 #: A figure of a region's text: digits, with a fraction or not.
@@ -1406,7 +1406,9 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   diff = unified_diff(old, new, os.path.relpath(path))
   sys.stdout.write(diff)
   changed = [r for r, b in bodies.items() if replace_region(old, r, b) != old]
-  timed = [r for r in changed if same_figures(old[slice(*region_span(old, r))].strip(), bodies[r].strip())]
+  timed = [
+    r for r in changed if same_figures(old[slice(*region_span(old, r))].strip(), bodies[r].strip())
+  ]
   summary = (
     f"{len(changed)} of {len(bodies)} regions differ"
     + (f", {len(timed)} of them in timings (or wrapping) only" if timed else "")

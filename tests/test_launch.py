@@ -349,14 +349,18 @@ _TRAIN = ("--", "python", "-m", "stori_jax.train", "--config=configs/demo.py")
 def test_local_refuses_a_number_of_processes_out_of_range(dry_run, count):
   done = _launch("local_multiprocess.sh", *(["--dry_run"] if dry_run else []), count, *_TRAIN)
   assert done.returncode == 2 and done.stdout == "", done.stdout[-500:]
-  assert done.stderr.count("\n") == 1 and f"must be 1 to 64 on one machine, got {count}" in done.stderr
+  assert (
+    done.stderr.count("\n") == 1 and f"must be 1 to 64 on one machine, got {count}" in done.stderr
+  )
 
 
 def test_local_takes_up_to_its_limit_and_a_raised_one():
   done = _launch("local_multiprocess.sh", "--dry_run", "064", *_TRAIN)
   assert done.returncode == 0, done.stderr
   assert len(done.stdout.splitlines()) == 64 and "--num_processes=64 --process_id=63" in done.stdout
-  done = _launch("local_multiprocess.sh", "--dry_run", "70", *_TRAIN, env={"STORI_MAX_PROCESSES": "80"})
+  done = _launch(
+    "local_multiprocess.sh", "--dry_run", "70", *_TRAIN, env={"STORI_MAX_PROCESSES": "80"}
+  )
   assert done.returncode == 0 and len(done.stdout.splitlines()) == 70, done.stderr
 
 
@@ -380,7 +384,10 @@ def test_slurm_with_a_venv_missing_here(tmp_path):
   done = _launch("slurm_gpu.sbatch", "--dry_run", *_TRAIN, env={"VENV": missing, "NODES": "2"})
   assert done.returncode == 0, done.stderr
   assert done.stderr.count("\n") == 1 and f"VENV={missing} does not exist here" in done.stderr
-  assert f"srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --chdir {REPO} {missing}/bin/python" in done.stdout
+  assert (
+    f"srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --chdir {REPO} {missing}/bin/python"
+    in done.stdout
+  )
   job = _launch("slurm_gpu.sbatch", *_TRAIN, env={"VENV": missing, "NODES": "2"})
   assert job.returncode == 2 and job.stdout == ""
   assert job.stderr.count("\n") == 1 and f"VENV={missing} is no virtual environment" in job.stderr

@@ -219,7 +219,9 @@ def test_a_command_leaves_no_local_copy_however_it_ends(
   with open(os.path.join(repo, "configs", "grid_synthetic.py"), "rb") as f:
     paths.write_bytes_atomic(f"gs://{gcs_bucket}/configs/grid.py", f.read())
   paths.write_text_atomic(f"gs://{gcs_bucket}/configs/bad.py", "def get_config():\n  x = y\n")
-  done = run_command("stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/grid.py", "--dry_run")
+  done = run_command(
+    "stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/grid.py", "--dry_run"
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   assert list(temp_root.iterdir()) == []
   failed = run_command("stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/bad.py")

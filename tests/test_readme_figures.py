@@ -136,7 +136,9 @@ def test_a_measured_difference_is_stated_as_its_bound(figures):
   """Two machines of one kind measure 2.6e-6 and 3.8e-6: both state "within 1e-5"."""
   assert [figures.bound(x) for x in (2.6e-6, 3.8e-6, 1e-5)] == ["1e-5"] * 3
   assert [figures.bound(x) for x in (1.2e-5, 0.0, 0.4, 3.0)] == ["1e-4", "0", "1", "10"]
-  one, other = (f"their weights within {figures.bound(x)} of one process's." for x in (2.6e-6, 3.8e-6))
+  one, other = (
+    f"their weights within {figures.bound(x)} of one process's." for x in (2.6e-6, 3.8e-6)
+  )
   assert one == other and figures.same_figures(one, other)
 
 

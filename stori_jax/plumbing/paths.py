@@ -112,7 +112,7 @@ def check_url(path: str | os.PathLike) -> None:
   if found is None:
     typo = _ONE_SLASH.match(text)
     if typo:
-      fixed = f"{typo.group(1).lower()}://{text[typo.end():]}"
+      fixed = f"{typo.group(1).lower()}://{text[typo.end() :]}"
       raise StorageError(
         f"{text}: a URL's scheme takes two slashes ({fixed}); with one this would be a local "
         f"folder named {typo.group(1)}:. Write {fixed} for object storage, or ./{text} for a "
