@@ -3,6 +3,7 @@ inter- and intra-class diversity under a sentence encoder (`bank_quality`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from typing import Any, Callable, Sequence
@@ -37,7 +38,6 @@ def missing_requirements(settings) -> str | None:
   (config.protocols.bank_quality): the sentence encoder's package or folder, and
   sentence-transformers; None when nothing is missing. Found without importing them, so that
   a run names it before any work (`load_sentence_encoder` would only fail once reached)."""
-  import importlib.util  # pylint: disable=import-outside-toplevel
 
   name = str(settings.encoder)
   wanted = []
