@@ -219,15 +219,19 @@ def test_a_command_leaves_no_local_copy_however_it_ends(
   with open(os.path.join(repo, "configs", "grid_synthetic.py"), "rb") as f:
     paths.write_bytes_atomic(f"gs://{gcs_bucket}/configs/grid.py", f.read())
   paths.write_text_atomic(f"gs://{gcs_bucket}/configs/bad.py", "def get_config():\n  x = y\n")
+  # A copy made before the commands (an enclosing script's) is not theirs to remove.
+  outer = temp_root / os.path.basename(
+    os.path.dirname(paths.local_copy(f"gs://{gcs_bucket}/configs/bad.py"))
+  )
   done = run_command(
     "stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/grid.py", "--dry_run"
   )
   assert done.returncode == 0, done.stderr[-3000:]
-  assert list(temp_root.iterdir()) == []
+  assert list(temp_root.iterdir()) == [outer]
   failed = run_command("stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/bad.py")
   assert failed.returncode == 2 and f"gs://{gcs_bucket}/configs/bad.py" in failed.stderr
   assert str(temp_root) not in failed.stderr
-  assert list(temp_root.iterdir()) == []
+  assert list(temp_root.iterdir()) == [outer]
   # A model folder of no known layout is refused by its URL before anything is downloaded.
   paths.write_text_atomic(f"gs://{gcs_bucket}/notes/readme.txt", "not a model\n")
   refused = run_command(
@@ -236,7 +240,7 @@ def test_a_command_leaves_no_local_copy_however_it_ends(
   )  # fmt: skip
   assert refused.returncode == 2, refused.stderr[-3000:]
   assert f"gs://{gcs_bucket}/notes is a directory without" in refused.stderr
-  assert list(temp_root.iterdir()) == []
+  assert list(temp_root.iterdir()) == [outer]
   # A weights file that is no weights file: named by its URL; its download removed.
   paths.write_text_atomic(f"gs://{gcs_bucket}/broken/model.pt", "not a checkpoint\n")
   broken = run_command(
@@ -246,4 +250,6 @@ def test_a_command_leaves_no_local_copy_however_it_ends(
   assert broken.returncode == 2, broken.stderr[-3000:]
   assert f"gs://{gcs_bucket}/broken/model.pt" in broken.stderr
   assert str(temp_root) not in broken.stderr
+  assert list(temp_root.iterdir()) == [outer]
+  paths.remove_local_copies()
   assert list(temp_root.iterdir()) == []

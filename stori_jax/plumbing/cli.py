@@ -328,6 +328,7 @@ def _call_main(
   else:
     off_reason = "turned off (--compilation_cache=false or STORI_COMPILATION_CACHE=0)"
   held = set(run_identity.held_workdirs())
+  copies = set(storage.local_copies())  # an enclosing command's (a script running commands)
   with profiling.compilations() as compiled:
     try:
       result = main(args)
@@ -336,7 +337,7 @@ def _call_main(
     finally:
       # The downloads of gs:// inputs (a config file, a model in another layout): the run is
       # over, however it ended (a kill leaves them to the system's temp cleaning).
-      storage.remove_local_copies()
+      storage.remove_local_copies([c for c in storage.local_copies() if c not in copies])
   _write_compilation_record(
     [w for w in run_identity.held_workdirs() if w not in held], compiled, cache_dir, off_reason
   )
@@ -382,6 +383,7 @@ def run_in_process(module: ModuleType, args: Sequence[str] = ()) -> int:
   flags.DEFINE_flag(copy.deepcopy(flags.FLAGS["verbosity"]), values)
   saved_argv, saved_verbosity = sys.argv, absl_logging.get_verbosity()
   held = run_identity.held_workdirs()
+  copies = set(storage.local_copies())
   sys.argv = argv
   try:
     module.define_flags(values)
@@ -402,7 +404,7 @@ def run_in_process(module: ModuleType, args: Sequence[str] = ()) -> int:
     # The command's run ends here, not at the process's exit: free the workdirs it claimed,
     # and remove its downloads (a flag parse that failed leaves its config file's).
     run_identity.release_workdirs(keep=held)
-    storage.remove_local_copies()
+    storage.remove_local_copies([c for c in storage.local_copies() if c not in copies])
   return _exit_code(code)
 
 

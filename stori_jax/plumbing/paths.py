@@ -600,6 +600,12 @@ def local_copy(path: str | os.PathLike, expect: str | None = None) -> str:
     raise
 
 
+def local_copies() -> list[str]:
+  """The temporary folders of `local_copy`'s downloads still on disk."""
+  with _LOCAL_COPIES_LOCK:
+    return list(_LOCAL_COPIES)
+
+
 def remove_local_copies(folders: list[str] | None = None) -> None:
   """Removes `local_copy`'s temporary folders (`folders` of them, default all)."""
   with _LOCAL_COPIES_LOCK:
