@@ -105,6 +105,44 @@ def test_check_passes_when_only_a_timing_differs(figures, tmp_path, monkeypatch,
   assert figures.without_timings("about 150 s, about 11 minutes") == "about ? s, about ? s"
 
 
+def test_check_passes_a_paragraph_re_wrapped_by_a_longer_timing(
+  figures, tmp_path, monkeypatch, capsys
+):
+  """A timing that grew a digit moves a paragraph's line breaks: --check exits 0 (timings are
+  not figures, the wrapping is not either), and says only the timings differ."""
+  sentence = (
+    "The demo on the shipped tiny CLIP trains in {} and reaches 95.17% with weights within "
+    "1e-5 of one process's."
+  )
+  short, long = sentence.format("about 35 s"), sentence.format("about 110 s")
+  # A width at which the longer timing moves a line break (not only the timing's own line).
+  width = next(
+    w for w in range(30, 90) if figures.fill(short, w).replace("35", "110") != figures.fill(long, w)
+  )
+  old, new = figures.fill(short, width), figures.fill(long, width)
+  readme = tmp_path / "README.md"
+  readme.write_text(f"<!-- figures:demo -->\n{old}\n<!-- /figures:demo -->\n", encoding="utf-8")
+  for measured, code in ((new, 0), (new.replace("95.17", "95.18"), 1)):
+    stub = figures.Section(lambda: {"demo": "\n" + measured + "\n"}, ("demo",), "a stub")
+    monkeypatch.setattr(figures, "SECTIONS", {"stub": stub})
+    assert cli.run_in_process(figures, ["--readme", str(readme), "--check"]) == code
+    out = capsys.readouterr().out
+    assert ("1 of 1 regions differ, 1 of them in timings (or wrapping) only" in out) == (code == 0)
+    assert ("Only the measured timings differ" in out) == (code == 0)
+    assert ("Figures drifted in demo." in out) == (code == 1)
+  assert figures.without_timings("about 4 ms,\n  about 8 hours") == "about ? s, about ? s"
+
+
+def test_a_measured_difference_is_stated_as_its_bound(figures):
+  """Two machines of one kind measure 2.6e-6 and 3.8e-6: both state "within 1e-5"."""
+  assert [figures.bound(x) for x in (2.6e-6, 3.8e-6, 1e-5)] == ["1e-5"] * 3
+  assert [figures.bound(x) for x in (1.2e-5, 0.0, 0.4, 3.0)] == ["1e-4", "0", "1", "10"]
+  one, other = (
+    f"their weights within {figures.bound(x)} of one process's." for x in (2.6e-6, 3.8e-6)
+  )
+  assert one == other and figures.same_figures(one, other)
+
+
 def test_a_section_s_images_are_written_beside_the_readme(figures, tmp_path, monkeypatch, capsys):
   readme = tmp_path / "README.md"
   readme.write_text(TEXT, encoding="utf-8")
