@@ -256,7 +256,7 @@ def real_dataset_config(
       # and empty classes, instead of stopping.
       skip_missing_classes=False,
       images_per_class=0,  # 0: all
-      classes=(),  # class indices to analyse (after matching); empty: all
+      classes=(),  # class indices or names to analyse (after matching); empty: all
     )
   )
   config.analysis = analysis_config(class_prompts="templates", templates=tuple(templates))
