@@ -426,7 +426,15 @@ def sweep_config(
   # Table 2 (App. K) per model from the sweep's own concepts (configs/mutual_table2_models.py),
   # with mutual.evaluate's settings (config.protocols.table2).
   config.table2 = False
-  config.protocols = ml_collections.ConfigDict(dict(table2=protocols_config().table2))
+  defaults = protocols_config()
+  config.protocols = ml_collections.ConfigDict(
+    dict(table2=defaults.table2, corloc=defaults.corloc, blur=defaults.blur)
+  )
+  # Protocols that read each model's images again, run per model after the analysis, one table
+  # over the models (mutual.sweep.runner.MODEL_PROTOCOLS): "corloc" (App. A.1's Table 1, one
+  # column per model: configs/mutual_appa1.py), "blur" (App. A.3's Table 3, one row per model:
+  # configs/mutual_appa3.py); with config.protocols' settings, as mutual.evaluate runs them.
+  config.model_protocols = ()
   # App. G's tables: ((title, (model, ...)), ...) groups of config.models (configs/mutual_appg.py).
   config.table_groups = ()
   config.data = base.data
