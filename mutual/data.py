@@ -789,6 +789,39 @@ def prepare(config) -> Dataset:
   )
 
 
+def descriptor_set_lists(config, source: str, names: Sequence[str]) -> list[list[str]]:
+  """One descriptor set's lists for the classes `names` (label order), for App. A.4's Table 4
+  (config.protocols.bank_quality.descriptor_sets): on the embedded world `source` names one of
+  its sets (synthetic_tasks.DESCRIPTOR_SETS); else it is a descriptor file in Menon & Vondrick's
+  layout whose classes are matched to `names` by name, as config.data.descriptors' are.
+
+  Raises:
+    ConfigError: an unknown embedded set; ClassMismatchError: a class of the data that the file
+      does not describe; DatasetMissingError / InputError: as `load_descriptors`.
+  """
+  if config.data.source == "synthetic":
+    if source not in synthetic_tasks.DESCRIPTOR_SETS:
+      raise ConfigError(
+        f"config.protocols.bank_quality.descriptor_sets names {source!r}, which is not one of "
+        f"the embedded world's descriptor sets {tuple(synthetic_tasks.DESCRIPTOR_SETS)} (on the "
+        "embedded world the sets are named; on real data they are descriptor files)."
+      )
+    per_class = synthetic_tasks.DESCRIPTOR_SETS[source](synthetic_tasks.FEWSHOT_CLASSES)
+  else:
+    per_class = load_descriptors(source, config.data.get("dataset"))
+  match = match_names(list(names), list(per_class))
+  found = dict(match.pairs)
+  missing = [n for n in names if n not in found]
+  if missing:
+    raise ClassMismatchError(
+      f"The descriptor set {source} describes no class (matched by name, ignoring case, '_', "
+      f"'-' and spaces) for {len(missing)} class(es) of the data: {quoted(missing)}. Every row "
+      "of App. A.4's table scores the same classes: give a file with descriptors for each, or "
+      "leave it out of config.protocols.bank_quality.descriptor_sets."
+    )
+  return [list(per_class[found[n]]) for n in names]
+
+
 def load(config, image_size: int):
   """(class names, descriptors {class: [..]} in label order, iterator of ClassImages)."""
   found = prepare(config)

@@ -386,6 +386,11 @@ def protocols_config(**overrides) -> ml_collections.ConfigDict:
       inter="centroids",  # or "pairs"
       encoder=SENTENCE_ENCODER,  # or a sentence-transformers model directory
       batch_size=256,
+      # App. A.4's Table 4: ((prompt, LLM, descriptors), ...), one row per descriptor set (a
+      # descriptor file; on the embedded world a set's name, synthetic_tasks.DESCRIPTOR_SETS),
+      # scored on the same images; empty: one row, config.data's own bank
+      # (configs/mutual_appa4.py).
+      descriptor_sets=(),
     ),
   )
   for section, keys in overrides.items():
