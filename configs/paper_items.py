@@ -4,6 +4,7 @@ r"""Every table and figure with a result in the two papers, and the one command 
   python configs/paper_items.py --markdown   # as a markdown table (README, docs/design.md)
   python configs/paper_items.py --json       # every field, as JSON
   python configs/paper_items.py --item "MK App. Table 3"   # one entry, every field
+  python configs/paper_items.py --write_docs docs/design.md  # its generated index, rewritten
 
 One entry per item (`PaperItem`): `paper` ("SToRI": Kim et al., arXiv 2410.08469; "MK": Sammani
 & Deligiannis, NeurIPS 2024), `item` as the paper labels it (MK's appendix items "App. Table 1",
@@ -15,6 +16,10 @@ kmeans, `<label>` for a class label; those of `smoke` are the same names), `devi
 setting of the command that differs from the paper's, and why; docs/design.md's "Every paper
 item as a command" and section 5 say more). Diagrams without a result (SToRI Fig. 1, MK Figs. 1-2
 and App. Figs. 4-5) have no entry, nor lists of inputs (SToRI Tables 9-10, MK App. Table 8).
+
+docs/design.md's "Every paper item as a command" holds `markdown_table()` between the markers
+`<!-- paper_items -->` and `<!-- /paper_items -->`, written by `--write_docs` (never by hand:
+a test fails when the two differ).
 
 `tests/test_paper_items.py` checks the index (every config a command names loads, every module
 imports, no item twice) and, marked slow, runs every distinct `smoke` command in-process and
@@ -656,6 +661,25 @@ def markdown_table(items: Sequence[PaperItem] = ITEMS) -> str:
   return "\n".join(lines) + "\n"
 
 
+#: The markers of the generated index in a markdown document.
+MARKERS = ("<!-- paper_items -->", "<!-- /paper_items -->")
+
+
+def docs_region(text: str) -> str:
+  """The text between MARKERS (ValueError when they are not there once each, in order)."""
+  start, end = (text.find(m) for m in MARKERS)
+  if min(start, end) < 0 or text.count(MARKERS[0]) != 1 or end < start:
+    raise ValueError(f"the document needs {MARKERS[0]} and then {MARKERS[1]}, once each")
+  return text[start + len(MARKERS[0]) : end].strip("\n")
+
+
+def with_index(text: str) -> str:
+  """`text` with the region between MARKERS replaced by the markdown index."""
+  docs_region(text)  # the markers, checked
+  start = text.index(MARKERS[0]) + len(MARKERS[0])
+  return text[:start] + "\n" + markdown_table() + text[text.index(MARKERS[1]) :]
+
+
 def as_json(items: Sequence[PaperItem] = ITEMS) -> str:
   return json.dumps([dataclasses.asdict(i) for i in items], indent=1)
 
@@ -683,12 +707,22 @@ def main(argv: Sequence[str]) -> int:
       )
       return 2
     print(_describe(found[0]))
+  elif args[:1] == ["--write_docs"] and len(args) == 2:
+    from stori_jax.plumbing import paths  # pylint: disable=import-outside-toplevel
+
+    try:
+      updated = with_index(paths.read_text(args[1]))
+    except (OSError, ValueError) as error:
+      print(f"Cannot write the index into {args[1]}: {error}.", file=sys.stderr)
+      return 2
+    paths.write_text_atomic(args[1], updated)
+    print(f"{args[1]}: the index of {len(ITEMS)} items written between {MARKERS[0]} and {MARKERS[1]}")
   elif not args:
     print(text_table())
   else:
     print(
-      f"Unknown arguments {args}: use no argument (the table), --markdown, --json or "
-      "--item '<paper> <item>'.",
+      f"Unknown arguments {args}: use no argument (the table), --markdown, --json, "
+      "--item '<paper> <item>' or --write_docs PATH.",
       file=sys.stderr,
     )
     return 2
@@ -696,4 +730,8 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
+  # As a script its folder heads sys.path; --write_docs imports the project's path layer.
+  import os  # pylint: disable=import-outside-toplevel
+
+  sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   sys.exit(main(sys.argv[1:]))

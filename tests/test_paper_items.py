@@ -168,3 +168,21 @@ def test_every_smoke_command_writes_its_items_outputs(smoke, tmp_path, monkeypat
       assert found, (item.key, output, sorted(written)[:40])
       assert all(os.path.getsize(os.path.join(workdir, w)) > 0 for w in found)
   print(f"{seconds:.1f} s: {smoke}")
+
+
+def test_the_design_document_holds_the_generated_index(tmp_path, capsys):
+  with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
+    text = f.read()
+  assert paper_items.docs_region(text) == paper_items.markdown_table().strip("\n")
+  # --write_docs rewrites only the region; a document without the markers is refused.
+  stale = tmp_path / "doc.md"
+  stale.write_text(f"head\n{paper_items.MARKERS[0]}\nold\n{paper_items.MARKERS[1]}\ntail\n")
+  assert paper_items.main(["--write_docs", str(stale)]) == 0
+  written = stale.read_text()
+  assert written.startswith("head\n") and written.endswith("tail\n")
+  assert paper_items.docs_region(written) == paper_items.markdown_table().strip("\n")
+  bare = tmp_path / "bare.md"
+  bare.write_text("no markers\n")
+  capsys.readouterr()
+  assert paper_items.main(["--write_docs", str(bare)]) == 2
+  assert "needs <!-- paper_items -->" in capsys.readouterr().err
