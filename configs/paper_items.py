@@ -98,7 +98,9 @@ _RETRIEVE_SMOKE = (
 _CELEBA3 = f"python -m stori_jax.retrieve --config configs/retrieval_celeba3.py {_CELEBA}"
 _CUB3 = f"python -m stori_jax.retrieve --config configs/retrieval_cub.py {_CUB}"
 _ANALYZE = f"python -m mutual.analyze --config configs/mutual_imagenet.py {_IMAGENET}"
-_ANALYZE_SMOKE = f"python -m mutual.analyze --config configs/mutual_synthetic.py:smoke --workdir {WORKDIR}"
+_ANALYZE_SMOKE = (
+  f"python -m mutual.analyze --config configs/mutual_synthetic.py:smoke --workdir {WORKDIR}"
+)
 _EVALUATE = (
   f"python -m mutual.evaluate --config configs/mutual_eval_imagenet.py {_IMAGENET} "
   "--config.baselines.data.root=/data/imagenet/train "
@@ -338,9 +340,7 @@ ITEMS: tuple[PaperItem, ...] = (
     f"{_EVALUATE} --workdir {WORKDIR}",
     _EVALUATE_SMOKE,
     ("table1.md", "curves.png"),
-    (
-      "The baselines train 10 epochs (config.baselines.train.epochs): App. D names no number.",
-    ),
+    ("The baselines train 10 epochs (config.baselines.train.epochs): App. D names no number.",),
   ),
   PaperItem(
     "MK",
@@ -716,7 +716,9 @@ def main(argv: Sequence[str]) -> int:
       print(f"Cannot write the index into {args[1]}: {error}.", file=sys.stderr)
       return 2
     paths.write_text_atomic(args[1], updated)
-    print(f"{args[1]}: the index of {len(ITEMS)} items written between {MARKERS[0]} and {MARKERS[1]}")
+    print(
+      f"{args[1]}: the index of {len(ITEMS)} items written between {MARKERS[0]} and {MARKERS[1]}"
+    )
   elif not args:
     print(text_table())
   else:

@@ -90,9 +90,7 @@ def image_records(
       for c in np.flatnonzero(r["concept_valid"][i]):
         chosen = r["concept_ids"][i][c][r["concept_ids_valid"][i][c]]
         raw = r.get("concept_ids_without_ot_valid")  # absent from a record of an older run
-        without_ot = (
-          None if raw is None else r["concept_ids_without_ot"][i][c][raw[i][c]]
-        )
+        without_ot = None if raw is None else r["concept_ids_without_ot"][i][c][raw[i][c]]
         rows, cols = np.nonzero(r["concept_maps"][i] == c)
         concept_list.append(
           dict(
