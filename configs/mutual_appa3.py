@@ -45,6 +45,8 @@ def get_config(argument=None):
     config = sibling_config(__file__, "mutual_sweep", "smoke")
   # Item 1 of issue 41 (config.analysis.bank_template, App. L's descriptor prompt) is set by
   # the analysis config this one starts from.
+  # Item 4 of issue 41 (config.spectral_across_models, one batched eigh over models) is a sweep
+  # field: set it here if these models' default should differ from the sweep's.
   config.name = "mutual_appa3" + ("" if variant == "imagenet" else f"_{variant}")
   config.models = SMOKE_MODELS if variant == "smoke" else APPA3_MODELS
   config.model_protocols = ("blur",)
