@@ -148,6 +148,7 @@ def _entry(words):
 )
 def test_every_smoke_command_writes_its_items_outputs(smoke, tmp_path, monkeypatch, capsys):
   workdir = str(tmp_path / "run")
+  os.makedirs(workdir)  # a script's --json names a file in it (the commands claim it as is)
   monkeypatch.chdir(ROOT)  # configs/... paths resolve, as from the repository root
   start = time.perf_counter()
   for words in _parts(smoke.replace(paper_items.WORKDIR, workdir)):
