@@ -50,6 +50,7 @@ from stori_jax.data.files import (
   check_name_lists,
   match_names,
   nearest,
+  normalise_name,
   quoted,
   read_json,
 )
@@ -505,13 +506,44 @@ def match_classes(
   return pairs, skipped
 
 
-def _selected(labels: int, classes: Sequence[int] | None) -> list[int]:
-  chosen = list(range(labels)) if classes is None else [int(c) for c in classes]
-  bad = [c for c in chosen if not 0 <= c < labels]
+def _selected(names: Sequence[str], classes: Sequence[int | str] | None) -> list[int]:
+  """The labels `classes` picks, in its order: each a label index, or a class name (compared
+  up to case, '_', '-' and spaces, as the descriptor file's names are: MK Fig. 5 names its
+  classes, `configs/mutual_imagenet.py:fig5`); None: every label."""
+  if classes is None:
+    return list(range(len(names)))
+  by_name: dict[str, list[int]] = {}
+  for label, name in enumerate(names):
+    by_name.setdefault(normalise_name(name), []).append(label)
+  chosen, bad, unknown, ambiguous = [], [], [], []
+  for c in classes:
+    if isinstance(c, str):
+      labels = by_name.get(normalise_name(c), [])
+      if len(labels) == 1:
+        chosen.append(labels[0])
+      else:
+        (ambiguous if labels else unknown).append(c)
+    elif not 0 <= int(c) < len(names):
+      bad.append(c)
+    else:
+      chosen.append(int(c))
+  problems = []
   if bad:
+    problems.append(f"{bad} are not class indices 0..{len(names) - 1}")
+  if unknown:
+    hints = [f"{u!r}" + (f" (nearest: {n!r})" if (n := nearest(u, names)) else "") for u in unknown]
+    problems.append(f"{', '.join(hints)} name no class of the data")
+  if ambiguous:
+    problems.append(f"{quoted(ambiguous)} name several classes (give their indices instead)")
+  if problems:
     raise ConfigError(
-      f"config.data.classes {bad} are not class indices 0..{labels - 1} (after matching the "
-      "data's classes to the descriptor file)."
+      f"config.data.classes: {'; '.join(problems)} (after matching the data's classes to the "
+      "descriptor file). Name each class by its index or by its name."
+    )
+  if len(set(chosen)) != len(chosen):
+    raise ConfigError(
+      f"config.data.classes {list(classes)} picks a class more than once (by index and by "
+      "name); each class is analysed once. List each class once."
     )
   return chosen
 
@@ -522,7 +554,7 @@ def folder_dataset(
   *,
   classnames: str | None = None,
   images_per_class: int | None = None,
-  classes: Sequence[int] | None = None,
+  classes: Sequence[int | str] | None = None,
   skip_missing: bool = False,
   descriptors_path: str = "the descriptor file",
   dataset: str | None = None,
@@ -556,7 +588,7 @@ def folder_dataset(
   )
   names = tuple(n for _, n in pairs)
   kept_keys = tuple(k for k, _ in pairs)
-  chosen = _selected(len(pairs), classes)
+  chosen = _selected(names, classes)
   some = {
     label: files[k][:images_per_class] if images_per_class else files[k]
     for label in chosen
@@ -617,7 +649,7 @@ def tfds_dataset(
   split: str = "validation",
   classnames: str | None = None,
   images_per_class: int | None = None,
-  classes: Sequence[int] | None = None,
+  classes: Sequence[int | str] | None = None,
   skip_missing: bool = False,
   descriptors_path: str = "the descriptor file",
   dataset: str | None = None,
@@ -659,7 +691,7 @@ def tfds_dataset(
   )
   names = tuple(n for _, n in pairs)
   kept_keys = tuple(k for k, _ in pairs)
-  chosen = _selected(len(pairs), classes)
+  chosen = _selected(names, classes)
   index_of = {k: i for i, k in enumerate(raw)}
   kept = {label: encoded[index_of[kept_keys[label]]] for label in chosen}
   del encoded
@@ -726,14 +758,14 @@ def prepare(config) -> Dataset:
   if data.source == "synthetic":
     specs = synthetic_tasks.FEWSHOT_CLASSES
     names = tuple(c.name for c in specs)
-    chosen = _selected(len(names), classes)
+    chosen = _selected(names, classes)
     return Dataset(
       names,
       synthetic_descriptors(),
       names,
       {},
       lambda size, read=None: ClassStream(
-        synthetic_classes(data.images_per_class, data.seed, size, classes, read), len(chosen)
+        synthetic_classes(data.images_per_class, data.seed, size, chosen, read), len(chosen)
       ),
     )
   path = data.descriptors
@@ -755,6 +787,39 @@ def prepare(config) -> Dataset:
     split=data.get("split", "validation"),
     **options,
   )
+
+
+def descriptor_set_lists(config, source: str, names: Sequence[str]) -> list[list[str]]:
+  """One descriptor set's lists for the classes `names` (label order), for App. A.4's Table 4
+  (config.protocols.bank_quality.descriptor_sets): on the embedded world `source` names one of
+  its sets (synthetic_tasks.DESCRIPTOR_SETS); else it is a descriptor file in Menon & Vondrick's
+  layout whose classes are matched to `names` by name, as config.data.descriptors' are.
+
+  Raises:
+    ConfigError: an unknown embedded set; ClassMismatchError: a class of the data that the file
+      does not describe; DatasetMissingError / InputError: as `load_descriptors`.
+  """
+  if config.data.source == "synthetic":
+    if source not in synthetic_tasks.DESCRIPTOR_SETS:
+      raise ConfigError(
+        f"config.protocols.bank_quality.descriptor_sets names {source!r}, which is not one of "
+        f"the embedded world's descriptor sets {tuple(synthetic_tasks.DESCRIPTOR_SETS)} (on the "
+        "embedded world the sets are named; on real data they are descriptor files)."
+      )
+    per_class = synthetic_tasks.DESCRIPTOR_SETS[source](synthetic_tasks.FEWSHOT_CLASSES)
+  else:
+    per_class = load_descriptors(source, config.data.get("dataset"))
+  match = match_names(list(names), list(per_class))
+  found = dict(match.pairs)
+  missing = [n for n in names if n not in found]
+  if missing:
+    raise ClassMismatchError(
+      f"The descriptor set {source} describes no class (matched by name, ignoring case, '_', "
+      f"'-' and spaces) for {len(missing)} class(es) of the data: {quoted(missing)}. Every row "
+      "of App. A.4's table scores the same classes: give a file with descriptors for each, or "
+      "leave it out of config.protocols.bank_quality.descriptor_sets."
+    )
+  return [list(per_class[found[n]]) for n in names]
 
 
 def load(config, image_size: int):

@@ -258,7 +258,7 @@ def real_dataset_config(
       # and empty classes, instead of stopping.
       skip_missing_classes=False,
       images_per_class=0,  # 0: all
-      classes=(),  # class indices to analyse (after matching); empty: all
+      classes=(),  # class indices or names to analyse (after matching); empty: all
     )
   )
   config.analysis = analysis_config(class_prompts="templates", templates=tuple(templates))
@@ -390,6 +390,11 @@ def protocols_config(**overrides) -> ml_collections.ConfigDict:
       inter="centroids",  # or "pairs"
       encoder=SENTENCE_ENCODER,  # or a sentence-transformers model directory
       batch_size=256,
+      # App. A.4's Table 4: ((prompt, LLM, descriptors), ...), one row per descriptor set (a
+      # descriptor file; on the embedded world a set's name, synthetic_tasks.DESCRIPTOR_SETS),
+      # scored on the same images; empty: one row, config.data's own bank
+      # (configs/mutual_appa4.py).
+      descriptor_sets=(),
     ),
   )
   for section, keys in overrides.items():
@@ -430,7 +435,15 @@ def sweep_config(
   # Table 2 (App. K) per model from the sweep's own concepts (configs/mutual_table2_models.py),
   # with mutual.evaluate's settings (config.protocols.table2).
   config.table2 = False
-  config.protocols = ml_collections.ConfigDict(dict(table2=protocols_config().table2))
+  defaults = protocols_config()
+  config.protocols = ml_collections.ConfigDict(
+    dict(table2=defaults.table2, corloc=defaults.corloc, blur=defaults.blur)
+  )
+  # Protocols that read each model's images again, run per model after the analysis, one table
+  # over the models (mutual.sweep.runner.MODEL_PROTOCOLS): "corloc" (App. A.1's Table 1, one
+  # column per model: configs/mutual_appa1.py), "blur" (App. A.3's Table 3, one row per model:
+  # configs/mutual_appa3.py); with config.protocols' settings, as mutual.evaluate runs them.
+  config.model_protocols = ()
   # App. G's tables: ((title, (model, ...)), ...) groups of config.models (configs/mutual_appg.py).
   config.table_groups = ()
   config.data = base.data

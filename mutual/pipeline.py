@@ -181,7 +181,8 @@ def language_stages(
     dict of arrays: candidates bool [B, D]; concept_ids int32 [B, L, top] / concept_ids_valid;
     visual_ids int32 [B, L*top] (importance order) / visual_valid / visual_scores; language_ids
     int32 [B, u']; curve float32 [B, L*top + 1]; n_visual int32 [B]; entropy and
-    entropy_without_ot float32 [B] (App. A.2), concept_ids_without_ot.
+    entropy_without_ot float32 [B] (App. A.2), concept_ids_without_ot /
+    concept_ids_without_ot_valid (each concept's descriptors without OT: App. A.2's Fig. 2).
   """
   concept_scores = descriptors.cosine_scores(concept_embeddings, descriptor_embeddings)
   image_scores = descriptors.cosine_scores(image_embeddings, descriptor_embeddings)
@@ -213,6 +214,7 @@ def language_stages(
     concept_ids=ids,
     concept_ids_valid=ids_valid,
     concept_ids_without_ot=raw_ids,
+    concept_ids_without_ot_valid=raw_valid,
     visual_ids=visual_ids,
     visual_valid=visual_valid,
     visual_scores=visual_scores,

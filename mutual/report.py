@@ -10,7 +10,8 @@
   colour; `contrast_ratio` / `outline_contrast` measure that), `plot_curves` (one class's or
   the dataset's MI curves, one per concept method), `plot_classes` (Fig. 5: several classes'
   MI curves overlaid with their AUCs, and the concept each class shares most, `shared_concept`,
-  on its images), `plot_mutual` (Fig. 6), `plot_perturbation_steps` (App. E's Fig. 7: one
+  on its images), `plot_mutual` (Fig. 6), `plot_ot_diversity` (App. A.2's Fig. 2: an image's
+  concepts with their descriptors without and with optimal transport), `plot_perturbation_steps` (App. E's Fig. 7: one
   image's deletion and insertion steps and score curves); titles name the model (when given)
   and the concept method. The multi-model Fig. 3 is mutual.sweep.plots'.
 """
@@ -88,6 +89,8 @@ def image_records(
       concept_list = []
       for c in np.flatnonzero(r["concept_valid"][i]):
         chosen = r["concept_ids"][i][c][r["concept_ids_valid"][i][c]]
+        raw = r.get("concept_ids_without_ot_valid")  # absent from a record of an older run
+        without_ot = None if raw is None else r["concept_ids_without_ot"][i][c][raw[i][c]]
         rows, cols = np.nonzero(r["concept_maps"][i] == c)
         concept_list.append(
           dict(
@@ -97,6 +100,11 @@ def image_records(
             if len(rows)
             else None,
             descriptors=[descriptors[int(d)] for d in chosen],
+            **(
+              {}
+              if without_ot is None
+              else dict(descriptors_without_ot=[descriptors[int(d)] for d in without_ot])
+            ),
           )
         )
       curve = r["curve"][i][: n + 1]
@@ -403,6 +411,77 @@ def plot_mutual(path: str, image: np.ndarray, record, method: str, model: str = 
     fontsize=9,
   )
   fig.tight_layout()
+  save_figure(fig, path, dpi=120)
+  plt.close(fig)
+
+
+def plot_ot_diversity(
+  path: str, image: np.ndarray, record, method: str, refined=None, model: str = ""
+) -> None:
+  """App. A.2's Fig. 2 (optimal transport diversifies the textual concepts across the visual
+  ones): the image twice with its visual concepts outlined and numbered; under the left copy
+  each concept's descriptors chosen without OT (each concept its own top descriptors), under the
+  right copy those chosen with OT, as the analysis keeps them. A descriptor that two or more
+  concepts share is starred; the titles give the image's entropy of the choice (App. A.2's
+  metric, nats) each way. Needs a record with `descriptors_without_ot` (report.image_records)."""
+  plt = pyplot()
+  m = record["methods"][method]
+  pixels = _pixel_map(np.array(m["concept_map"]), image.shape[0])
+  if refined is not None:
+    pixels = np.where(refined, pixels, -1)
+  width = 40
+  sides = [
+    ("w/o optimal transport", "descriptors_without_ot", m["entropy_without_ot"]),
+    ("w/ optimal transport", "descriptors", m["entropy"]),
+  ]
+  captions = []
+  for _, key, _ in sides:
+    chosen = [(c["concept"], list(c[key])) for c in m["concepts"] if c.get(key)]
+    counts: dict[str, int] = {}
+    for _, ds in chosen:
+      for d in set(ds):
+        counts[d] = counts.get(d, 0) + 1
+    captions.append(
+      [
+        (k, wrapped(", ".join(f"{d}*" if counts[d] > 1 else d for d in ds), width))
+        for k, ds in chosen
+      ]
+    )
+  lines = max([sum(len(w) for _, w in cap) for cap in captions] + [1])
+  line_h = 0.16
+  text_h = 0.35 + line_h * lines
+  fig = plt.figure(figsize=(7.0, 3.2 + 0.7 + text_h))
+  grid = fig.add_gridspec(2, 2, height_ratios=[3.2, text_h], hspace=0.05, wspace=0.08)
+  for k, ((title, _, entropy), caption) in enumerate(zip(sides, captions)):
+    ax = fig.add_subplot(grid[0, k])
+    draw_concepts(ax, image, pixels)
+    ax.set_title(f"{title}\nentropy {entropy:.2f} nats", fontsize=8)
+    text_ax = fig.add_subplot(grid[1, k])
+    text_ax.set_axis_off()
+    y, step = 1.0, line_h / text_h
+    for concept, caption_lines in caption:
+      text_ax.text(
+        0.0,
+        y,
+        str(concept),
+        fontsize=7,
+        fontweight="bold",
+        va="top",
+        bbox=concept_label_box(concept),
+        transform=text_ax.transAxes,
+      )
+      for line in caption_lines:
+        text_ax.text(0.1, y, line, fontsize=7, color="black", va="top", transform=text_ax.transAxes)
+        y -= step
+  fig.suptitle(
+    _suptitle(
+      model,
+      f"{record['class_name']}: {_method_title(method)} concepts' descriptors without and with "
+      "optimal transport\n(* shared by several concepts)",
+    ),
+    fontsize=9,
+  )
+  fig.subplots_adjust(left=0.02, right=0.98, top=1 - 0.55 / fig.get_figheight(), bottom=0.01)
   save_figure(fig, path, dpi=120)
   plt.close(fig)
 

@@ -416,6 +416,34 @@ def test_folder_source_names_classes_from_the_descriptor_file(tmp_path):
     data.folder_classes(str(tmp_path / "missing"), per_class, 32)
 
 
+def test_classes_are_picked_by_index_or_by_name_in_the_given_order(tmp_path):
+  """config.data.classes takes names (MK Fig. 5's sock, siamang, crayfish): matched as the
+  descriptor file's names are, in the order given; an unknown name names the nearest class, a
+  name that two classes share (CoOp's two ImageNet "crane"s) asks for indices, and a class
+  picked twice is refused."""
+  _image_folder(tmp_path / "images", classes=("n01", "n02", "n03", "n04"), per_class=1)
+  (tmp_path / "classnames.txt").write_text("n01 sock\nn02 siamang\nn03 crane\nn04 crane\n")
+  per_class = {n: ["x"] for n in ("sock", "siamang", "crane")}
+  (tmp_path / "descriptors.json").write_text(json.dumps(per_class))
+  config = _config("configs/mutual_imagenet.py", "fig5")
+  config.data.root = str(tmp_path / "images")
+  config.data.classnames = str(tmp_path / "classnames.txt")
+  config.data.descriptors = str(tmp_path / "descriptors.json")
+
+  def picked(classes):
+    config.data.classes = classes
+    return [(c.label, c.name) for c in data.prepare(config).classes(None, read=lambda i: False)]
+
+  assert picked(("siamang", "sock")) == [(1, "siamang"), (0, "sock")]
+  assert picked((3, "Sock")) == [(3, "crane"), (0, "sock")]
+  with pytest.raises(data.ConfigError, match="'sok' \\(nearest: 'sock'\\) name no class"):
+    picked(("siamang", "sok"))
+  with pytest.raises(data.ConfigError, match="'crane' name several classes"):
+    picked(("crane",))
+  with pytest.raises(data.ConfigError, match="picks a class more than once"):
+    picked(("sock", 0))
+
+
 def _fake_tfds_module(names, examples):
   """The few tensorflow_datasets calls mutual.data.tfds_dataset makes, over (png bytes, label)
   examples."""

@@ -501,3 +501,95 @@ def test_protocols_on_an_image_folder_with_a_descriptor_file(bundle, tmp_path):
   assert blur["base"]["top1"] == pytest.approx(
     100 * np.mean(concepts.predicted == concepts.labels), abs=1e-3
   )
+
+
+# ---------------------------------------------------------------------------------------------
+# App. A.4's Table 4: one row per descriptor set (configs/mutual_appa4.py).
+
+
+def test_the_embedded_world_ships_two_descriptor_sets_by_rule(tmp_path):
+  from stori_jax.data import synthetic_tasks  # pylint: disable=import-outside-toplevel
+
+  config = load_config(os.path.join(ROOT, "configs/mutual_appa4.py"), "smoke")
+  names = [c.name for c in synthetic_tasks.FEWSHOT_CLASSES]
+  first = data.descriptor_set_lists(config, "attributes", names)
+  second = data.descriptor_set_lists(config, "sentences", names)
+  assert first == data.prepare(config).lists()  # the analysis's own bank is the first set
+  for spec, words in zip(synthetic_tasks.FEWSHOT_CLASSES, second):
+    # Each class's sentences name its colour and its shape; none is a phrase of the first set.
+    assert f"the object is {spec.colour}" in words
+    assert f"it is shaped like a {spec.shape}" in words
+    assert not set(words) & set(synthetic_tasks.DESCRIPTOR_ATTRIBUTES)
+    assert len(words) == 6
+  with pytest.raises(data.ConfigError, match="not one of the embedded world's descriptor sets"):
+    data.descriptor_set_lists(config, "haiku", names)
+  # On real data a set is a descriptor file; a class it does not describe stops the run.
+  folder = load_config(os.path.join(ROOT, "configs/mutual_imagenet.py"))
+  path = tmp_path / "set.json"
+  path.write_text(json.dumps({"Sock": ["a knitted tube"], "crayfish": ["a red shell"]}))
+  assert data.descriptor_set_lists(folder, str(path), ["sock", "crayfish"]) == [
+    ["a knitted tube"],
+    ["a red shell"],
+  ]
+  with pytest.raises(data.ClassMismatchError, match="'siamang'"):
+    data.descriptor_set_lists(folder, str(path), ["sock", "siamang"])
+
+
+def test_appa4_config_lists_the_papers_eight_rows():
+  config = load_config(os.path.join(ROOT, "configs/mutual_appa4.py"))
+  rows = [(p, llm) for p, llm, _ in config.protocols.bank_quality.descriptor_sets]
+  assert rows == [
+    ("P1", "GPT-3.5"),
+    ("P1", "GPT-4o-mini"),
+    ("P1", "GPT-4o"),
+    ("P1", "Llama3.1-8B-Instruct"),
+    ("P2", "GPT-4o-mini"),
+    ("P3", "GPT-4o-mini"),
+    ("P4", "GPT-4o-mini"),
+    ("P4", "GPT-3.5 + GPT-4o-mini"),
+  ]
+  assert config.model.name == "ViT-B/16" and tuple(config.evaluation.protocols) == ("bank_quality",)
+  assert config.protocols.bank_quality.descriptor_sets[0][2] == config.data.descriptors
+
+
+@pytest.mark.slow
+def test_appa4_rows_equal_the_protocol_on_each_set(tmp_path, bundle, run_command):
+  """configs/mutual_appa4.py:smoke through mutual.evaluate: protocols.md holds Table 4 in the
+  paper's layout, one row per set, and each row equals bank_quality run on that set alone with
+  the same images' embeddings."""
+  done = run_command(
+    "mutual.evaluate",
+    "--config",
+    os.path.join(ROOT, "configs/mutual_appa4.py:smoke"),
+    f"--workdir={tmp_path}",
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  config = load_config(os.path.join(ROOT, "configs/mutual_appa4.py"), "smoke")
+  written = json.loads((tmp_path / "protocols" / "bank_quality.json").read_text())["result"]
+  assert [(r["prompt"], r["llm"]) for r in written["sets"]] == [
+    ("attributes", "embedded world"),
+    ("sentences", "embedded world"),
+  ]
+  dataset = data.prepare(config)
+  classes = list(dataset.classes(bundle.config.vision.image_size))
+  embeddings = np.concatenate([protocols.image_embeddings(bundle, c.images) for c in classes])
+  labels = np.concatenate([np.full(len(c), c.label) for c in classes])
+  table = (tmp_path / "protocols.md").read_text()
+  assert "| Prompt | LLM | Top-1 | Top-5 | InterDiv | IntraDiv |" in table
+  for row in written["sets"]:
+    alone = protocols.bank_quality(
+      list(dataset.names),
+      data.descriptor_set_lists(config, row["source"], dataset.names),
+      config.protocols.bank_quality,
+      bundle=bundle,
+      image_embeddings=embeddings,
+      labels=labels,
+      progress=False,
+    )
+    for key in ("top1", "top5", "inter_div", "intra_div", "descriptors"):
+      assert row[key] == pytest.approx(alone[key], abs=1e-4), (row["source"], key)
+    cells = [row["prompt"], row["llm"], f"{row['top1']:.2f}", f"{row['top5']:.2f}"]
+    cells += [f"{row['inter_div']:.3f}", f"{row['intra_div']:.3f}"]
+    assert "| " + " | ".join(cells) + " |" in table
+  first, second = written["sets"]
+  assert first["descriptors"] == 12 * 9 and second["descriptors"] == 12 * 6

@@ -3,6 +3,8 @@ MI curves overlaid with their AUCs, and the concept each class shares on its ima
 E's Fig. 7 (one image's deletion and insertion steps with its score curves); the analysis and
 the evaluation write them."""
 
+import json
+import math
 import os
 
 import numpy as np
@@ -151,3 +153,71 @@ def test_the_analysis_writes_fig5_of_its_figure_classes(tmp_path, monkeypatch):
       assert c["curve"] == results["classes"][c["name"]][method]["curve"]
       assert len(c["images"]) == len(c["records"]) == len(c["refined"]) == 2
       assert all(r["class_name"] == c["name"] for r in c["records"])
+
+
+def _entropy(lists) -> float:
+  """App. A.2's entropy of the picks of an image's concepts (transport.choice_entropy)."""
+  picks = [d for ds in lists for d in ds]
+  if not picks:
+    return 0.0
+  _, counts = np.unique(picks, return_counts=True)
+  p = counts / len(picks)
+  return float(-(p * np.log(p)).sum())
+
+
+def test_ot_figure_shows_each_concepts_descriptors_without_and_with_ot(tmp_path, monkeypatch):
+  closed = _closed_figures(monkeypatch)
+  record = _record([(0, 4, ["red color", "painted red"]), (1, 4, ["circle shape"])], GRID)
+  m = record["methods"]["pca"]
+  m["concepts"][0]["descriptors_without_ot"] = ["red color", "circle shape"]
+  m["concepts"][1]["descriptors_without_ot"] = ["red color", "circle shape"]
+  m.update(entropy=_entropy([["red color", "painted red"], ["circle shape"]]))
+  m.update(entropy_without_ot=_entropy([["red color", "circle shape"]] * 2))
+  record.update(class_name="red circle", predicted_name="red circle")
+  image = np.zeros((8, 8, 3), np.float32)
+  report.plot_ot_diversity(str(tmp_path / "ot.png"), image, record, "pca", model="tiny")
+  assert (tmp_path / "ot.png").stat().st_size > 5000
+  fig = closed[-1]
+  image_axes = [ax for ax in fig.axes if ax.images]
+  assert [ax.get_title() for ax in image_axes] == [
+    f"w/o optimal transport\nentropy {math.log(2):.2f} nats",
+    f"w/ optimal transport\nentropy {math.log(3):.2f} nats",
+  ]
+  texts = [[t.get_text() for t in ax.texts] for ax in fig.axes if not ax.images]
+  # Without OT both concepts pick the same two descriptors (starred); with OT none is shared.
+  assert texts[0] == ["0", "red color*, circle shape*", "1", "red color*, circle shape*"]
+  assert texts[1] == ["0", "red color, painted red", "1", "circle shape"]
+
+
+@pytest.mark.slow
+def test_fig5_of_named_classes_and_the_ot_figures_of_the_analysis(tmp_path, run_command):
+  """configs/mutual_synthetic.py:fig5 through mutual.analyze: the three classes named in
+  config.data.classes are analysed in that order and overlaid in fig5_<method>.png; each figure
+  class has its App. A.2 Fig. 2 (ot_<method>_<label>.png), whose descriptor lists, as the
+  records keep them, give the record's entropy without and with OT."""
+  done = run_command(
+    "mutual.analyze",
+    "--config",
+    os.path.join(ROOT, "configs/mutual_synthetic.py:fig5"),
+    "--config.data.images_per_class=2",
+    f"--workdir={tmp_path}",
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  config = load_config(os.path.join(ROOT, "configs/mutual_synthetic.py"), "fig5")
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert sorted(results["classes"]) == sorted(config.data.classes)  # results.json sorts keys
+  labels = sorted(int(p.stem) for p in (tmp_path / "classes").glob("????.json"))
+  assert labels == [0, 4 + 1, 8]  # red striped circle, blue dotted circle, orange striped star
+  figures = tmp_path / "figures"
+  for method in ("pca", "kmeans"):
+    assert (figures / f"fig5_{method}.png").stat().st_size > 5000
+    for label in labels:
+      assert (figures / f"ot_{method}_{label:04d}.png").stat().st_size > 5000
+  records = [json.loads(p.read_text()) for p in sorted((tmp_path / "per_image").rglob("*.json"))]
+  assert len(records) == 6
+  for record in records:
+    for method, m in record["methods"].items():
+      with_ot = [c["descriptors"] for c in m["concepts"]]
+      without = [c["descriptors_without_ot"] for c in m["concepts"]]
+      assert m["entropy"] == pytest.approx(_entropy(with_ot), abs=1e-5), method
+      assert m["entropy_without_ot"] == pytest.approx(_entropy(without), abs=1e-5), method

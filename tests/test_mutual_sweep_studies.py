@@ -250,3 +250,99 @@ def test_appg_smoke_writes_the_grouped_table(tmp_path, shared_bundles, run_comma
   for got, want in zip(body, expected):
     assert got.startswith(want), (got, want)
   assert np.isfinite([results["models"][n]["pca"]["auc"] for n in config.models]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# App. A.1's Table 1 and App. A.3's Table 3 over models (config.model_protocols).
+
+
+def test_appa1_and_appa3_configs_hold_the_papers_models_and_protocol_settings():
+  imagenet = _config("mutual_eval_imagenet.py", None)
+  appa1 = _config("mutual_appa1.py", "imagenet")
+  assert [registry.get(n).label for n in appa1.models] == ["ViT-B/16", "ViT-L/14"]
+  assert tuple(appa1.model_protocols) == ("corloc",) and not appa1.random_weights
+  appa3 = _config("mutual_appa3.py", "imagenet")
+  assert [registry.get(n).label for n in appa3.models] == [
+    "ViT-B/32",
+    "ViT-B/16",
+    "ViT-L/14",
+    "RN50",
+    "RN101",
+  ]
+  assert tuple(appa3.model_protocols) == ("blur",)
+  # The single-model protocols' settings (mutual.evaluate's configs/mutual_eval_imagenet.py).
+  for config in (appa1, appa3):
+    for name in ("corloc", "blur"):
+      assert config.protocols[name].to_dict() == imagenet.protocols[name].to_dict()
+    assert config.analysis.to_dict() == imagenet.analysis.to_dict()
+  bad = _config("mutual_appa1.py", "smoke")
+  bad.model_protocols = ("corloc", "table2")
+  with pytest.raises(ConfigError, match=r"config.model_protocols names \['table2'\]"):
+    sweep.runner.check_config(bad)
+
+
+@pytest.mark.slow
+def test_model_protocols_over_models_equal_the_single_model_protocols(
+  tmp_path, shared_bundles, run_command
+):
+  """configs/mutual_appa1.py:smoke with App. A.3's blurring added (both protocols in one run):
+  each model's CorLoc and blur results equal the protocol run on that model alone, as
+  mutual.evaluate runs it; protocols.md holds App. Table 1 (one column per model) and App.
+  Table 3 (one row per model) with those numbers; a second run keeps every result."""
+  workdir = tmp_path / "run"
+  done = run_command(
+    "mutual.sweep",
+    "--config",
+    os.path.join(ROOT, "configs/mutual_appa1.py:smoke"),
+    "--config.model_protocols=('corloc','blur')",
+    f"--workdir={workdir}",
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert str(workdir / "protocols.md") in done.stdout
+  config = _config("mutual_appa1.py", "smoke")
+  r = config.random_models
+  written = json.loads((workdir / "protocols.json").read_text())
+  assert sorted(written) == ["blur", "corloc"]  # report.write_json sorts its keys
+  dataset = data.prepare(config)
+  for name in config.models:
+    bundle = shared_bundles(name, r.image_size, r.shrink, r.seed, jnp.float32)
+    classes = functools.partial(dataset.classes, bundle.config.vision.image_size)
+    corloc = protocols.corloc(
+      bundle, classes(), config.analysis, settings=config.protocols.corloc, progress=False
+    )
+    bank = pipeline.encode_config_bank(bundle, config, dataset, progress=False)
+    blur = protocols.blur_accuracy(
+      bundle,
+      classes(),
+      bank.class_embeddings,
+      config.analysis,
+      settings=config.protocols.blur,
+      progress=False,
+    )
+    assert written["corloc"][name] == json.loads(json.dumps(corloc)), name
+    assert written["blur"][name] == json.loads(json.dumps(blur)), name
+    assert corloc["images"] == 4 and blur["base"]["top1"] is not None
+  table = (workdir / "protocols.md").read_text()
+  labels = [registry.get(n).label for n in config.models]
+  assert f"| Facet (decomposition) | {' | '.join(labels)} |" in table
+  first, second = (written["corloc"][n]["corloc"]["keys"]["gdc"] for n in config.models)
+  assert f"| Keys (GDC) | {first:.1f} | {second:.1f} |" in table
+  assert "| Model | Base | NN Interp. | +FCC | +CRF | Δ |" in table
+  for name, label in zip(config.models, labels):
+    b = written["blur"][name]
+    cells = [f"{b[v]['top1']:.2f}" for v in ("base", "nn", "fcc", "crf")]
+    assert f"| {label} | {' | '.join(cells)} | {b['delta']:+.2f} |" in table
+  # Resumed: every (protocol, model) result is read back from protocols/<name>/<model>.json.
+  files = sorted((workdir / "protocols").rglob("*.json"))
+  assert len(files) == 4
+  stamps = [f.stat().st_mtime_ns for f in files]
+  again = run_command(
+    "mutual.sweep",
+    "--config",
+    os.path.join(ROOT, "configs/mutual_appa1.py:smoke"),
+    "--config.model_protocols=('corloc','blur')",
+    f"--workdir={workdir}",
+  )
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert [f.stat().st_mtime_ns for f in files] == stamps
+  assert json.loads((workdir / "protocols.json").read_text()) == written

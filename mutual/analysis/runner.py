@@ -230,6 +230,14 @@ def _write_class(
         method,
         model=config.model.get("name", config.model.source),
       )
+      report.plot_ot_diversity(  # App. A.2's Fig. 2, on the class's first image
+        os.path.join(figures, f"ot_{method}_{cls.label:04d}.png"),
+        cls.images[0],
+        class_records[0],
+        method,
+        result["refined"][0],
+        model=config.model.get("name", config.model.source),
+      )
     summary = report.aggregate(class_records, methods)["dataset"]
     report.plot_curves(
       os.path.join(figures, f"curves_{cls.label:04d}.png"),

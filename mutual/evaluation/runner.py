@@ -6,6 +6,7 @@ concepts on the XAI metrics) and the protocols of mutual.protocols (Table 2, App
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import ml_collections
@@ -434,6 +435,7 @@ def run_protocols(
   dataset=None,
   done: Mapping[str, Any] | None = None,
   keep: Callable[[str, Any], Any] | None = None,
+  bank_sets: Sequence | None = None,
 ) -> dict:
   """Runs the protocols named in config.evaluation.protocols (mutual.protocols); {name: result}.
 
@@ -444,6 +446,8 @@ def run_protocols(
   done: {name: result} of protocols an earlier run finished (taken as they are, not run);
   keep(name, result): called with each protocol run here as soon as it ends (a resumed run
   keeps it), returns the result to report.
+  bank_sets: App. A.4's descriptor sets (`descriptor_sets`), its Table 4's rows; None or
+  empty: the run's own bank.
   """
   wanted = tuple(config.evaluation.protocols)
   unknown = set(wanted) - set(protocols.PROTOCOLS)
@@ -492,17 +496,52 @@ def run_protocols(
   )
   take(
     "bank_quality",
-    lambda: protocols.bank_quality(
-      class_names,
-      lists,
-      settings=p.bank_quality,
-      bundle=bundle,
-      image_embeddings=concepts.image_embeddings,
-      labels=concepts.labels,
-      progress=progress,
+    lambda: bank_quality_rows(
+      bundle, concepts, class_names, lists, p.bank_quality, bank_sets, progress
     ),
   )
   return out
+
+
+def descriptor_sets(config, dataset) -> list[tuple[str, str, str, list[list[str]]]]:
+  """config.protocols.bank_quality.descriptor_sets, each read and matched to the dataset's
+  classes now (before the model loads): [(prompt, LLM, source, descriptor lists [C][n_c])]."""
+  sets = []
+  for entry in config.protocols.bank_quality.get("descriptor_sets", ()):
+    if isinstance(entry, str) or len(entry) != 3 or not all(isinstance(x, str) for x in entry):
+      raise ConfigError(
+        "config.protocols.bank_quality.descriptor_sets holds (prompt, LLM, descriptors) "
+        "triples of strings, one per row of App. A.4's Table 4, e.g. "
+        "(('P1', 'GPT-3.5', 'descriptors_imagenet.json'),); got "
+        f"{entry!r}."
+      )
+    prompt, llm, source = entry
+    sets.append((prompt, llm, source, data.descriptor_set_lists(config, source, dataset.names)))
+  return sets
+
+
+def bank_quality_rows(bundle, concepts, class_names, lists, settings, sets, progress) -> dict:
+  """App. A.4's protocol: with no descriptor sets, `protocols.bank_quality` of the run's own
+  bank; with sets (`descriptor_sets`), Table 4: {"sets": [one bank_quality result per set, with
+  its prompt, llm and descriptors source]}, every set scored on the same images and their
+  embeddings (concepts: the Table 1 pass's protocols.ConceptPass), the sentence encoder loaded
+  once."""
+  run = functools.partial(
+    protocols.bank_quality,
+    settings=settings,
+    bundle=bundle,
+    image_embeddings=concepts.image_embeddings,
+    labels=concepts.labels,
+    progress=progress,
+  )
+  if not sets:
+    return run(class_names, lists)
+  encoder = protocols.load_sentence_encoder(settings.encoder, int(settings.batch_size))
+  rows = []
+  for prompt, llm, source, set_lists in sets:
+    row = run(class_names, set_lists, encoder=encoder)
+    rows.append(dict(prompt=prompt, llm=llm, source=source, **{**row, "encoder": settings.encoder}))
+  return dict(sets=rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,6 +569,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   train_dataset = training_dataset(config, dataset) if config.baselines.enabled else None
   if "corloc" in config.evaluation.protocols:  # its ground-truth boxes
     protocols.localization.check_inputs(config, dataset)
+  bank_sets = (
+    descriptor_sets(config, dataset) if "bank_quality" in config.evaluation.protocols else []
+  )
   run_flags.claim_workdir(config, workdir, restart, "mutual-knowledge evaluation")
   class_names = list(dataset.names)
   lists = dataset.lists()
@@ -710,6 +752,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       dataset,
       done=done_protocols,
       keep=keep,
+      bank_sets=bank_sets,
     )
     results["protocols"] = proto
     md = "".join(f"{protocols.section(name, {model: r})}\n" for name, r in proto.items())

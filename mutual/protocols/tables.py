@@ -75,12 +75,30 @@ def blur_markdown(results: Mapping[str, Mapping]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _bank_cells(r: Mapping) -> list[str]:
+  return [_f(r["top1"]), _f(r["top5"]), _f(r["inter_div"], 3), _f(r["intra_div"], 3)]
+
+
 def bank_quality_markdown(results: Mapping[str, Mapping]) -> str:
-  """{model: bank_quality result} -> App. A.4's Table 4 columns."""
+  """{model: bank_quality result} -> App. A.4's Table 4 columns, one row per model; a result
+  over descriptor sets ({"sets": [...]}, mutual.evaluation.runner.bank_quality_rows) -> Table 4
+  in the paper's layout, one row per set (Prompt | LLM | Top-1 | Top-5 | InterDiv | IntraDiv),
+  one table per model."""
+  if any("sets" in r for r in results.values()):
+    out = []
+    for model, r in results.items():
+      lines = [
+        f"{model}:\n",
+        "| Prompt | LLM | Top-1 | Top-5 | InterDiv | IntraDiv |",
+        "|---|---|---|---|---|---|",
+      ]
+      for row in r.get("sets", ()):
+        lines.append("| " + " | ".join([row["prompt"], row["llm"]] + _bank_cells(row)) + " |")
+      out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
   lines = ["| Model | Top-1 | Top-5 | InterDiv | IntraDiv |", "|---|---|---|---|---|"]
   for model, r in results.items():
-    row = [model, _f(r["top1"]), _f(r["top5"]), _f(r["inter_div"], 3), _f(r["intra_div"], 3)]
-    lines.append("| " + " | ".join(row) + " |")
+    lines.append("| " + " | ".join([model] + _bank_cells(r)) + " |")
   return "\n".join(lines) + "\n"
 
 

@@ -41,7 +41,8 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
           f"{method} {group}: Top-1 = {fit_equation(fit)}, "
           f"r = {fit['pearson_r']:.3f} (n = {fit['n']})"
         )
-  for extra in ("table_groups.md", "table2.md"):  # App. G's groups, Table 2 (config-dependent)
+  # App. G's groups, Table 2, App. A.1 / A.3 per model (config-dependent)
+  for extra in ("table_groups.md", "table2.md", "protocols.md"):
     if paths.isfile(os.path.join(workdir, extra)):
       print(paths.read_text(os.path.join(workdir, extra)))
   stori_cli.print_outputs(
@@ -53,9 +54,12 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
       "table_groups.md",
       "table2.md",
       "table2.json",
+      "protocols.md",
+      "protocols.json",
       "fig3_*.png",
       "per_image",
       "shards",
+      "protocols",  # each (protocol, model) result, kept by a rerun
     ],
   )
 

@@ -1,15 +1,17 @@
 """The sweep's run: checks, model weights, class chunks through every model, then results.json,
 Table 3, Figure 3 and the MI curves in the workdir; where the config asks, App. G's grouped
-tables (`table_groups`) and each model's Table 2 (`table2`)."""
+tables (`table_groups`), each model's Table 2 (`table2`) and the protocols that read each
+model's images again (`model_protocols`: App. A.1's CorLoc, App. A.3's blurring)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import sys
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -51,6 +53,12 @@ def check_config(config) -> None:
   if config.classes_per_chunk < 1:
     raise ConfigError(f"config.classes_per_chunk must be >= 1, got {config.classes_per_chunk}.")
   check_table_groups(config.get("table_groups", ()), config.models)
+  unknown = set(config.get("model_protocols", ())) - set(MODEL_PROTOCOLS)
+  if unknown:
+    raise ConfigError(
+      f"config.model_protocols names {sorted(unknown)}; the sweep runs these per model: "
+      f"{tuple(MODEL_PROTOCOLS)} (the others run in python -m mutual.evaluate)."
+    )
   if config.get("table2"):
     s = config.protocols.table2
     if s.recipient not in protocols.RECIPIENTS:
@@ -176,6 +184,15 @@ def _write_outputs(workdir: str, config, results: Mapping[str, Any], rows, metho
     text = f"# {config.name}: MI and its dynamics (AUC) per group of models (App. G)\n\n"
     text += grouped_tables(rows, groups, methods, random_weights)
     _write_text(os.path.join(workdir, "table_groups.md"), text + note)
+  if "protocols" in results:  # one table per protocol over the models (App. A.1, A.3)
+    labels = {r["name"]: r["label"] for r in rows}
+    by_protocol = results["protocols"]
+    text = f"# {config.name}: protocols per model\n\n" + "\n".join(
+      protocols.section(name, {labels[m]: r for m, r in per_model.items()})
+      for name, per_model in by_protocol.items()
+    )
+    _write_text(os.path.join(workdir, "protocols.md"), text + note)
+    report.write_json(os.path.join(workdir, "protocols.json"), by_protocol)
   if "table2" in results:
     table2 = results["table2"]
     models = [results["models"][n] for n in table2]
@@ -314,6 +331,66 @@ def _table2(pool: ModelPool, kept, concepts, dataset, config, progress: bool) ->
   return {pool.models[i].name: out[pool.models[i].name] for i in kept}
 
 
+#: The protocols the sweep runs per model (config.model_protocols): name -> its run on one
+#: model, (bundle, its classes (mutual.data.ClassImages, read again at its input size), its
+#: encoded text bank, config, progress) -> the protocol's JSON-ready result, exactly as
+#: mutual.evaluate's run_protocols calls it for its one model (config.protocols' settings).
+MODEL_PROTOCOLS: dict[str, Callable[..., dict]] = {
+  "corloc": lambda bundle, classes, bank, config, progress: protocols.corloc(
+    bundle, classes, config.analysis, settings=config.protocols.corloc, progress=progress
+  ),
+  "blur": lambda bundle, classes, bank, config, progress: protocols.blur_accuracy(
+    bundle,
+    classes,
+    bank.class_embeddings,
+    config.analysis,
+    settings=config.protocols.blur,
+    progress=progress,
+  ),
+}
+
+
+def _protocol_path(workdir: str, name: str, model: str) -> str:
+  """One model's result of a per-model protocol, with the digest of the images it read."""
+  return os.path.join(workdir, "protocols", name, f"{model}.json")
+
+
+def _model_protocols(pool, kept, banks, encode, dataset, sizes, config, workdir, digest, progress):
+  """{protocol: {model name: result}} for config.model_protocols, each model in turn (those the
+  pool still holds first); a result an earlier run of this sweep wrote for the same images
+  (`digest`) is kept, each new one written as it ends."""
+  out: dict[str, dict[str, Any]] = {name: {} for name in config.model_protocols}
+  for index in pool.order(kept):
+    name = pool.models[index].name
+    todo = []
+    for protocol in config.model_protocols:
+      path = _protocol_path(workdir, protocol, name)
+      try:
+        with paths.open(path) as f:
+          stored = json.load(f)
+      except (OSError, ValueError):
+        stored = None
+      if isinstance(stored, dict) and stored.get("images") == digest:
+        out[protocol][name] = stored["result"]
+      else:
+        todo.append(protocol)
+    if not todo:
+      continue
+    bundle = pool.get(index)
+    bank = banks[index] if index in banks else banks.setdefault(index, encode(bundle))
+    for protocol in todo:
+      result = MODEL_PROTOCOLS[protocol](
+        bundle, dataset.classes(sizes[index]), bank, config, progress
+      )
+      path = _protocol_path(workdir, protocol, name)
+      paths.makedirs(os.path.dirname(path))
+      jsonio.write_json(path, dict(images=digest, result=result), indent=1)
+      out[protocol][name] = json.loads(jsonio.dumps_strict(result))
+    del bundle  # the pool alone decides what stays loaded
+  names = [pool.models[i].name for i in kept]
+  return {protocol: {n: out[protocol][n] for n in names} for protocol in out}
+
+
 def run(config, workdir: str, progress: bool = True, restart: bool = False) -> dict:
   """Runs the sweep; returns results.json's content (also written with table.md and figures).
 
@@ -330,6 +407,10 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   config.table2: each model's images are also embedded as mutual.evaluate embeds them and its
   concepts kept (`protocols.ConceptPass`) chunk by chunk; after the last chunk each model's
   Table 2 is computed (`_table2`). One process only (ConfigError otherwise).
+
+  config.model_protocols: after the analysis, each model reads the images again for each named
+  protocol (MODEL_PROTOCOLS: CorLoc, the blurring of App. A.3) and protocols.md / protocols.json
+  hold one table per protocol over the models, in the paper's layout. One process only.
   """
   check_config(config)
   if config.random_weights:  # said first: the log names the trained models throughout
@@ -340,6 +421,13 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     )
   processes, rank = jax.process_count(), jax.process_index()
   table2 = bool(config.get("table2"))
+  model_protocols = tuple(config.get("model_protocols", ()))
+  if model_protocols and processes > 1:
+    raise ConfigError(
+      f"config.model_protocols {model_protocols} run in one process (each model reads every "
+      "image again after the sweep). Run without --distributed / --coordinator, or set "
+      "--config.model_protocols=()."
+    )
   if table2 and processes > 1:
     raise ConfigError(
       "config.table2 runs in one process: Table 2 classifies every image with every class's "
@@ -347,6 +435,8 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       "without --distributed / --coordinator, or set --config.table2=False."
     )
   dataset = data.prepare(config)  # a data mistake stops before any model loads
+  if "corloc" in model_protocols:  # its ground-truth boxes
+    protocols.localization.check_inputs(config, dataset)
   a = config.analysis
   methods = tuple(a.methods)
   models = sweep_models(config)
@@ -484,6 +574,11 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   extra: dict[str, Any] = {}
   if table2:
     extra["table2"] = _table2(pool, kept, concepts, dataset, config, progress)
+  if model_protocols:
+    digest = hashlib.sha256(jsonio.dumps_strict(states).encode()).hexdigest()
+    extra["protocols"] = _model_protocols(
+      pool, kept, banks, encode, dataset, sizes_by_model, config, workdir, digest, progress
+    )
   results = dict(
     models={r["name"]: r for r in rows},
     order=[r["name"] for r in table_order(rows)],

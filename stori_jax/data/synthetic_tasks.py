@@ -442,6 +442,50 @@ def descriptor_bank(classes: Sequence[ClassSpec] = FEWSHOT_CLASSES) -> dict[str,
   return bank
 
 
+#: Distractor sentences of the second set (`sentence_descriptor_bank`): they name nothing.
+DISTRACTOR_SENTENCES = (
+  "it is drawn on a computer",
+  "the picture has no shading",
+  "the edges are crisp",
+  "it sits on a background",
+)
+
+
+def _value_sentences(family: str, value: str) -> tuple[str, ...]:
+  if family == "colour":
+    return (f"the object is {value}",)
+  if family == "pattern":
+    return (f"it is drawn {PATTERN_WITH_PHRASES.get(value, 'without a pattern')}",)
+  if family == "shape":
+    return (f"it is shaped like a {value}", f"its outline is a {value}")
+  if family == "size":
+    return (f"it looks {value}",)
+  raise KeyError(family)
+
+
+def sentence_descriptor_bank(
+  classes: Sequence[ClassSpec] = FEWSHOT_CLASSES,
+) -> dict[str, list[str]]:
+  """The world's second descriptor set, as another LLM or prompt would write one (App. A.4's
+  Table 4 compares such sets): class name -> short sentences by rule, one per colour and
+  pattern, two per shape, one size sentence (non-defining, as in `descriptor_bank`) and one
+  distractor; fewer descriptors per class than `descriptor_bank`, worded differently."""
+  bank = {}
+  for i, spec in enumerate(classes):
+    sentences = [d for f, v in spec.attributes().items() for d in _value_sentences(f, v)]
+    sentences += list(_value_sentences("size", SIZES[(i + 1) % len(SIZES)]))
+    sentences.append(DISTRACTOR_SENTENCES[i % len(DISTRACTOR_SENTENCES)])
+    bank[spec.name] = sentences
+  return bank
+
+
+#: The world's descriptor sets by name (App. A.4's Table 4 rows on this world:
+#: config.protocols.bank_quality.descriptor_sets names them in place of descriptor files).
+DESCRIPTOR_SETS = MappingProxyType(
+  {"attributes": descriptor_bank, "sentences": sentence_descriptor_bank}
+)
+
+
 def descriptor_attribute(descriptor: str) -> tuple[str, str] | None:
   """The (family, value) a descriptor names, or None for a distractor."""
   return DESCRIPTOR_ATTRIBUTES[descriptor]
