@@ -56,7 +56,7 @@ LAYERS = (
     "mutual.foreground",
     "mutual.concepts",
   ),
-  ("mutual.crf", "mutual.visual_prompts"),
+  ("mutual.crf", "mutual.visual_prompts", "mutual.concept_methods"),
   ("mutual.xai", "mutual.report", "mutual.data"),
   ("mutual.paper_config", "mutual.report_html"),
   ("mutual.pipeline", "mutual.baselines"),
