@@ -36,7 +36,7 @@ LAYERS = (
   ),
   ("stori_jax.plumbing.multihost", "stori_jax.data"),
   ("stori_jax.plumbing.run_identity", "stori_jax.checkpoints", "stori_jax.clip.bundle"),
-  ("stori_jax.plumbing.cli", "stori_jax.clip.loading", "stori_jax.trainloop"),
+  ("stori_jax.plumbing.cli", "stori_jax.clip.loading", "stori_jax.trainloop", "stori_jax.kinds"),
   ("stori_jax", "stori_jax.clip.encoding", "stori_jax.reference"),
   ("stori_jax.retrieval", "stori_jax.fewshot"),
   ("stori_jax.world_evaluation", "stori_jax.explorer"),

@@ -80,7 +80,7 @@ def test_registry_refuses_duplicates_and_ambiguous_dicts(toy_kind):
   finally:
     tower_kinds.unregister("greedy")
   with pytest.raises(ValueError, match="unknown hooks"):
-    tower_kinds.attach("toy", no_such_hook=print)
+    dataclasses.replace(toy_kind, name="toy3", hooks={"no_such_hook": print})
 
 
 def test_load_encode_and_mutual_features(bundle, config, tmp_path):
