@@ -391,6 +391,7 @@ def part_reference(ctx: Context) -> None:
   """The per-image reference pipeline on the accelerator (torch on CUDA) for a few images."""
   import torch  # pylint: disable=import-outside-toplevel
 
+  from mutual import concept_methods, paper_config, pipeline  # pylint: disable=import-outside-toplevel
   from mutual import reference as mutual_reference  # pylint: disable=import-outside-toplevel
   from stori_jax.reference import clip_towers  # pylint: disable=import-outside-toplevel
 
@@ -418,6 +419,9 @@ def part_reference(ctx: Context) -> None:
   size = int(config.vision.image_size)
   images = _class_images(sizes, size, 0)
   mean, std = _preprocess(config)
+  labelers = concept_methods.reference_labelers(
+    mutual_reference, pipeline.METHODS, paper_config.concept_settings(analysis)
+  )
 
   def run(batch):
     start = time.perf_counter()
@@ -430,9 +434,9 @@ def part_reference(ctx: Context) -> None:
       classes,
       int(analysis.top_k),
       int(analysis.u),
+      methods=labelers,
       crf=crf,
       joint=bool(analysis.joint_foreground),
-      kmeans_seed=int(analysis.kmeans_seed),
       device=device,
     )
     if device.type == "cuda":

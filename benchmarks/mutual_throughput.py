@@ -79,9 +79,11 @@ from absl import app, flags
 
 import stori_jax
 from stori_jax.plumbing import profiling
-from mutual import concepts, crf, features, foreground, pipeline, report
+from mutual import concept_methods, concepts, crf, features, foreground, paper_config, pipeline
+from mutual import report
 from mutual import reference as torch_reference
 from mutual import visual_prompts
+from mutual.concept_methods import kmeans as kmeans_method
 from mutual.ellipse import contours as ellipse_contours
 from mutual.ellipse import pixels as ellipse_pixels
 from mutual.paper_config import analysis_config
@@ -154,7 +156,7 @@ JITTED = (
   (concepts, "_pca_assign"),
   (concepts, "kmeans"),
   (concepts, "kmeans_pytorch_loop"),
-  (pipeline, "_kmeans_maps"),
+  (kmeans_method, "_kmeans_maps"),
   (crf, "_refine"),
   (visual_prompts, "_region_embeddings"),
   (ellipse_contours, "largest_contours"),
@@ -552,9 +554,11 @@ def _main():
       classes,
       k,
       analysis.u,
+      methods=concept_methods.reference_labelers(
+        torch_reference, pipeline.METHODS, paper_config.concept_settings(analysis)
+      ),
       crf=reference_crf,
       joint=bool(analysis.joint_foreground),
-      kmeans_seed=int(analysis.kmeans_seed),
       desc_tokens=tokens,
       device=torch_device,
     )

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mutual import data, descriptors, information, pipeline, report
+from mutual import concept_methods, data, descriptors, information, pipeline, report
 from stori_jax.data import images as image_io
 from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import InputError
@@ -213,7 +213,7 @@ def summary(explanation: Explanation, methods: Sequence[str], top: int = 3) -> s
   for method in methods:
     m = explanation.record["methods"][method]
     lines.append(
-      f"  {report.METHOD_NAMES.get(method, method)} concepts: MI {m['mi']:.3f}, "
+      f"  {concept_methods.title(method)} concepts: MI {m['mi']:.3f}, "
       f"AUC {m['auc']:.3f}, {len(m['mutual_descriptors'])} mutual descriptors"
     )
     for concept in m["concepts"]:
@@ -240,7 +240,7 @@ def plot(path: str, explanation: Explanation, methods: Sequence[str], model: str
   )
   for row, method in enumerate(methods):
     m = explanation.record["methods"][method]
-    title = report.METHOD_NAMES.get(method, method)
+    title = concept_methods.title(method)
     ax = fig.add_subplot(grid[row, 0])
     report.draw_concepts(ax, explanation.image, explanation.pixel_maps[method])
     ax.set_title(f"{title} concepts", fontsize=9)

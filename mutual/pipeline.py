@@ -30,16 +30,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mutual import concepts, crf, descriptors, features, foreground, information, transport
-from mutual import paper_config, visual_prompts
+from mutual import concept_methods, crf, descriptors, features, foreground, information
+from mutual import paper_config, transport, visual_prompts
 from mutual.ellipse import pixels as ellipse_pixels
 from stori_jax.data import synthetic_tasks
 from stori_jax.clip.encoding import encode_texts, l2_normalize, l2_normalize_jax
 from stori_jax.clip.preprocess import normalize
 
-METHODS = ("pca", "kmeans")
-#: How tables and figures name the concept methods.
-METHOD_TITLES = {"pca": "PCA", "kmeans": "K-means"}
+#: The concept methods run by default: the paper's (config.analysis.methods' default; any
+#: registered mutual.concept_methods entry may be named).
+METHODS = paper_config.ANALYSIS_DEFAULTS["methods"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,33 +245,11 @@ def stage_options(analysis) -> dict[str, Any]:
   )
 
 
-def concept_maps(
-  features_,
-  mask,
-  method: str,
-  n_concepts: int,
-  seed: int = 0,
-  pca_sign_rule: str = "sklearn>=1.5",
-  kmeans_init: str = "k-means++",
-) -> jax.Array:
-  """int32 [B, h, w] visual concepts of the foreground patches (-1: background).
-
-  pca_sign_rule, kmeans_init: see concepts.pca_concepts (sign_rule), concepts.kmeans_concepts
-  (init); paper_config.analysis_stages gives a config's values.
-  """
-  if method == "pca":
-    return concepts.pca_concepts(features_, mask, n_concepts=n_concepts, sign_rule=pca_sign_rule)
-  if method == "kmeans":
-    return _kmeans_maps(features_, mask, n_concepts, seed, kmeans_init)
-  raise ValueError(f"concept method must be one of {METHODS}, got {method!r}.")
-
-
-# One program per class shape: eagerly, K-means' flattening, normalisation and start draws
-# compiled about 20 small programs of their own. (PCA's few eager ops stay: its SVD measured
-# slower inlined into a larger program on XLA:CPU.)
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _kmeans_maps(features_, mask, n_concepts: int, seed: int, init: str) -> jax.Array:
-  return concepts.kmeans_concepts(features_, mask, n_concepts=n_concepts, seed=seed, init=init)
+def concept_maps(features_, mask, method: str, n_concepts: int, settings) -> jax.Array:
+  """int32 [B, h, w] visual concepts of the foreground patches (-1: background): the fit of the
+  concept method named `method` (mutual.concept_methods), with `settings`
+  (paper_config.concept_settings of config.analysis)."""
+  return concept_methods.get(method).fit(features_, mask, n_concepts, settings)
 
 
 @jax.jit  # one program, not the ~11 of its eager index arithmetic
@@ -367,6 +345,7 @@ def vision_side(
   # config.analysis.mode and the stage keys, resolved before any work (the run checked the
   # whole of config.analysis once, paper_config.check_analysis, before its claim).
   stages = paper_config.analysis_stages(analysis)
+  settings = paper_config.concept_settings(analysis, stages)
   chunk = int(paper_config.analysis_value(analysis, "prompt_chunk"))
   bundle = tower_bundle(bundle, analysis)
   # Images per tower pass: a few on a CPU (its tower slows once activations leave the cache).
@@ -391,18 +370,7 @@ def vision_side(
   # Nothing waits for the device until the visual prompts need their region counts: the host
   # dispatches the stages below while the tower and the split run (the arrays of `out` are read
   # back at the end).
-  maps = {
-    method: concept_maps(
-      patch,
-      fg,
-      method,
-      n,
-      int(analysis.kmeans_seed),
-      pca_sign_rule=stages["pca_sign_rule"],
-      kmeans_init=stages["kmeans_init"],
-    )
-    for method in methods
-  }
+  maps = {method: concept_maps(patch, fg, method, n, settings) for method in methods}
   del patch
   if analysis.crf:
     coarse = _upsample_mask(fg, size)
@@ -465,7 +433,7 @@ def analyze_class(
     images: uint8 [B, S, S, 3] at the model's input size.
     bank: the encoded descriptors and classes.
     analysis: config.analysis (see configs/mutual_synthetic.py).
-    methods: concept methods to run ("pca", "kmeans").
+    methods: names of the concept methods to run (mutual.concept_methods; METHODS by default).
 
   Returns:
     dict of numpy arrays: predicted int [B], class_scores [B, C], foreground bool [B, h, w],

@@ -48,7 +48,7 @@ import contextlib
 import inspect
 import io
 import random
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import cv2
 import jax
@@ -517,13 +517,11 @@ def analyze_class(
   k: int,
   u: int,
   *,
-  methods: Sequence[str] = ("pca", "kmeans"),
+  methods: Mapping[str, Callable[[torch.Tensor, int, dict], np.ndarray]],
   n_concepts: int = 5,
   feature_kind: str = "tokens",
   joint: bool = True,
   crf: bool = True,
-  kmeans_seed: int = 0,
-  pca_sign_rule: str = "sklearn<1.5",
   ellipse_seed: int = 0,
   offset: float = 0.02,
   top: int = 3,
@@ -538,13 +536,14 @@ def analyze_class(
     mean, std: the model's normalisation.
     desc: float32 [D, E] unit descriptor embeddings; classes: float32 [C, E] unit class ones.
     k, u: the top-k intersection and the language side's descriptors.
-    methods: "pca" and / or "kmeans".
+    methods: {concept method's name: its labeller}, (foreground tokens torch float32 [N, D] of
+      the B images in image, row, column order, n_concepts, stats) -> int [N] labels, run once
+      per class: the registered methods' twins (`mutual.concept_methods.reference_labelers`,
+      which binds their settings: PCA's sign rule, K-means' seeding protocol, where
+      np.random.seed and torch.manual_seed are called with config.analysis.kmeans_seed right
+      before the class's kmeans_pytorch call, `kmeans_labels`, leaving both generators moved).
     joint: one spectral split over the B images (the reference) or one per image.
     crf: SimpleCRF refinement (the reference); False uses the upsampled patch mask.
-    kmeans_seed: the K-means seeding protocol's seed, in [0, 2**32): np.random.seed and
-      torch.manual_seed are called with it right before the class's kmeans_pytorch call
-      (`kmeans_labels`), leaving both global generators moved.
-    pca_sign_rule: "sklearn<1.5" (the reference's) or "sklearn>=1.5".
     ellipse_seed: Python's `random` and OpenCV's cv::theRNG() are seeded with it
       (random.seed, cv2.setRNGSeed) before each image's concepts of each method are prompted
       (the padding of contours under 5 points and OpenCV's moved points; ellipse_box).
@@ -589,15 +588,8 @@ def analyze_class(
   weights = classes_t @ desc_t.T
   stats: dict[str, int] = {}
   out: dict[str, Any] = dict(predicted=predicted, foreground=fg, refined=refined, stats=stats)
-  for method in methods:
-    if method == "pca":
-      labels = pca_labels(fg_tokens.cpu().numpy(), n_concepts, pca_sign_rule)
-    elif method == "kmeans":
-      # utils.kmeans_clustering, once per class on the B images' foreground tokens (in
-      # image, row, column order), after np.random.seed and torch.manual_seed.
-      labels = kmeans_labels(fg_tokens, n_concepts, kmeans_seed, stats)
-    else:
-      raise ValueError(f"unknown method {method!r}")
+  for method, labeller in methods.items():
+    labels = labeller(fg_tokens, n_concepts, stats)
     grid = np.full((batch, side, side), -1)
     grid[fg] = labels
     result = dict(

@@ -23,13 +23,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mutual import information
+from mutual import concept_methods, information
 from stori_jax.plumbing import jsonio, paths
 from stori_jax.plumbing.plotting import pyplot, save_figure
-
-#: The concept methods' names in titles and tables (as mutual.pipeline.METHOD_TITLES, one layer
-#: up, which this module may not import).
-METHOD_NAMES = {"pca": "PCA", "kmeans": "K-means"}
 
 #: Concept colours (RGB 0-1), one per concept id: Paul Tol's colour-blind-safe "light" scheme
 #: without its orange. Every outline is light (relative luminance >= 0.37) on a black halo
@@ -163,9 +159,10 @@ def aggregate(records: Sequence[Mapping[str, Any]], methods: Sequence[str]) -> d
 
 def markdown_table(summary: Mapping[str, Any], model: str, methods: Sequence[str]) -> str:
   """Table 3's columns for one model: Top-1 (%), MI and AUC per concept method."""
-  names = METHOD_NAMES
   head = ["Model", "Top-1 (%)"]
-  head += [f"MI {names.get(m, m)}" for m in methods] + [f"AUC {names.get(m, m)}" for m in methods]
+  head += [f"MI {concept_methods.title(m)}" for m in methods] + [
+    f"AUC {concept_methods.title(m)}" for m in methods
+  ]
   row = [model, f"{summary['top1']:.2f}"]
   row += [f"{summary[m]['mi']:.3f}" for m in methods]
   row += [f"{summary[m]['auc']:.3f}" for m in methods]
@@ -202,10 +199,6 @@ def outline_contrast(concept: int, background) -> float:
   `background` colour: the better of the two contrasts."""
   colour = COLOURS[int(concept) % len(COLOURS)]
   return max(contrast_ratio(colour, background), contrast_ratio(HALO, background))
-
-
-def _method_title(method: str) -> str:
-  return METHOD_NAMES.get(method, method)
 
 
 def overlay(image: np.ndarray, pixel_map: np.ndarray, alpha: float = 0.5) -> np.ndarray:
@@ -347,7 +340,7 @@ def plot_concepts(
         )
         y -= step
   fig.suptitle(
-    _suptitle(model, f"visual concepts ({_method_title(method)}) and their descriptors"),
+    _suptitle(model, f"visual concepts ({concept_methods.title(method)}) and their descriptors"),
     fontsize=9,
   )
   fig.subplots_adjust(left=0.02, right=0.98, top=1 - 0.5 / fig.get_figheight(), bottom=0.01)
@@ -369,7 +362,7 @@ def plot_curves(
       curve,
       marker="o",
       ms=3,
-      label=f"{_method_title(label)} concepts (AUC {information.curve_auc(curve):.2f})",
+      label=f"{concept_methods.title(label)} concepts (AUC {information.curve_auc(curve):.2f})",
     )
   ax.set_xlabel("visual descriptors removed")
   ax.set_ylabel("MI (nats)")
@@ -407,7 +400,9 @@ def plot_mutual(path: str, image: np.ndarray, record, method: str, model: str = 
   for ax in axes:
     ax.set_axis_off()
   fig.suptitle(
-    _suptitle(model, f"{_method_title(method)} concepts: MI {m['mi']:.2f}, AUC {m['auc']:.2f}"),
+    _suptitle(
+      model, f"{concept_methods.title(method)} concepts: MI {m['mi']:.2f}, AUC {m['auc']:.2f}"
+    ),
     fontsize=9,
   )
   fig.tight_layout()
@@ -476,7 +471,7 @@ def plot_ot_diversity(
   fig.suptitle(
     _suptitle(
       model,
-      f"{record['class_name']}: {_method_title(method)} concepts' descriptors without and with "
+      f"{record['class_name']}: {concept_methods.title(method)} concepts' descriptors without and with "
       "optimal transport\n(* shared by several concepts)",
     ),
     fontsize=9,
@@ -562,7 +557,8 @@ def plot_classes(path: str, classes: Sequence[Mapping[str, Any]], method: str, m
             transform=ax.transAxes,
           )
   fig.suptitle(
-    _suptitle(model, f"{_method_title(method)} concepts across classes (Fig. 5)"), fontsize=9
+    _suptitle(model, f"{concept_methods.title(method)} concepts across classes (Fig. 5)"),
+    fontsize=9,
   )
   fig.subplots_adjust(left=0.07, right=0.99, top=1 - 0.55 / fig.get_figheight(), bottom=0.1)
   save_figure(fig, path, dpi=120)

@@ -29,11 +29,8 @@ import html
 import urllib.parse
 from typing import Any, Collection, Mapping, Sequence
 
+from mutual import concept_methods
 from mutual.report import COLOURS
-
-#: How the page names the concept methods: pipeline.METHOD_TITLES's names (this module sits
-#: below the pipeline in the layers of tests/test_layering.py, so it does not import it).
-METHOD_TITLES = {"pca": "PCA", "kmeans": "K-means"}
 
 #: Images with a detail section; past it, a row links to its per-image JSON (a page of 50,000
 #: sections would be hundreds of MB).
@@ -64,10 +61,6 @@ def plain(value: Any) -> str:
 def _url(path: str) -> str:
   """A relative path as an escaped URL (a folder name may hold spaces or '#')."""
   return e(urllib.parse.quote(path.replace("\\", "/"), safe="/"))
-
-
-def _title(method: str) -> str:
-  return METHOD_TITLES.get(method, method)
 
 
 def _num(value: float, digits: int = 3) -> str:
@@ -153,7 +146,7 @@ def curves_svg(curves: Mapping[str, Sequence[float]], width: int = 340, height: 
     parts.append(
       f'<text x="{left + span_x}" y="{top + 12 + 12 * k}" text-anchor="end" '
       f'style="fill: {colour}">'
-      f"{e(_title(method))}</text>"
+      f"{e(concept_methods.title(method))}</text>"
     )
   return (
     f'<svg class="curve" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
@@ -202,7 +195,7 @@ def _dataset_summary(summary: Mapping[str, Any], methods: Sequence[str]) -> str:
       )
     )
     rows.append(
-      f'<tr data-method="{e(method)}"><th scope="row">{e(_title(method))}</th>{cells}</tr>'
+      f'<tr data-method="{e(method)}"><th scope="row">{e(concept_methods.title(method))}</th>{cells}</tr>'
     )
   return (
     '<table id="dataset-summary"><thead><tr>'
@@ -214,7 +207,10 @@ def _dataset_summary(summary: Mapping[str, Any], methods: Sequence[str]) -> str:
 def _class_table(classes: Mapping[str, Any], methods: Sequence[str]) -> str:
   head = [_head("Class", "text"), _head("Images"), _head("Top-1 (%)")]
   for method in methods:
-    head += [_head(f"MI {_title(method)}"), _head(f"AUC {_title(method)}")]
+    head += [
+      _head(f"MI {concept_methods.title(method)}"),
+      _head(f"AUC {concept_methods.title(method)}"),
+    ]
   rows = []
   for name, s in classes.items():
     cells = [
@@ -240,7 +236,10 @@ def _image_table(records, methods, targets) -> str:
     _head("Correct"),
   ]
   for method in methods:
-    head += [_head(f"MI {_title(method)}"), _head(f"AUC {_title(method)}")]
+    head += [
+      _head(f"MI {concept_methods.title(method)}"),
+      _head(f"AUC {concept_methods.title(method)}"),
+    ]
   rows = []
   for n, (record, target) in enumerate(zip(records, targets)):
     search = " ".join([str(record["id"]), record["class_name"], record["predicted_name"]]).lower()
@@ -349,7 +348,7 @@ def _detail(n, record, position, methods, figures, panels, record_path) -> str:
   ]
   for method in methods:
     m = record["methods"][method]
-    title = _title(method)
+    title = concept_methods.title(method)
     parts.append(
       f'<div class="method" data-method="{e(method)}"><h3>{e(title)} '
       f'<span class="stats">MI {_num(m["mi"])} · AUC {_num(m["auc"])} · '

@@ -696,7 +696,7 @@ def mutual_modes_figures() -> dict[str, str]:
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   import stori_jax  # pylint: disable=import-outside-toplevel
-  from mutual import data, pipeline, report  # pylint: disable=import-outside-toplevel
+  from mutual import concept_methods, data, paper_config, pipeline, report  # pylint: disable=import-outside-toplevel
   from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(CONFIGS, "mutual_synthetic.py"))
@@ -732,10 +732,11 @@ def mutual_modes_figures() -> dict[str, str]:
           bank.class_embeddings,
           int(a.top_k),
           int(a.u),
-          methods=methods,
+          methods=concept_methods.reference_labelers(
+            torch_reference, methods, paper_config.concept_settings(a)
+          ),
           joint=bool(a.joint_foreground),
           crf=use_crf,
-          kmeans_seed=int(a.kmeans_seed),
           ellipse_seed=int(a.ellipse_seed),
         )
         for m in methods:
@@ -745,8 +746,8 @@ def mutual_modes_figures() -> dict[str, str]:
             & np.isclose(ours["auc"], theirs[m]["auc"], rtol=1e-5, atol=1e-5)
           )
     rows[mode] = report.aggregate(records, methods)["dataset"]
-  head = ["mode", "Top-1 (%)"] + [f"MI {pipeline.METHOD_TITLES[m]}" for m in methods]
-  head += [f"AUC {pipeline.METHOD_TITLES[m]}" for m in methods]
+  head = ["mode", "Top-1 (%)"] + [f"MI {concept_methods.title(m)}" for m in methods]
+  head += [f"AUC {concept_methods.title(m)}" for m in methods]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for mode, ds in rows.items():
     cells = [f"`{mode}`", f"{ds['top1']:.2f}"] + [f"{ds[m]['mi']:.3f}" for m in methods]
@@ -762,7 +763,7 @@ def mutual_modes_figures() -> dict[str, str]:
       f"Reference mode against `mutual/reference.py` on the same {n_images} images "
       f"({split} split, CRF {'on: SimpleCRF' if use_crf else 'off on both sides'}): identical "
       "MI and AUC on "
-      + " / ".join(f"{100 * shares[m]:.1f}% ({pipeline.METHOD_TITLES[m]})" for m in methods)
+      + " / ".join(f"{100 * shares[m]:.1f}% ({concept_methods.title(m)})" for m in methods)
       + " of the images."
     )
   return {"mutual_modes": "\n".join(lines) + "\n\n" + fill(prose)}
@@ -827,16 +828,17 @@ def _beats_random(beats: Mapping[str, Mapping[str, bool]]) -> str:
 
 def _table2(table2: Mapping[str, Any]) -> str:
   """Table 2's sentence: the change of top-1 when the nearest classes' concepts are added."""
+  from mutual import concept_methods  # pylint: disable=import-outside-toplevel
+
   # Rounded first: -0.001 and +0.001 both read "+0.00", one value.
-  order = ("pca", "kmeans")  # the README's order (protocols.json sorts its keys)
+  order = concept_methods.names()  # the paper's order (protocols.json sorts its keys)
   methods = sorted(table2["methods"], key=lambda m: order.index(m) if m in order else len(order))
   deltas = {m: round(table2["methods"][m]["delta"], 2) + 0.0 for m in methods}
   shown = {f"{d:+.2f}".replace("-", MINUS) for d in deltas.values()}
   if len(shown) == 1:
     change = shown.pop()
   else:
-    names = {"pca": "PCA", "kmeans": "K-means"}
-    change = " / ".join(f"{signed(d, 2)} ({names.get(m, m)})" for m, d in deltas.items())
+    change = " / ".join(f"{signed(d, 2)} ({concept_methods.title(m)})" for m, d in deltas.items())
   if max(deltas.values()) <= 0:
     return (
       f"Table 2 does not reproduce on this world ({change}: the tiny model's concepts are less "

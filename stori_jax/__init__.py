@@ -5,6 +5,9 @@ encode_prompts, encode_image, preprocess), the model configs, and the
 weighted-prompt helpers `parse_weighted`, `tokenize_weighted`, `word_weights`.
 """
 
+# The built-in image-tower kinds, registered before anything else of the package runs (each is
+# one module of stori_jax/kinds/; models' registry is asked by every config and checkpoint).
+from stori_jax import kinds as _kinds  # noqa: F401
 from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints import CheckpointError, CheckpointMismatchError
 from stori_jax.clip.loading import load, named_checkpoints, save

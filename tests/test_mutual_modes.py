@@ -117,8 +117,8 @@ def test_vision_side_passes_each_stage_on(tiny_synthetic, monkeypatch):
 
   monkeypatch.setattr(pipeline.crf, "refine", refine)
   monkeypatch.setattr(pipeline.visual_prompts, "concept_embeddings_of_maps", embeddings)
-  monkeypatch.setattr(pipeline.concepts, "pca_concepts", pca)
-  monkeypatch.setattr(pipeline.concepts, "kmeans_concepts", kmeans)
+  monkeypatch.setattr(concepts, "pca_concepts", pca)
+  monkeypatch.setattr(concepts, "kmeans_concepts", kmeans)
   bundle = tiny_synthetic
   size = bundle.preprocess_config.image_size
   images = np.random.default_rng(0).integers(0, 256, (2, size, size, 3), dtype=np.uint8)

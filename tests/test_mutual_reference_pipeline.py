@@ -6,7 +6,7 @@ world."""
 import numpy as np
 import pytest
 
-from mutual import crf, paper_config, pipeline, visual_prompts, xai
+from mutual import concept_methods, crf, paper_config, pipeline, visual_prompts, xai
 from mutual.protocols import blur
 from stori_jax.data import synthetic
 
@@ -118,9 +118,11 @@ def test_reference_mode_agrees_with_the_torch_reference_per_image(tiny_synthetic
       bank.class_embeddings,
       int(a.top_k),
       int(a.u),
+      methods=concept_methods.reference_labelers(
+        torch_reference, pipeline.METHODS, paper_config.concept_settings(a)
+      ),
       joint=True,
       crf=use_crf,
-      kmeans_seed=int(a.kmeans_seed),
       ellipse_seed=int(a.ellipse_seed),
     )
     for method in same:

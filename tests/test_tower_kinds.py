@@ -1,16 +1,14 @@
-"""stori_jax.models.tower_kinds: a new image-tower kind is one registration, made here from this
-file alone (a toy patch-mixer tower with its own config fields and its own OpenAI-style state-dict
-keys), and then loads, encodes and gives mutual knowledge its patch features like the built-in
-ViT, ModifiedResNet and ConvNeXt."""
+"""stori_jax.models.tower_kinds: a new image-tower kind is one registration, made here from one
+file alone (tests/toy_plugins.py's toy patch-mixer tower, with its own config fields and its own
+OpenAI-style state-dict keys), and then loads, encodes and gives mutual knowledge its patch
+features like the built-in ViT, ModifiedResNet and ConvNeXt."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -19,111 +17,11 @@ import stori_jax
 from mutual import features, sweep
 from mutual.protocols import layers
 from stori_jax.checkpoints import CheckpointError, hf, openai, validate
-from stori_jax.checkpoints.mapping import block_count, conv_kernel
 from stori_jax.models import CLIPConfig, TextConfig, get_architecture, init_params, tower_kinds
 from stori_jax.models.random_weights import shrink_config
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.reference import parity_report as comparison
-
-# -- The toy kind: everything below up to TOY is what a new kind writes. -----------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ToyConfig:
-  """A patch embedding with positions, residual tanh mixers, a mean pool and a projection."""
-
-  image_size: int = 32
-  patch_size: int = 8
-  width: int = 16
-  mixer_layers: int = 2  # this kind's own field
-
-  @property
-  def grid_size(self) -> int:
-    return self.image_size // self.patch_size
-
-
-class ToyTower(nn.Module):
-  config: ToyConfig
-  embed_dim: int
-  dtype: object = jnp.float32
-
-  @nn.compact
-  def __call__(self, images, return_hidden: bool = False):
-    c, batch = self.config, images.shape[0]
-    dense = lambda n, name, bias=True: nn.Dense(
-      n, use_bias=bias, dtype=self.dtype, param_dtype=jnp.float32, name=name
-    )
-    stem = nn.Conv(c.width, (c.patch_size,) * 2, strides=c.patch_size, padding="VALID", name="stem")
-    x = stem(images.astype(self.dtype))
-    x = x + self.param("pos", nn.initializers.normal(0.1), (c.grid_size, c.grid_size, c.width))
-    hidden = [x]
-    for i in range(c.mixer_layers):
-      x = x + dense(c.width, f"mix_{i}")(jnp.tanh(x))
-      hidden.append(x)
-    tokens = x.reshape(batch, c.grid_size**2, c.width)
-    pooled = tokens.mean(axis=1)
-    features = dense(self.embed_dim, "proj", bias=False)(pooled).astype(jnp.float32)
-    # Keys of a one-query attention pool, the pooled token first (computed on every call, so
-    # the parameter exists whatever path initialised the model).
-    keys = dense(c.width, "key", bias=False)(jnp.concatenate([pooled[:, None], tokens], axis=1))
-    if not return_hidden:
-      return features
-    return features, {
-      "hidden_states": hidden,
-      "feature_map": x,
-      "patch_tokens": tokens,
-      "keys": keys,
-    }
-
-
-def _toy_check(vision: ToyConfig) -> None:
-  if vision.image_size % vision.patch_size:
-    raise ValueError(f"image_size {vision.image_size} is not a multiple of {vision.patch_size}.")
-
-
-def _toy_from_state_dict(state_dict, source, activation, head_width):
-  """The toy's `visual.toy_*` keys define its shapes (None: another kind's state dict)."""
-  del source, activation, head_width
-  if "visual.toy_stem.weight" not in state_dict:
-    return None
-  width, _, patch, _ = state_dict["visual.toy_stem.weight"].shape
-  grid = state_dict["visual.toy_pos"].shape[0]
-  return ToyConfig(
-    image_size=patch * grid,
-    patch_size=patch,
-    width=width,
-    mixer_layers=block_count(state_dict, "visual.toy_mix."),
-  )
-
-
-def _toy_params(reader, vision: ToyConfig) -> None:
-  reader.put("vision/stem/kernel", "visual.toy_stem.weight", conv_kernel)
-  reader.put("vision/stem/bias", "visual.toy_stem.bias")
-  reader.put("vision/pos", "visual.toy_pos")
-  for i in range(vision.mixer_layers):
-    reader.put_linear(f"vision/mix_{i}", f"visual.toy_mix.{i}")
-  reader.put("vision/proj/kernel", "visual.toy_proj.weight", lambda w: w.T)
-  reader.put("vision/key/kernel", "visual.toy_key.weight", lambda w: w.T)
-
-
-TOY = tower_kinds.TowerKind(
-  name="toy",
-  config=ToyConfig,
-  module=lambda c, dtype: ToyTower(c.vision, c.embed_dim, dtype),
-  recognises=lambda d: "mixer_layers" in d,
-  family="Toy",
-  describe=lambda v: f"Toy {v.mixer_layers}x{v.width} patch {v.patch_size}",
-  activation_elements=lambda v: v.grid_size**2 * v.width,
-  check=_toy_check,
-  shrink=lambda v, factor: dataclasses.replace(v, width=max(4, v.width // factor)),
-  has_keys=True,
-  class_token_layers=False,
-  hidden_labels=("stem", "mixer"),
-  param_blocks=lambda v: (("vision.mixer_layers", v.mixer_layers, "vision/mix_"),),
-  hooks={"state_dict_config": _toy_from_state_dict, "state_dict_params": _toy_params},
-)
-
-# -- The tests. --------------------------------------------------------------------------------
+from toy_plugins import TOY_TOWER, ToyConfig  # tests/ is on sys.path
 
 VISION = ToyConfig(image_size=32, patch_size=8, width=16, mixer_layers=2)
 # One head: a state dict's heads are read as width // 64 (at least 1).
@@ -133,7 +31,7 @@ TEXT = TextConfig(width=32, layers=1, heads=1, activation="quick_gelu")
 @pytest.fixture(scope="module", autouse=True)
 def toy_kind():
   """The one registration, undone after this file's tests."""
-  kind = tower_kinds.register(TOY)
+  kind = tower_kinds.register(TOY_TOWER)
   yield kind
   tower_kinds.unregister(kind.name)
 
@@ -182,7 +80,7 @@ def test_registry_refuses_duplicates_and_ambiguous_dicts(toy_kind):
   finally:
     tower_kinds.unregister("greedy")
   with pytest.raises(ValueError, match="unknown hooks"):
-    tower_kinds.attach("toy", no_such_hook=print)
+    dataclasses.replace(toy_kind, name="toy3", hooks={"no_such_hook": print})
 
 
 def test_load_encode_and_mutual_features(bundle, config, tmp_path):

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 import stori_jax
 from mutual import (
+  concept_methods,
   data,
   features,
   foreground,
@@ -181,7 +182,7 @@ def explanations(cls, result, config, baseline_explanations=None) -> dict:
     masks = np.asarray(xai.label_masks(r["pixel_maps"], n))
     valid = np.asarray(r["concept_valid"]) & masks.any(axis=(2, 3))
     ids, ids_valid = r["concept_ids"][:, :, 0], r["concept_ids_valid"][:, :, 0]
-    out[f"Ours ({pipeline.METHOD_TITLES.get(method, method)})"] = (masks, valid, ids, ids_valid)
+    out[f"Ours ({concept_methods.title(method)})"] = (masks, valid, ids, ids_valid)
   for name, e in (baseline_explanations or {}).items():
     regions = e["regions"]
     flat = regions.reshape(-1, *regions.shape[2:])
@@ -384,7 +385,7 @@ def _plot_steps(workdir: str, config, cls, steps, curves) -> None:
   curves (App. E, Fig. 7), per concept method."""
   model = config.model.get("name", config.model.source)
   for method in config.analysis.methods:
-    name = f"Ours ({pipeline.METHOD_TITLES.get(method, method)})"
+    name = f"Ours ({concept_methods.title(method)})"
     if name not in steps:
       continue
     report.plot_perturbation_steps(
@@ -394,7 +395,7 @@ def _plot_steps(workdir: str, config, cls, steps, curves) -> None:
       curves[name].deletion[0],
       curves[name].insertion[0],
       title=f"{config.name}: {model}, {cls.ids[0]} ({cls.name}): deletion and insertion steps "
-      f"of its {pipeline.METHOD_TITLES.get(method, method)} concepts (App. E, Fig. 7)",
+      f"of its {concept_methods.title(method)} concepts (App. E, Fig. 7)",
     )
 
 

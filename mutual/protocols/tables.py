@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from mutual import paper_config, pipeline
+from mutual import concept_methods, paper_config
 from mutual.protocols import localization
 
 
@@ -33,7 +33,7 @@ def table2_markdown(results: Mapping[str, Mapping]) -> str:
   methods = _methods(results)
   head = ["Model", "Base"]
   for m in methods:
-    t = pipeline.METHOD_TITLES.get(m, m)
+    t = concept_methods.title(m)
     head += [f"Ours ({t})", "Δ", f"Guarded ({t})", "Δ"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for model, r in results.items():
@@ -54,7 +54,7 @@ def ot_entropy_markdown(results: Mapping[str, Mapping]) -> str:
   methods = _methods(results)
   head = ["Model"]
   for m in methods:
-    t = pipeline.METHOD_TITLES.get(m, m)
+    t = concept_methods.title(m)
     head += [f"w/o OT ({t})", f"w/ OT ({t})"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for model, r in results.items():

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mutual import pipeline
+from mutual import concept_methods
 from mutual.sweep.fits import accuracy_of
 from mutual.sweep.models import families
 from mutual.sweep.table import RANDOM_WEIGHTS, fit_equation, table_order
@@ -104,7 +104,6 @@ def _grouped_legend(fig, rows, styles, line: bool, anchor=(1.0, 0.5)) -> None:
 def _auc_panel(ax, rows, method_fits, method: str, accuracy: str, styles) -> None:
   """One method's Top-1 against AUC: a point per model in its style, the fitted lines (all
   models solid, per family dashed / dotted) with equation and Pearson r in a legend below."""
-  names = pipeline.METHOD_TITLES
   for r in rows:
     y = accuracy_of(r, accuracy)
     if y is None:
@@ -134,9 +133,9 @@ def _auc_panel(ax, rows, method_fits, method: str, accuracy: str, styles) -> Non
       lw=1.2,
       label=f"{group}: Top-1 = {fit_equation(fit)}, r = {fit['pearson_r']:.2f} (n = {fit['n']})",
     )
-  ax.set_xlabel(f"AUC of the MI curve ({names.get(method, method)} concepts)")
+  ax.set_xlabel(f"AUC of the MI curve ({concept_methods.title(method)} concepts)")
   ax.set_ylabel("zero-shot Top-1 (%)" + ("" if accuracy == "measured" else f", {accuracy}"))
-  ax.set_title(f"{names.get(method, method)} concepts", fontsize=9)
+  ax.set_title(f"{concept_methods.title(method)} concepts", fontsize=9)
   if ax.get_legend_handles_labels()[0]:  # the fits, below the panel: they cover no point
     ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)
 
@@ -177,7 +176,7 @@ def plot_curves(
   method, in its (colour, marker), the legend grouped by family with each model's AUC."""
   plt = pyplot()
   styles = model_styles(rows)
-  name = pipeline.METHOD_TITLES.get(method, method)
+  name = concept_methods.title(method)
   fig, ax = plt.subplots(figsize=(7.4, 4.2))
   for r in table_order(rows):
     curve = np.asarray(r[method]["curve"])
@@ -306,7 +305,7 @@ def plot_figure3(
   plt = pyplot()
   styles = model_styles(rows)
   groups = figure3_groups(rows)
-  name = pipeline.METHOD_TITLES.get(method, method)
+  name = concept_methods.title(method)
   fig, axes = plt.subplots(1, 3, figsize=(16.5, 5.2))
   data_name, data_rows = groups.get("data", ("", None))
   size, size_rows = groups.get("size", ("", None))

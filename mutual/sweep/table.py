@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from mutual import pipeline
+from mutual import concept_methods
 from mutual.sweep.models import families
 from stori_jax.models import registry
 
@@ -43,9 +43,10 @@ def markdown_table(
   architectures' training data does not apply) and the paper's column is named as the trained
   models' accuracy.
   """
-  names = pipeline.METHOD_TITLES
   head = ["Family", "Model", "Data", "Top-1 (%)"]
-  head += [f"MI {names.get(m, m)}" for m in methods] + [f"AUC {names.get(m, m)}" for m in methods]
+  head += [f"MI {concept_methods.title(m)}" for m in methods] + [
+    f"AUC {concept_methods.title(m)}" for m in methods
+  ]
   head.append("Top-1 paper, trained weights (%)" if random_weights else "Top-1 paper (%)")
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in table_order(rows):
@@ -79,13 +80,12 @@ def grouped_tables(
     groups: ((title, (registry name or label, ...)), ...).
     random_weights: the rows are random-weight instances; their Data cells say so.
   """
-  names = pipeline.METHOD_TITLES
   by_name = {}
   for r in rows:
     by_name[r["name"]] = by_name[r["label"]] = r
   head = ["Model", "Data", "Top-1 (%)"]
   for m in methods:
-    head += [f"MI {names.get(m, m)}", f"AUC {names.get(m, m)}"]
+    head += [f"MI {concept_methods.title(m)}", f"AUC {concept_methods.title(m)}"]
   lines = [_cells(head), "|" + "---|" * len(head)]
   for title, members in groups:
     if title:
@@ -126,7 +126,7 @@ def table2_paper_tables(
     methods.update(dict.fromkeys(table2[r["name"]]["methods"]))
   out = []
   for m in methods:
-    out.append(f"Ours: {pipeline.METHOD_TITLES.get(m, m)} concepts\n")
+    out.append(f"Ours: {concept_methods.title(m)} concepts\n")
     head = []
     for _, title, _ in families:
       head += [title, "Base", "Ours", "Δ"]

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from stori_jax.checkpoints.errors import CheckpointError
-from stori_jax.checkpoints.mapping import StateDictReader, conv_kernel
+from stori_jax.checkpoints.mapping import StateDictReader
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, tower_kinds
 
 IGNORED_KEYS = ("text_model.embeddings.position_ids", "vision_model.embeddings.position_ids")
@@ -105,7 +105,7 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = "config.json") ->
     raise CheckpointError(f"{source}: the architecture is inconsistent: {e}") from None
 
 
-def _blocks(reader: StateDictReader, target: str, prefix: str, layers: int):
+def put_blocks(reader: StateDictReader, target: str, prefix: str, layers: int):
   for i in range(layers):
     src, dst = f"{prefix}{i}.", f"{target}/resblocks_{i}/"
     reader.put_layer_norm(dst + "ln_1", src + "layer_norm1")
@@ -128,7 +128,7 @@ def params_from_state_dict(
   reader = StateDictReader(state_dict, source, ignored=IGNORED_KEYS)
   reader.put("text/token_embedding/embedding", "text_model.embeddings.token_embedding.weight")
   reader.put("text/positional_embedding", "text_model.embeddings.position_embedding.weight")
-  _blocks(reader, "text", "text_model.encoder.layers.", config.text.layers)
+  put_blocks(reader, "text", "text_model.encoder.layers.", config.text.layers)
   reader.put_layer_norm("text/ln_final", "text_model.final_layer_norm")
   reader.put("text/text_projection", "text_projection.weight", lambda w: w.T)
   try:
@@ -138,18 +138,3 @@ def params_from_state_dict(
   put_vision(reader, config.vision)
   reader.put("logit_scale", "logit_scale", lambda x: x.reshape(()))
   return reader.params(config)
-
-
-def _put_vit(reader: StateDictReader, vision: VisionConfig):
-  """vision_model.* and visual_projection -> vision/* of models.VisionTransformer."""
-  reader.put("vision/conv1/kernel", "vision_model.embeddings.patch_embedding.weight", conv_kernel)
-  reader.put("vision/class_embedding", "vision_model.embeddings.class_embedding")
-  reader.put("vision/positional_embedding", "vision_model.embeddings.position_embedding.weight")
-  reader.put_layer_norm("vision/ln_pre", "vision_model.pre_layrnorm")  # sic, HF's spelling.
-  _blocks(reader, "vision", "vision_model.encoder.layers.", vision.layers)
-  reader.put_layer_norm("vision/ln_post", "vision_model.post_layernorm")
-  reader.put("vision/proj", "visual_projection.weight", lambda w: w.T)
-
-
-# transformers' CLIPModel has a ViT image tower only.
-tower_kinds.attach("vit", transformers_params=_put_vit)

@@ -1,8 +1,9 @@
 """OpenAI / open_clip state dicts (`visual.transformer.resblocks.0.attn.in_proj_weight`, ...).
 
 OpenAI's JIT archives, its plain state dicts and open_clip's CLIP models share
-these key names; the CNN image towers (ModifiedResNet, open_clip's timm
-ConvNeXt) are mapped in checkpoints/cnn.py.
+these key names. The text tower and the shared layout are read here; each image tower's
+`visual.*` keys by its kind (stori_jax/kinds/, the `state_dict_config` and `state_dict_params`
+hooks).
 """
 
 from __future__ import annotations
@@ -11,41 +12,22 @@ from typing import Mapping
 
 import numpy as np
 
-from stori_jax.checkpoints import cnn
 from stori_jax.checkpoints.errors import CheckpointError
-from stori_jax.checkpoints.mapping import StateDictReader, block_count, conv_kernel, linear_kernel
-from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, tower_kinds
+from stori_jax.checkpoints.mapping import StateDictReader, block_count, linear_kernel
+from stori_jax.models import CLIPConfig, TextConfig, tower_kinds
 
 # Buffers and metadata with no parameter counterpart: the causal mask buffer
 # and the integers OpenAI's JIT archives carry.
 IGNORED_KEYS = ("attn_mask", "input_resolution", "context_length", "vocab_size")
 
 
-def _require(state_dict, key, source):
+def required(state_dict, key, source):
   if key not in state_dict:
     raise CheckpointError(
       f"{source} has no key {key!r}: it is not an OpenAI/open_clip CLIP state dict. "
       f"First keys: {sorted(state_dict)[:8]}"
     )
   return state_dict[key]
-
-
-def _vit_config(state_dict, source, activation, head_width) -> VisionConfig:
-  conv = _require(state_dict, "visual.conv1.weight", source)
-  vision_width, _, patch, _ = conv.shape
-  grid = round((_require(state_dict, "visual.positional_embedding", source).shape[0] - 1) ** 0.5)
-  vision_mlp = _require(state_dict, "visual.transformer.resblocks.0.mlp.c_fc.weight", source).shape[
-    0
-  ]
-  return VisionConfig(
-    image_size=patch * grid,
-    patch_size=patch,
-    width=vision_width,
-    layers=block_count(state_dict, "visual.transformer.resblocks."),
-    heads=max(1, vision_width // head_width),
-    mlp_dim=None if vision_mlp == 4 * vision_width else vision_mlp,
-    activation=activation,
-  )
 
 
 def config_from_state_dict(
@@ -64,13 +46,13 @@ def config_from_state_dict(
   """
   # Each tower kind reads its own `visual.*` keys; a ViT where no other kind claims them.
   vision = tower_kinds.detect("state_dict_config", state_dict, source, activation, head_width)
-  text_width = _require(state_dict, "ln_final.weight", source).shape[0]
-  text_mlp = _require(state_dict, "transformer.resblocks.0.mlp.c_fc.weight", source).shape[0]
+  text_width = required(state_dict, "ln_final.weight", source).shape[0]
+  text_mlp = required(state_dict, "transformer.resblocks.0.mlp.c_fc.weight", source).shape[0]
   return CLIPConfig(
-    embed_dim=_require(state_dict, "text_projection", source).shape[1],
+    embed_dim=required(state_dict, "text_projection", source).shape[1],
     text=TextConfig(
-      vocab_size=_require(state_dict, "token_embedding.weight", source).shape[0],
-      context_length=_require(state_dict, "positional_embedding", source).shape[0],
+      vocab_size=required(state_dict, "token_embedding.weight", source).shape[0],
+      context_length=required(state_dict, "positional_embedding", source).shape[0],
       width=text_width,
       heads=max(1, text_width // head_width),
       layers=block_count(state_dict, "transformer.resblocks."),
@@ -82,7 +64,7 @@ def config_from_state_dict(
   )
 
 
-def _blocks(reader: StateDictReader, target: str, prefix: str, layers: int):
+def put_blocks(reader: StateDictReader, target: str, prefix: str, layers: int):
   for i in range(layers):
     src, dst = f"{prefix}{i}.", f"{target}/resblocks_{i}/"
     reader.put_layer_norm(dst + "ln_1", src + "ln_1")
@@ -108,11 +90,13 @@ def params_from_state_dict(
 
   Raises CheckpointMismatchError naming absent, unexpected and misshaped keys.
   """
-  ignored = (*IGNORED_KEYS, *cnn.ignored_keys(state_dict))
+  # Batch-norm step counters (a ResNet's): buffers with no role at inference.
+  counters = [k for k in state_dict if k.endswith(".num_batches_tracked")]
+  ignored = (*IGNORED_KEYS, *counters)
   reader = StateDictReader(state_dict, source, ignored=ignored)
   reader.put("text/token_embedding/embedding", "token_embedding.weight")
   reader.put("text/positional_embedding", "positional_embedding")
-  _blocks(reader, "text", "transformer.resblocks.", config.text.layers)
+  put_blocks(reader, "text", "transformer.resblocks.", config.text.layers)
   reader.put_layer_norm("text/ln_final", "ln_final")
   reader.put("text/text_projection", "text_projection")
   put_vision = _kind_hook(config, "state_dict_params", source)
@@ -127,18 +111,3 @@ def _kind_hook(config: CLIPConfig, hook: str, source: str):
     return tower_kinds.of(config.vision).hook(hook)
   except ValueError as e:
     raise CheckpointError(f"{source}: {e}") from None
-
-
-def _put_vit(reader: StateDictReader, vision: VisionConfig):
-  """visual.* (OpenAI's ViT) -> vision/* of models.VisionTransformer."""
-  reader.put("vision/conv1/kernel", "visual.conv1.weight", conv_kernel)
-  reader.put("vision/class_embedding", "visual.class_embedding")
-  reader.put("vision/positional_embedding", "visual.positional_embedding")
-  reader.put_layer_norm("vision/ln_pre", "visual.ln_pre")
-  _blocks(reader, "vision", "visual.transformer.resblocks.", vision.layers)
-  reader.put_layer_norm("vision/ln_post", "visual.ln_post")
-  reader.put("vision/proj", "visual.proj")
-
-
-# The ViT's conversions (the CNN kinds' are attached by checkpoints/cnn.py).
-tower_kinds.attach("vit", state_dict_config=_vit_config, state_dict_params=_put_vit)

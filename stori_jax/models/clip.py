@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stori_jax.models import builtin_kinds  # noqa: F401  (registers the built-in tower kinds)
 from stori_jax.models import tower_kinds
 from stori_jax.models.attention import matmul_precision
 from stori_jax.models.config import CLIPConfig

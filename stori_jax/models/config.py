@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Any, Mapping, Union
+from typing import Any, Mapping
 
 from stori_jax.models import tower_kinds
 
@@ -131,10 +131,7 @@ class ConvNeXtConfig:
     return self.image_size // self.patch_size
 
 
-AnyVisionConfig = Union[VisionConfig, ResNetConfig, ConvNeXtConfig]
-
-
-def tower_kind(vision: AnyVisionConfig) -> str:
+def tower_kind(vision) -> str:
   """The name of a vision config's registered tower kind ('vit', 'resnet', 'convnext', ...)."""
   return tower_kinds.of(vision).name
 
@@ -150,7 +147,7 @@ class CLIPConfig:
 
   embed_dim: int = 512
   text: TextConfig = TextConfig()
-  vision: AnyVisionConfig = VisionConfig()
+  vision: Any = VisionConfig()  # the config dataclass of a registered tower kind
   layer_norm_eps: float = 1e-5
   name: str = ""  # Architecture name, informative only.
 

@@ -19,11 +19,11 @@ Adding a kind is one call, `register(TowerKind(...))`, with:
 * the layers above (`hooks`, by the names in HOOKS): checkpoint conversions (OpenAI / open_clip
   state-dict keys, open_clip's `vision_cfg`, transformers' keys), and the PyTorch reference's
   builder. `models` lies below `checkpoints` and `reference` and may not import them, so the
-  registry holds these as callables; a kind defined outside the project passes them in the same
-  `register` call (they may import anything). The three built-in kinds are registered in
-  `builtin_kinds.py` with their model side, and the modules that define their conversions add
-  their hooks to those entries at import (`attach("vit", state_dict_params=...)` in
-  `checkpoints/openai.py`, ...), so each conversion stays next to the code it shares.
+  registry holds these as callables, passed in the same `register` call as the model side. The
+  three built-in kinds are one module each in stori_jax/kinds/ (a layer above models and
+  checkpoints, imported by stori_jax/__init__.py): `vit.py`, `resnet.py`, `convnext.py`, each
+  registering its complete entry; a kind defined outside the project does the same from its own
+  file (tests/toy_plugins.py's toy tower).
 
 The Flax module's contract: `tower(images [B, S, S, 3], return_hidden=False)` (images
 normalised) returns the features float32 [B, embed_dim]; with `return_hidden`, `(features, details)` where details holds
@@ -136,8 +136,8 @@ class TowerKind:
     if name not in self.hooks:
       raise ValueError(
         f"The {self.name!r} image tower has no {name!r} hook ({HOOKS[name]}), so this "
-        f"operation is not available for it. Give it one: stori_jax.models.tower_kinds."
-        f"attach({self.name!r}, {name}=...), or in the kind's register call."
+        f"operation is not available for it. Give it one in the kind's register call "
+        f"(TowerKind(..., hooks={{{name!r}: ...}}))."
       )
     return self.hooks[name]
 
@@ -167,13 +167,6 @@ def register(kind: TowerKind) -> TowerKind:
 def unregister(name: str) -> None:
   """Removes a kind (tests that register their own)."""
   _KINDS.pop(name, None)
-
-
-def attach(name: str, **hooks: Callable) -> None:
-  """Adds hooks to a registered kind (the higher layers' conversions of the built-in kinds)."""
-  kind = get(name)
-  _check_hook_names(name, hooks)
-  kind.hooks.update(hooks)
 
 
 def kinds() -> tuple[TowerKind, ...]:
@@ -224,6 +217,14 @@ def vision_from_dict(values: Mapping[str, Any]):
   """A vision config rebuilt from its dict (JSON lists become tuples)."""
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
   return kind_of_dict(values).config(**values)
+
+
+def check_stride_32(vision, kind: str) -> None:
+  """A ValueError where a tower that downsamples by 32 (a kind's `check`) gets another size."""
+  if vision.image_size % 32:
+    raise ValueError(
+      f"{kind} towers downsample by 32: image_size {vision.image_size} is not a multiple of 32."
+    )
 
 
 def shrunk_heads(width: int, count: int) -> int:

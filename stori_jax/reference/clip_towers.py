@@ -11,7 +11,6 @@ from typing import Mapping
 
 import numpy as np
 
-from stori_jax.checkpoints.open_clip_config import TIMM_CONVNEXTS
 from stori_jax.models import CLIPConfig, tower_kinds
 
 REFERENCES = ("open_clip", "transformers")
@@ -37,76 +36,6 @@ def _check_one_activation(config: CLIPConfig, reference: str):
 
 def _kind_hook(config: CLIPConfig, hook: str):
   return tower_kinds.of(config.vision).hook(hook)
-
-
-def _vit_vision_cfg(config: CLIPConfig) -> dict:
-  v = config.vision
-  cfg = dict(
-    image_size=v.image_size,
-    layers=v.layers,
-    width=v.width,
-    head_width=v.width // v.heads,
-    mlp_ratio=v.mlp_width / v.width,
-    patch_size=v.patch_size,
-  )
-  if config.layer_norm_eps != 1e-5:
-    cfg["norm_kwargs"] = {"eps": config.layer_norm_eps}
-  return cfg
-
-
-def _resnet_vision_cfg(config: CLIPConfig) -> dict:
-  v = config.vision
-  return dict(
-    image_size=v.image_size,
-    layers=list(v.layers),
-    width=v.width,
-    head_width=v.feature_width // v.heads,
-  )
-
-
-def _convnext_vision_cfg(config: CLIPConfig) -> dict:
-  v = config.vision
-  return dict(
-    timm_model_name=_timm_convnext_name(v),
-    timm_pool="",
-    timm_proj="linear",
-    timm_proj_bias=v.proj_bias,
-    timm_drop=0.0,
-    image_size=v.image_size,
-  )
-
-
-def _timm_convnext_name(vision) -> str:
-  """The timm ConvNeXt with these depths and dims, or convnext_base (resized later)."""
-  for name, (depths, dims) in TIMM_CONVNEXTS.items():
-    if (tuple(vision.depths), tuple(vision.dims)) == (depths, dims):
-      return name
-  return "convnext_base"
-
-
-def _resize_convnext_trunk_(model, config: CLIPConfig):
-  """Replaces open_clip's timm trunk by one with the config's depths and dims.
-
-  open_clip builds timm towers by name only; small test towers need other
-  shapes, so the trunk and projection are rebuilt as open_clip's TimmModel
-  would build them (timm head kept: average pool + LayerNorm, no classifier).
-  """
-  import timm  # optional: the torch extra (open_clip's ConvNeXt towers)
-  from torch import nn  # optional: the torch extra
-
-  v = config.vision
-  model.visual.trunk = timm.create_model(
-    "convnext_base", depths=v.depths, dims=v.dims, kernel_sizes=v.kernel_size, num_classes=0
-  )
-  model.visual.head.proj = nn.Linear(v.dims[-1], config.embed_dim, bias=v.proj_bias)
-
-
-def _finish_convnext(model, config: CLIPConfig):
-  v = config.vision
-  if v.layer_norm_eps != 1e-6 or v.mlp_ratio != 4:
-    raise ValueError("The timm ConvNeXt reference has LayerNorm eps 1e-6 and MLP ratio 4.")
-  if ((tuple(v.depths), tuple(v.dims)) not in TIMM_CONVNEXTS.values()) or v.kernel_size != 7:
-    _resize_convnext_trunk_(model, config)
 
 
 def build_open_clip(config: CLIPConfig):
@@ -160,20 +89,6 @@ def build_transformers(config: CLIPConfig):
   return transformers.CLIPModel(hf_config).eval()
 
 
-def _vit_transformers_vision(config: CLIPConfig) -> dict:
-  v = config.vision
-  return dict(
-    hidden_size=v.width,
-    intermediate_size=v.mlp_width,
-    num_hidden_layers=v.layers,
-    num_attention_heads=v.heads,
-    image_size=v.image_size,
-    patch_size=v.patch_size,
-    hidden_act=v.activation,
-    layer_norm_eps=config.layer_norm_eps,
-  )
-
-
 def build(config: CLIPConfig, reference: str = "open_clip", seed: int | None = None):
   """The reference library's model of `config`, randomly initialised; with `seed`, the same
   initialisation in every process (torch's global generator is left as it was)."""
@@ -212,45 +127,6 @@ def randomize_(model, seed: int = 0, scale: float = 0.02):
 
 def state_dict_numpy(model) -> dict[str, np.ndarray]:
   return {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items()}
-
-
-def _vit_hidden(visual):
-  """The ViT's residual blocks, hooked like the text tower's."""
-  if not hasattr(visual, "transformer"):
-    return None
-  blocks = visual.transformer.resblocks
-  return blocks[0], blocks, "sequence"
-
-
-def _resnet_hidden(visual):
-  """The stem output (layer1's input) and the four layers of a ModifiedResNet."""
-  if not hasattr(visual, "layer1"):
-    return None
-  return visual.layer1, [visual.layer1, visual.layer2, visual.layer3, visual.layer4], "nchw"
-
-
-def _convnext_hidden(visual):
-  """The stem and the four stages of timm's ConvNeXt."""
-  if not hasattr(visual, "trunk"):
-    return None
-  return None, [visual.trunk.stem, *visual.trunk.stages], "nchw"
-
-
-tower_kinds.attach(
-  "vit",
-  reference_vision_cfg=_vit_vision_cfg,
-  reference_hidden=_vit_hidden,
-  reference_transformers_vision=_vit_transformers_vision,
-)
-tower_kinds.attach(
-  "resnet", reference_vision_cfg=_resnet_vision_cfg, reference_hidden=_resnet_hidden
-)
-tower_kinds.attach(
-  "convnext",
-  reference_vision_cfg=_convnext_vision_cfg,
-  reference_finish=_finish_convnext,
-  reference_hidden=_convnext_hidden,
-)
 
 
 def _hook_hidden(first, modules, store, fix):
