@@ -445,63 +445,29 @@ def run_protocols(
   keep(name, result): called with each protocol run here as soon as it ends (a resumed run
   keeps it), returns the result to report.
   """
-  wanted = tuple(config.evaluation.protocols)
-  unknown = set(wanted) - set(protocols.PROTOCOLS)
-  if unknown:
-    raise ConfigError(
-      f"unknown protocols {sorted(unknown)} in config.evaluation.protocols; known: "
-      f"{protocols.PROTOCOLS}"
-    )
-  p = config.protocols
+  wanted = protocols.registry.wanted(config)  # an unknown name: a ConfigError
   done = dict(done or {})
-  out = {}
-
-  def take(name: str, compute: Callable[[], Any]) -> None:
-    if name not in wanted:
-      return
-    if name in done:
-      out[name] = done[name]
-      return
-    result = compute()
-    out[name] = keep(name, result) if keep is not None else result
-
-  take(
-    "table2",
-    lambda: protocols.table2_descriptor_accuracy(
-      bundle, concepts, class_names, lists, settings=p.table2, progress=progress
-    ),
-  )
-  # Another pass over the evaluation images.
+  # Another pass over the evaluation images, for a protocol that reads them.
   again = lambda: dataset.classes(size) if dataset is not None else data.load(config, size)[2]
-  take(
-    "corloc",
-    lambda: protocols.corloc(
-      bundle, again(), config.analysis, settings=p.corloc, progress=progress
-    ),
-  )
-  take(
-    "layer_similarity",
-    lambda: protocols.layer_similarity(bundle, again(), config.analysis, progress=progress),
-  )
-  take("ot_entropy", lambda: protocols.ot_entropy(concepts))
-  take(
-    "blur",
-    lambda: protocols.blur_accuracy(
-      bundle, again(), bank.class_embeddings, config.analysis, settings=p.blur, progress=progress
-    ),
-  )
-  take(
-    "bank_quality",
-    lambda: protocols.bank_quality(
-      class_names,
-      lists,
-      settings=p.bank_quality,
+  out = {}
+  for protocol in wanted:
+    if protocol.name in done:
+      out[protocol.name] = done[protocol.name]
+      continue
+    inputs = protocols.ProtocolInputs(
       bundle=bundle,
-      image_embeddings=concepts.image_embeddings,
-      labels=concepts.labels,
+      config=config,
+      concepts=concepts,
+      class_names=class_names,
+      lists=lists,
+      size=size,
+      bank=bank,
       progress=progress,
-    ),
-  )
+      images=again,
+      settings=protocol.settings(config),
+    )
+    result = protocol.run(inputs)
+    out[protocol.name] = keep(protocol.name, result) if keep is not None else result
   return out
 
 
@@ -528,8 +494,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   _check_config(config)
   dataset = data.prepare(config)
   train_dataset = training_dataset(config, dataset) if config.baselines.enabled else None
-  if "corloc" in config.evaluation.protocols:  # its ground-truth boxes
-    protocols.localization.check_inputs(config, dataset)
+  wanted = protocols.registry.wanted(config)
+  for protocol in wanted:  # their own inputs (CorLoc's ground-truth boxes)
+    protocol.check_inputs(config, dataset)
   run_flags.claim_workdir(config, workdir, restart, "mutual-knowledge evaluation")
   class_names = list(dataset.names)
   lists = dataset.lists()
@@ -538,11 +505,10 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   states = [_class_state(cls, dataset.fingerprints) for cls in listing]
   kept = {i for i, cls in enumerate(listing) if _kept_class(workdir, cls, states[i])}
   classes_digest = hashlib.sha256(jsonio.dumps_strict(states).encode()).hexdigest()
-  wanted = tuple(config.evaluation.protocols)
   done_protocols = {
-    name: result
-    for name in wanted
-    if (result := _kept_protocol(workdir, name, classes_digest)) is not None
+    protocol.name: result
+    for protocol in wanted
+    if (result := _kept_protocol(workdir, protocol.name, classes_digest)) is not None
   }
   if (kept or done_protocols) and progress:
     tqdm.write(
@@ -552,8 +518,8 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       file=sys.stderr,
     )
   bundle = stori_jax.load(config.model.source)
-  if "layer_similarity" in wanted:  # a ViT tower
-    protocols.layers.check_model(bundle)
+  for protocol in wanted:  # what they need of the model (the layer similarity: a ViT tower)
+    protocol.check_model(bundle)
   size = int(bundle.config.vision.image_size)
   a = config.analysis
   methods = tuple(a.methods)
@@ -715,12 +681,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     md = "".join(f"{protocols.section(name, {model: r})}\n" for name, r in proto.items())
     paths.write_text_atomic(os.path.join(workdir, "protocols.md"), md)
     report.write_json(os.path.join(workdir, "protocols.json"), _rounded(proto))
-    if "layer_similarity" in proto:
-      protocols.plot_layer_similarity(
-        os.path.join(workdir, "layer_similarity.png"),
-        proto["layer_similarity"],
-        title=f"{config.name}: {model}, [CLS] token across layers, mean over "
-        f"{proto['layer_similarity']['images']} images (App. A.1, Fig. 1)",
+    for protocol in wanted:  # their figures (the layer similarity's, App. A.1's Fig. 1)
+      protocol.figures(
+        lambda name: os.path.join(workdir, name), proto[protocol.name], f"{config.name}: {model}"
       )
   results["seconds"] = round(time.perf_counter() - start, 1)
   if dataset.skipped:  # never a silent disappearance: what was left out, and why
@@ -864,12 +827,7 @@ def _kept_protocol(workdir: str, name: str, classes_digest: str):
 
 def _check_config(config) -> None:
   """Settings that would fail late, checked before any work."""
-  unknown = set(config.evaluation.protocols) - set(protocols.PROTOCOLS)
-  if unknown:
-    raise ConfigError(
-      f"unknown protocols {sorted(unknown)} in config.evaluation.protocols; known: "
-      f"{protocols.PROTOCOLS}"
-    )
+  protocols.registry.wanted(config)  # an unknown protocol's name
   if config.baselines.enabled:
     baseline_lf_cbm.lf_cbm_settings(config.baselines)  # LF-CBM's recipe, before any work
   if config.baselines.enabled and int(config.baselines.n_concepts) != int(

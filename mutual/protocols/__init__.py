@@ -25,6 +25,10 @@ and what they share:
                     (`ConceptPass`).
   tables.py         the markdown tables: `markdown(name, {model: result})`, one row per model;
                     `section` adds the protocol's heading (`TITLES`).
+  registry.py       the protocols by name (`Protocol`: run, title, table, paper settings, checks,
+                    figures); `builtin.py` registers the six above. A protocol of your own is
+                    one module registering its `Protocol`, named in config.evaluation.protocols
+                    as `module:name` (docs/design.md, "Extend it").
   progress.py       `stage_bar`: one progress bar per stage, named and with its total.
 
 Every protocol returns a JSON-ready dict. Their settings are `mutual.paper_config.protocols_config`
@@ -61,6 +65,7 @@ from mutual.protocols.tables import (
   section,
   table2_markdown,
 )
+from mutual.protocols.registry import Protocol, ProtocolInputs, get, names, register, unregister
 from mutual.protocols.zero_shot import (
   AGGREGATES,
   PromptSums,
@@ -69,3 +74,6 @@ from mutual.protocols.zero_shot import (
   prompt_sums,
   topk_hits,
 )
+
+# Last: the entries run the names above (read from this package when a protocol runs).
+from mutual.protocols import builtin
