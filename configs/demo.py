@@ -47,7 +47,7 @@ def get_config(argument=None):
   classes = config_arguments(argument, __file__, classes=tuple(CLASSES))["classes"]
   config = ml_collections.ConfigDict()
   config.name = "demo" if classes == "one_colour" else f"demo_{classes}"
-  config.method = "stori"  # or "taskres"
+  config.method = "stori"  # or "taskres", or a method of your own: "module:name" (design.md)
   config.seed = 1
   config.shots = 16
   config.model = ml_collections.ConfigDict(dict(source="tiny-synthetic", arch=""))
