@@ -47,7 +47,7 @@ def get_config(argument=None):
   classes = config_arguments(argument, __file__, classes=tuple(CLASSES))["classes"]
   config = ml_collections.ConfigDict()
   config.name = "demo" if classes == "one_colour" else f"demo_{classes}"
-  config.method = "stori"  # or "taskres"
+  config.method = "stori"  # or "taskres", or a method of your own: "module:name" (design.md)
   config.seed = 1
   config.shots = 16
   config.model = ml_collections.ConfigDict(dict(source="tiny-synthetic", arch=""))
@@ -77,7 +77,7 @@ def get_config(argument=None):
   config.batch_size = 256
   config.epochs = 100
   # log_weight_penalty: an L2 prior on log w centred on w = 1 (beyond the paper, whose objective
-  # is 0; see stori_jax.fewshot.trainer.log_weight_penalty). 1.0 was chosen by measurement on
+  # is 0; see stori_jax.fewshot.methods.stori.log_weight_penalty). 1.0 was chosen by measurement on
   # seeds 1-3 (docs/fewshot.md): a discriminating word among the 3 top-weighted words of 10-12 of the 12
   # classes (2-7 without it) for about 0.8 points of the accuracy gain.
   # schedule "cosine": a cosine decay stepped every step from the first, no warm-up, the

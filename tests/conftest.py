@@ -32,6 +32,16 @@ def release_workdir_locks():
   run_identity.release_workdirs()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def built_in_registries_only():
+  """The registries as shipped when the tests start: tests/toy_plugins.py registers its toy
+  few-shot method and protocol when imported, and two test files import it for their toy
+  concept method and tower kind while being collected (toy_plugins.forget)."""
+  if "toy_plugins" in sys.modules:
+    sys.modules["toy_plugins"].forget()
+  yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def release_compiled_programs():
   """Frees the programs XLA compiled for a test file once it is done.

@@ -24,6 +24,7 @@ from stori_jax.pretraining import contrastive
 from stori_jax.plumbing.config_files import ConfigChecks, ConfigError, load_config
 from stori_jax.plumbing.errors import NonFiniteError, UserError
 from stori_jax.fewshot import trainer
+from stori_jax.fewshot.methods import stori
 from stori_jax.plumbing.run_identity import WorkdirMismatchError, claim_workdir, release_workdirs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -315,7 +316,7 @@ def test_a_diverged_run_stops_at_its_first_nan_and_keeps_the_last_good_checkpoin
   tmp_path, monkeypatch, tiny_random_model
 ):
   workdir = str(tmp_path / "run")
-  stori_method = trainer.stori_method
+  stori_method = stori.stori_method
   first_bad = {"update": 3}
 
   def diverging(config, classifier, total_steps):
@@ -323,7 +324,7 @@ def test_a_diverged_run_stops_at_its_first_nan_and_keeps_the_last_good_checkpoin
     nan = nan_from_update(first_bad["update"])
     return dataclasses.replace(method, optimizer=optax.chain(method.optimizer, nan))
 
-  monkeypatch.setattr(trainer, "stori_method", diverging)
+  monkeypatch.setattr(stori, "stori_method", diverging)
   config = demo_config(tiny_random_model, epochs=6)
   with pytest.raises(NonFiniteError) as error:
     trainer.run(config, workdir)

@@ -1,20 +1,125 @@
-"""Toy plugins: one of each extension point, written as a researcher adding one would write it,
-each in its own section of this one file. A test registers a toy from here, runs it through the
-command that uses it, and unregisters it (tests/test_mutual_concept_methods.py,
-tests/test_tower_kinds.py). Each section is self-contained: it imports the registry it extends
-and nothing of the other sections."""
+"""Toy plugins: one small entry for each of the four extension points (a few-shot method, an
+evaluation protocol, a concept method, an image-tower kind), written as a researcher adding one
+would write it, each in its own section of this one file, using only the project's public
+registries (docs/design.md, "Extend it", shows them as the examples).
+
+The few-shot method and the protocol register when this module is imported and are named in a
+config as `toy_plugins:<name>` (tests/test_toy_plugins.py runs them through `train` and
+`evaluate`). The concept method and the tower kind are registered by their tests, which take
+them out again (tests/test_mutual_concept_methods.py, tests/test_tower_kinds.py): the built-in
+lists those tests check stay as shipped for every other test.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 
 import flax.linen as nn
 import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
 
-from mutual import concept_methods
+from mutual import concept_methods, protocols
 from stori_jax.checkpoints.mapping import block_count, conv_kernel
+from stori_jax.clip import encoding
+from stori_jax.fewshot import methods
+from stori_jax.fewshot.schedules import stori_schedule
 from stori_jax.models import tower_kinds
+from stori_jax.plumbing import jsonio, paths
 from stori_jax.plumbing.config_files import ConfigError
+
+# ---------------------------------------------------------------------------------------------
+# A few-shot method (stori_jax.fewshot.methods): --config.method=toy_plugins:class_bias
+# ---------------------------------------------------------------------------------------------
+
+#: The file the toy method writes beside the shared ones.
+CLASS_BIAS_FILE = "class_bias.json"
+
+
+def _class_bias_build(config, bundle, classifier, total_steps, steps_per_epoch) -> methods.Method:
+  """A bias vector per class added to the unit zero-shot class embeddings (all prompts at
+  w = 1): normalize(z_c + b_c), b_c float32 [C, E] trained from 0 with Adam on SToRI's schedule
+  (config.optim: lr, schedule)."""
+  del bundle, steps_per_epoch
+  zero_shot = jnp.asarray(classifier.embed(classifier.init_log_weights()))  # [C, E] unit
+
+  def class_embeddings(bias, base):
+    return encoding.l2_normalize_jax(base + bias, eps=None)
+
+  schedule = stori_schedule(config, total_steps)
+  return methods.Method(
+    "class_bias",
+    lambda: jnp.zeros_like(zero_shot),
+    class_embeddings,
+    zero_shot,
+    optax.adam(schedule),
+    schedule=schedule,
+  )
+
+
+def _class_bias_report(params, bundle, bank, workdir, is_main):
+  """class_bias.json: the norm of every class's trained bias, {class name: float}."""
+  del bundle
+  norms = np.linalg.norm(np.asarray(params, np.float64), axis=1)
+  if is_main:
+    with paths.open(os.path.join(workdir, CLASS_BIAS_FILE), "w") as f:
+      f.write(jsonio.dumps_strict(dict(zip(bank.class_names, map(float, norms)))))
+  return None, None
+
+
+CLASS_BIAS = methods.register(
+  methods.FewShotMethod(
+    name="class_bias",
+    label="class bias (toy)",
+    build=_class_bias_build,
+    lr_key="optim.lr",
+    warmup_block=lambda config: (
+      "optim" if config.optim.get("schedule", "cosine") == "taskres" else None
+    ),
+    report=_class_bias_report,
+  )
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# An evaluation protocol (mutual.protocols): config.evaluation.protocols =
+# ("toy_plugins:zero_shot_topk",)
+# ---------------------------------------------------------------------------------------------
+
+
+def _zero_shot_topk_run(inputs: protocols.ProtocolInputs) -> dict:
+  """Top-k accuracy (%) of the descriptor bank's class embeddings on the Table 1 pass's image
+  embeddings (k: settings.k), and the number of images."""
+  k = int(inputs.settings.k)
+  hits = protocols.topk_hits(
+    inputs.concepts.image_embeddings,
+    inputs.concepts.labels,
+    np.asarray(inputs.bank.class_embeddings),
+    ks=(k,),
+  )
+  return dict(k=k, images=int(len(hits)), accuracy=float(100.0 * hits[:, 0].mean()))
+
+
+def _zero_shot_topk_markdown(results) -> str:
+  lines = ["| Model | Images | k | Top-k (%) |", "|---|---|---|---|"]
+  for model, r in results.items():
+    lines.append(f"| {model} | {r['images']} | {r['k']} | {r['accuracy']:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
+ZERO_SHOT_TOPK = protocols.register(
+  protocols.Protocol(
+    name="zero_shot_topk",
+    title="Toy: zero-shot top-k (%) of the descriptor classifier on the evaluated images",
+    run=_zero_shot_topk_run,
+    markdown=_zero_shot_topk_markdown,
+    defaults=lambda: ml_collections.ConfigDict(dict(k=2)),
+  )
+)
+
 
 # =============================================================================================
 # A concept method: vertical or horizontal bands of the patch grid (mutual.concept_methods).
@@ -159,3 +264,13 @@ TOY_TOWER = tower_kinds.TowerKind(
   param_blocks=lambda v: (("vision.mixer_layers", v.mixer_layers, "vision/mix_"),),
   hooks={"state_dict_config": _toy_from_state_dict, "state_dict_params": _toy_params},
 )
+
+
+def forget() -> None:
+  """Takes the toys that this module registers on import out of their registries, and the module
+  out of sys.modules, so that other tests see the built-in entries alone and a later
+  `toy_plugins:<name>` imports (and registers) it afresh. tests/conftest.py calls it once the
+  test files (two of which import this one for their toys) are collected."""
+  methods.unregister(CLASS_BIAS.name)
+  protocols.unregister(ZERO_SHOT_TOPK.name)
+  sys.modules.pop(__name__, None)

@@ -6,8 +6,10 @@ Nothing outside a method's own module compares a method's name: the pipeline cal
 `fit`, tables and pages print its `title`, mutual.paper_config merges its settings into
 config.analysis and runs its `check`, and the PyTorch reference (mutual.reference) runs its
 `reference` twin. Adding a method is one module that calls `register(ConceptMethod(...))`,
-imported before the analysis runs (the built-in ones by mutual/concept_methods/__init__.py; a
-test's toy by the test, tests/toy_plugins.py), and its name in config.analysis.methods.
+registered when its module is imported (the built-in ones by mutual/concept_methods/__init__.py),
+and its name in config.analysis.methods; a method of one's own is named there as `module:name`
+(`toy_plugins:toy_bands`, tests/toy_plugins.py), and the registry imports `module`, whose import
+registers it (stori_jax.plumbing.plugins, the registry every extension point shares).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import dataclasses
 import types
 from typing import Any, Callable, Mapping
 
+from stori_jax.plumbing import plugins
 from stori_jax.plumbing.config_files import ConfigError
 
 
@@ -64,65 +67,53 @@ class ConceptMethod:
       raise ValueError(f"Concept method {self.name!r}: stage keys {unchosen} have no choices.")
 
 
-_METHODS: dict[str, ConceptMethod] = {}
+_METHODS: plugins.Registry[ConceptMethod] = plugins.Registry(
+  "concept method", "config.analysis.methods"
+)
+unregister = _METHODS.unregister
+names = _METHODS.names
 
 
 def register(method: ConceptMethod) -> ConceptMethod:
   """Adds a method; refuses a name already registered or a settings key another method reads.
   Returns the method."""
-  if method.name in _METHODS:
-    raise ValueError(f"A concept method named {method.name!r} is already registered.")
   keys = set(method.stages) | set(method.defaults)
-  for other in _METHODS.values():
+  for other in _METHODS.entries():
     shared = sorted(keys & (set(other.stages) | set(other.defaults)))
-    if shared:
+    if shared and other.name != method.name:
       raise ValueError(
         f"Concept method {method.name!r}: config.analysis keys {shared} are already "
         f"{other.name!r}'s; name them after the method."
       )
-  _METHODS[method.name] = method
-  return method
-
-
-def unregister(name: str) -> None:
-  """Removes a method (tests that register their own)."""
-  _METHODS.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-  """The registered methods' names, in registration order."""
-  return tuple(_METHODS)
+  return _METHODS.register(method)
 
 
 def get(name: str) -> ConceptMethod:
-  """The method named `name`; a ConfigError naming the registered ones where none is."""
-  if name not in _METHODS:
-    raise ConfigError(
-      f"Unknown concept method {name!r}; registered: {list(_METHODS)}. A new method registers "
-      "itself (mutual.concept_methods.register) in a module imported before the analysis runs."
-    )
-  return _METHODS[name]
+  """The method named `name` (`module:name` imports `module` first); a ConfigError naming the
+  registered ones where none is."""
+  return _METHODS.get(name)
 
 
 def title(name: str) -> str:
   """A method's title; its name where no method of this run has it (a record written by a
   method whose module is not imported)."""
-  return _METHODS[name].title if name in _METHODS else name
+  found = _METHODS.find(name)
+  return found.title if found is not None else name
 
 
 def mode_stages(mode: str) -> dict[str, Any]:
   """{stage key: value} that config.analysis.mode `mode` gives every registered method."""
-  return {key: values[mode] for m in _METHODS.values() for key, values in m.stages.items()}
+  return {key: values[mode] for m in _METHODS.entries() for key, values in m.stages.items()}
 
 
 def stage_choices() -> dict[str, tuple]:
   """{stage key: accepted values} of every registered method."""
-  return {key: tuple(values) for m in _METHODS.values() for key, values in m.choices.items()}
+  return {key: tuple(values) for m in _METHODS.entries() for key, values in m.choices.items()}
 
 
 def defaults() -> dict[str, Any]:
   """{config.analysis key: paper value} of every registered method's other settings."""
-  return {key: value for m in _METHODS.values() for key, value in m.defaults.items()}
+  return {key: value for m in _METHODS.entries() for key, value in m.defaults.items()}
 
 
 def reference_labelers(reference, methods, settings: Mapping[str, Any]) -> dict[str, Callable]:
@@ -136,7 +127,7 @@ def reference_labelers(reference, methods, settings: Mapping[str, Any]) -> dict[
       raise ConfigError(
         f"Concept method {name!r} has no reference twin, so the PyTorch reference cannot run "
         f"it; leave it out of the methods compared (registered twins: "
-        f"{[m.name for m in _METHODS.values() if m.reference is not None]})."
+        f"{[m.name for m in _METHODS.entries() if m.reference is not None]})."
       )
 
     def label(fg_tokens, n_concepts, stats, _twin=method.reference):

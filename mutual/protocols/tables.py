@@ -1,13 +1,13 @@
 """The protocols' markdown tables: one writer per protocol, {model name: result} -> one row per
-model, and `markdown(protocol, results)` to pick the writer by name."""
+model, and `markdown(protocol, results)`, the table of a registered protocol by its name."""
 
 from __future__ import annotations
 
 import math
 from typing import Mapping
 
-from mutual import concept_methods, paper_config
-from mutual.protocols import localization
+from mutual import concept_methods
+from mutual.protocols import localization, registry
 
 
 def _f(x, digits: int = 2) -> str:
@@ -81,7 +81,7 @@ def _bank_cells(r: Mapping) -> list[str]:
 
 def bank_quality_markdown(results: Mapping[str, Mapping]) -> str:
   """{model: bank_quality result} -> App. A.4's Table 4 columns, one row per model; a result
-  over descriptor sets ({"sets": [...]}, mutual.evaluation.runner.bank_quality_rows) -> Table 4
+  over descriptor sets ({"sets": [...]}, protocols.bank.bank_quality_rows) -> Table 4
   in the paper's layout, one row per set (Prompt | LLM | Top-1 | Top-5 | InterDiv | IntraDiv),
   one table per model."""
   if any("sets" in r for r in results.values()):
@@ -162,6 +162,7 @@ TITLES = {
 }
 
 
+#: The paper's protocols' table writers (their registry entries, `builtin.py`, hold them).
 MARKDOWN = {
   "table2": table2_markdown,
   "corloc": corloc_markdown,
@@ -173,12 +174,14 @@ MARKDOWN = {
 
 
 def markdown(protocol: str, results: Mapping[str, Mapping]) -> str:
-  """The markdown table of `protocol` (one of paper_config.PROTOCOLS) for {model name: result}."""
-  if protocol not in MARKDOWN:
-    raise ValueError(f"unknown protocol {protocol!r}; known: {paper_config.PROTOCOLS}")
-  return MARKDOWN[protocol](results)
+  """The markdown table of `protocol` (a registered protocol's name) for {model name: result}.
+
+  Raises:
+    ValueError: an unknown protocol (the message names the registered ones).
+  """
+  return registry.get(protocol).markdown(results)
 
 
 def section(protocol: str, results: Mapping[str, Mapping]) -> str:
-  """`protocol`'s markdown section: its heading (TITLES), then its table."""
-  return f"## {TITLES.get(protocol, protocol)}\n\n{markdown(protocol, results)}"
+  """`protocol`'s markdown section: its heading (`Protocol.title`), then its table."""
+  return f"## {registry.get(protocol).title}\n\n{markdown(protocol, results)}"

@@ -161,7 +161,7 @@ def fewshot_config(
     raise ValueError(f"backbone must be one of {sorted(BACKBONES)}, got {backbone!r}.")
   config = ml_collections.ConfigDict()
   config.name = f"{dataset}_{shots}shot_{backbone}"
-  config.method = "stori"  # or "taskres"
+  config.method = "stori"  # or "taskres", or a method of your own: "module:name" (design.md)
   config.seed = 1  # The paper averages seeds 1, 2, 3.
   config.shots = shots
   # backbone: the family whose learning rates apply (App. A.1); "" recognises it from source.

@@ -256,8 +256,11 @@ def _interpretability_png(path, bank, words, per_class, max_classes):
   plt.close(fig)
 
 
-def plot_history(workdir: str, history: Sequence[dict[str, Any]], zero_shot_accuracy: float):
-  """training_curve.png: loss and accuracies over steps."""
+def plot_history(
+  workdir: str, history: Sequence[dict[str, Any]], zero_shot_accuracy: float, label: str = "SToRI"
+):
+  """training_curve.png: loss and accuracies over steps of the method `label` (its
+  `FewShotMethod.label`)."""
   if not history:
     return None
   plt = pyplot()
@@ -273,7 +276,7 @@ def plot_history(workdir: str, history: Sequence[dict[str, Any]], zero_shot_accu
   ax_acc.legend()
   # The run's folder names which run the curve is of.
   name = os.path.basename(os.path.normpath(workdir))
-  fig.suptitle(f"Few-shot SToRI training ({name}): loss and accuracy over steps", fontsize=10)
+  fig.suptitle(f"Few-shot {label} training ({name}): loss and accuracy over steps", fontsize=10)
   fig.tight_layout()
   path = os.path.join(workdir, "training_curve.png")
   save_figure(fig, path, dpi=110)

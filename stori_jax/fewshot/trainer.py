@@ -34,13 +34,16 @@ from stori_jax.clip import encoding
 from stori_jax.plumbing import jsonio, multihost, run_identity
 from stori_jax.clip.bundle import CLIPBundle, resolve_start_block
 from stori_jax.plumbing.config_files import ConfigChecks, ConfigError
-from stori_jax.fewshot import augment, datasets, paper_config, prompts, report, world_scoring
-from stori_jax.fewshot.schedules import (
-  stori_schedule,
-  taskres_optimizer,
-  taskres_schedule,
+from stori_jax.fewshot import (
+  augment,
+  datasets,
+  methods,
+  paper_config,
+  prompts,
+  report,
+  world_scoring,
 )
-from stori_jax.fewshot.prompt_bank import PromptBank, build_prompt_bank, gather_token_weights
+from stori_jax.fewshot.prompt_bank import build_prompt_bank
 from stori_jax.fewshot.text_classifier import (
   WeightedTextClassifier,
   cross_entropy_loss,
@@ -55,7 +58,6 @@ from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, 
 
 # The rare tokens of the nonsensical-token ablation (paper Table 1, after Ruiz et al.).
 RARE_TOKENS = ("sks", "pll", "ucd")
-METHODS = ("stori", "taskres")
 #: SToRI's learning-rate schedules (config.optim.schedule): "taskres", TaskRes's scheme as
 #: Dassl steps it (`taskres_schedule`: constant warm-up epochs, then a cosine stepped per epoch;
 #: the paper configs, App. A.1: SToRI follows "the training scheme of TaskRes"), or "cosine", a
@@ -90,7 +92,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   """
   checks = ConfigChecks(config)
   checks.text("name")
-  checks.choice("method", METHODS)
+  method = _check_method(checks)
   checks.integer("seed", minimum=0)
   checks.integer("shots", minimum=1)
   checks.text("model.source", nonempty=True)
@@ -126,16 +128,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   rare_tokens = checks.integer("prompts.rare_tokens", minimum=0)
   use_base = checks.boolean("prompts.use_base")
   use_cupl = checks.boolean("prompts.use_cupl")
-  method = checks.get("method", None)
   if use_cupl is False:
-    # The Base-only classifier (Table 2's "TaskRes / Base"): no CuPL prompt, so nothing that
-    # works on CuPL prompts can run.
-    if method == "stori":
-      checks.problem(
-        "config.prompts.use_cupl is False but SToRI trains the token weights of the CuPL "
-        "prompts (paper §4.1.3), so it has nothing to train: the Base-prompt row is TaskRes's "
-        "(--config.method=taskres), or set --config.prompts.use_cupl=True"
-      )
+    # The Base-only classifier (Table 2's "TaskRes / Base"): no CuPL prompt; a method that
+    # trains the CuPL prompts says so in its own check.
     if use_base is False:
       checks.problem(
         "config.prompts.use_base and config.prompts.use_cupl are both False: the classes have "
@@ -147,44 +142,45 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"but config.prompts.use_cupl is False; set rare_tokens=0 or use_cupl=True"
       )
   check_training(checks)
-  if checks.get("optim.lr", 0) is None:
-    # The paper's rule, which `run` fills in: check that it has a rate for this run.
-    try:
-      paper_config.resolve_learning_rate(config)
-    except ConfigError as error:
-      checks.problem(str(error).rstrip("."))
-  else:
-    checks.number("optim.lr", above=0)
-  checks.number("taskres.alpha", minimum=0)
-  checks.number("taskres.lr", above=0)
-  checks.number("taskres.weight_decay", minimum=0)
-  checks.integer("taskres.warmup_epochs", minimum=0)
-  checks.number("taskres.warmup_lr", above=0)
+  # Every method checks its own block where the config holds it (a config carries the blocks
+  # of several methods, so that --config.method switches between them).
+  for entry in methods.registered():
+    if entry.block in config or entry is method:
+      entry.check(checks, entry is method)
   checks.raise_if_any()
-  block = "taskres" if config.method == "taskres" else "optim"
-  warmed = block == "taskres" or config.optim.get("schedule", "cosine") == "taskres"
-  if warmed and config[block].warmup_epochs >= config.epochs:
+  block = method.warmup_block(config)
+  if block is not None and config[block].warmup_epochs >= config.epochs:
     logging.warning(
       "config.%s.warmup_epochs = %d covers all %d epochs: %s trains at the warm-up rate %g "
-      "throughout and never at config.%s.lr.",
+      "throughout and never at config.%s.",
       block,
       config[block].warmup_epochs,
       config.epochs,
-      "TaskRes" if block == "taskres" else "SToRI",
+      method.label,
       config[block].warmup_lr,
-      block,
+      method.lr_key,
     )
-  key = "optim.lr" if config.method == "stori" else "taskres.lr"
-  lr = float(
-    paper_config.resolve_learning_rate(config).optim.lr if key == "optim.lr" else config.taskres.lr
-  )
+  lr = method.learning_rate(paper_config.resolve_learning_rate(config))
   if lr > LARGE_LEARNING_RATE:
     logging.warning(
       "config.%s = %g is far above the paper's Adam learning rates (1e-2 to 0.1); the run "
       "will stop at the first NaN or infinite step if it diverges.",
-      key,
+      method.lr_key,
       lr,
     )
+
+
+def _check_method(checks: ConfigChecks) -> methods.FewShotMethod | None:
+  """The config's method: a registered name, or `module:name` of one registered at import."""
+  name = checks.get("method", None)
+  if isinstance(name, str) and ":" in name:
+    try:
+      return methods.get(name)
+    except ConfigError as error:
+      checks.problem(str(error).rstrip("."))
+      return None
+  name = checks.choice("method", methods.names())
+  return None if name is None else methods.get(name)
 
 
 def check_training(checks: ConfigChecks) -> None:
@@ -404,131 +400,13 @@ def select_prompts(
 # Methods -----------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Method:
-  """What is trained: init params, the class embeddings they give, and the optimiser.
-
-  class_embeddings(params, context) -> normalised [C, E]; context holds the fixed
-  arrays it reads, passed to jitted functions as an argument (multi-host JAX
-  forbids closing over global arrays).
-  """
-
-  name: str
-  init: Callable[[], Any]
-  class_embeddings: Callable[[Any, Any], jax.Array]
-  context: Any
-  optimizer: optax.GradientTransformation
-  #: params -> the weights the run reports (SToRI: w = exp(log w), which overflows float32
-  #: above log w ~ 88 even while log w is finite).
-  reported: Callable[[Any], Any] = lambda params: params
-  #: params -> a scalar added to the loss (SToRI: the log-weight penalty; 0 by default).
-  penalty: Callable[[Any], jax.Array] = lambda params: jnp.zeros((), jnp.float32)
-  #: step (the updates before this one) -> the learning rate the optimiser applies in it, as
-  #: the history's "lr" reports it (None: not reported).
-  schedule: optax.Schedule | None = None
-
-
-def log_weight_penalty(classifier: WeightedTextClassifier, strength: float):
-  """log-weights -> strength * mean over the prompts' tokens of (log w)^2.
-
-  Beyond the paper (its objective is the cross-entropy alone, `strength` 0): an L2 prior on
-  the log-weights centred on w = 1, the plain prompt. With Adam, whose steps have about the
-  same size whatever the gradient's, every weight otherwise drifts to the end of its range
-  along the sign of a small gradient; the prior keeps a word's weight at 1 unless the data
-  keep pushing it, so the words that decide the classes are the ones that move.
-  """
-  # The learned tokens of real prompts: padding rows (added so prompts split evenly over the
-  # devices) must not count, or the penalty would depend on the number of devices.
-  masks = [
-    np.asarray(b.trainable & (b.prompt_index >= 0)[:, None], np.float32)
-    for b in classifier.bank.buckets
-  ]
-  count = max(sum(float(m.sum()) for m in masks), 1.0)
-
-  def penalty(log_weights):
-    total = sum(jnp.sum(m * jnp.square(lw)) for m, lw in zip(masks, log_weights))
-    return strength * total / count
-
-  return penalty
-
-
-def stori_method(config, classifier: WeightedTextClassifier, total_steps: int) -> Method:
-  """SToRI: Adam on the log-weights (paper App. A.1: no weight decay) on `stori_schedule`;
-  optionally the log-weight prior (`log_weight_penalty`)."""
-  strength = float(config.optim.get("log_weight_penalty", 0.0))
-  schedule = stori_schedule(config, total_steps)
-  return Method(
-    "stori",
-    classifier.init_log_weights,
-    classifier.class_embeddings,
-    classifier.data,
-    optax.adam(schedule),
-    reported=lambda log_weights: jax.tree_util.tree_map(jnp.exp, log_weights),
-    penalty=(
-      log_weight_penalty(classifier, strength)
-      if strength > 0
-      else (lambda params: jnp.zeros((), jnp.float32))
-    ),
-    schedule=schedule,
-  )
-
-
-def taskres_base(bundle, bank: PromptBank, batch_size: int = 256) -> jax.Array:
-  """TaskRes's base classifier t_c: per class, the mean of its prompts' *unnormalised* text
-  features (the fixed Base prompts, and the CuPL prompts at w = 1 when the bank has them),
-  float32 [C, E].
-
-  TaskRes's `_get_base_text_features` (trainers/taskres.py) averages the raw features over the
-  templates, adds alpha x_c to that mean and only then normalises: the residual's step is
-  measured against the raw feature's norm, not a unit vector's. The paper does not say how
-  "Base+CuPL" pools the prompts; this pools every prompt of the class alike, as for Base.
-  """
-  parts = [(bank.fixed_ids, bank.fixed_class)] if len(bank.fixed_ids) else []
-  for bucket in bank.buckets:
-    valid = bucket.class_index >= 0
-    parts.append((bucket.ids[valid], bucket.class_index[valid]))
-  length = max(ids.shape[1] for ids, _ in parts)
-  ids = np.concatenate([np.pad(i, ((0, 0), (0, length - i.shape[1]))) for i, _ in parts])
-  classes = np.concatenate([c for _, c in parts])
-  features = encoding.encode_tokens(bundle, ids, batch_size=batch_size, normalize=False)
-  sums = np.zeros((len(bank.class_names), features.shape[1]), np.float64)
-  np.add.at(sums, classes, features)
-  counts = np.bincount(classes, minlength=len(bank.class_names))
-  return jnp.asarray((sums / counts[:, None]).astype(np.float32))
-
-
-def taskres_method(config, base: jax.Array, total_steps: int, steps_per_epoch: int = 1) -> Method:
-  """TaskRes (Yu et al., 2023): classifier normalize(t_c + alpha x_c), x_c trained from 0.
-
-  base: t_c, float32 [C, E]: TaskRes's unnormalised mean of each class's prompt features
-  (`taskres_base`; the Base prompts, and the CuPL prompts at w = 1 unless
-  config.prompts.use_cupl is False). total_steps: epochs * steps_per_epoch. The optimiser is
-  TaskRes's own (`taskres_optimizer`); a config without taskres.warmup_epochs / warmup_lr gets
-  TaskRes's (1 epoch at 1e-5).
-  """
-  alpha = config.taskres.alpha
-
-  def class_embeddings(residual, base):
-    emb = base + alpha * residual
-    return encoding.l2_normalize_jax(emb, eps=None)  # no floor: the old rounding under jit
-
-  steps_per_epoch = max(int(steps_per_epoch), 1)
-  settings = dict(
-    epochs=max(total_steps // steps_per_epoch, 1),
-    steps_per_epoch=steps_per_epoch,
-    warmup_epochs=int(config.taskres.get("warmup_epochs", paper_config.TASKRES_WARMUP_EPOCHS)),
-    warmup_lr=float(config.taskres.get("warmup_lr", paper_config.TASKRES_WARMUP_LR)),
-  )
-  lr = float(config.taskres.lr)
-  optimizer = taskres_optimizer(lr, float(config.taskres.weight_decay), **settings)
-  return Method(
-    "taskres",
-    lambda: jnp.zeros_like(base),
-    class_embeddings,
-    base,
-    optimizer,
-    schedule=taskres_schedule(lr, **settings),
-  )
+#: The few-shot methods (`methods.get(config.method)`): the built-ins' functions, which
+#: benchmarks and tests build a method with directly.
+stori_method = methods.stori.stori_method
+log_weight_penalty = methods.stori.log_weight_penalty
+taskres_method = methods.taskres.taskres_method
+taskres_base = methods.taskres.taskres_base
+Method = methods.Method
 
 
 # Training ----------------------------------------------------------------------------------
@@ -690,11 +568,7 @@ def make_method(
   """The config's method (`config.method`, SToRI where a config has no such key) over
   config.epochs epochs of `steps_per_epoch` steps."""
   total_steps = config.epochs * steps_per_epoch
-  if config.get("method", "stori") == "taskres":
-    return taskres_method(
-      config, taskres_base(bundle, classifier.bank), total_steps, steps_per_epoch
-    )
-  return stori_method(config, classifier, total_steps)
+  return methods.of(config).build(config, bundle, classifier, total_steps, steps_per_epoch)
 
 
 def train_method(
@@ -741,6 +615,7 @@ def train_method(
   )
   steps_per_epoch = len(epoch_batches(len(train_labels), config.batch_size, config.seed, 0))
   total_steps = config.epochs * steps_per_epoch
+  entry = methods.of(config)
   method = make_method(config, bundle, classifier, steps_per_epoch)
   fresh = isinstance(train_inputs, augment.ImageCanvas)
   if fresh:
@@ -750,15 +625,14 @@ def train_method(
     encoder, train_step = None, make_train_step(method, bundle.logit_scale)
   embed = jax.jit(method.class_embeddings)
   state = init_train_state(method, method.init(), NamedSharding(classifier.mesh, PartitionSpec()))
-  lr_key = "optim.lr" if method.name == "stori" else "taskres.lr"
-  lr = config.optim.lr if method.name == "stori" else config.taskres.lr
   spec = loop.LoopSpec(
     total_steps=total_steps,
     workdir=workdir,
     checkpointer=TrainCheckpointer(os.path.join(workdir, "checkpoints"), keep=keep_checkpoints),
     watch=NonFiniteWatch(
       "training",
-      f"The likely cause is the learning rate (config.{lr_key} = {lr:g}; the paper's are 1e-2 "
+      f"The likely cause is the learning rate (config.{entry.lr_key} = "
+      f"{entry.learning_rate(config):g}; the paper's are 1e-2 "
       f"to 0.1): lower it.",
     ),
     log_every=config.log_every,
@@ -831,16 +705,9 @@ def train_method(
 
   final = to_host(embed(state["params"], method.context))
   trained = accuracy_report(final, test_features, test_labels, split.class_names)
-  weights = words = None
-  if method.name == "stori":
-    bank = classifier.bank
-    weights = gather_token_weights(bank, [to_host(w) for w in state["params"]])
-    words = report.prompt_word_weights(bundle.tokenizer, bank, weights)
-    if is_main:
-      report.write_weights(workdir, bundle.tokenizer, bank, weights, words)
-      report.write_interpretability(workdir, bank, words)
+  weights, words = entry.report(state["params"], bundle, classifier.bank, workdir, is_main)
   if is_main:
-    report.plot_history(workdir, history, zero_shot["accuracy"])
+    report.plot_history(workdir, history, zero_shot["accuracy"], label=entry.label)
   return TrainedMethod(method, total_steps, zero_shot, trained, weights, words, history)
 
 
@@ -918,17 +785,8 @@ def run(
     "seconds": time.time() - started,
     "config": json.loads(config.to_json_best_effort()),
   }
-  if method.name == "stori":
-    words = result.words
-    metrics["top_words"] = report.class_top_words(bank, words)
-    hooks = world_scoring.REPORT_HOOKS if report_hooks is None else report_hooks
-    if split.dataset in hooks:
-      # A dataset that knows which words tell its classes apart scores the trained weights.
-      metrics.update(
-        hooks[split.dataset](
-          bank=bank, words=words, top_words=metrics["top_words"], class_names=split.class_names
-        )
-      )
+  hooks = world_scoring.REPORT_HOOKS if report_hooks is None else report_hooks
+  metrics.update(methods.of(config).metrics(result.words, bank, split, hooks))
   if is_main:
     jsonio.write_json(os.path.join(workdir, "metrics.json"), metrics, indent=2)
   return metrics

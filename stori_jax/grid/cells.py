@@ -46,7 +46,7 @@ from absl import logging
 
 from stori_jax.plumbing import paths
 from stori_jax.plumbing.config_files import ConfigChecks, ConfigError, load_config
-from stori_jax.fewshot import paper_config, trainer
+from stori_jax.fewshot import methods, paper_config, trainer
 
 #: The most cells a grid builds and runs unless told otherwise (run_grid's --max_cells): the
 #: paper's largest grid (Table 2, either backbone) has 270.
@@ -88,7 +88,7 @@ class Cell:
   config: ml_collections.ConfigDict  # the full few-shot config, its learning rate filled in
   base_file: str  # config.base.config_file for this cell (path[:argument])
   lr: float  # the learning rate the run trains with
-  lr_key: str  # "optim.lr" (SToRI) or "taskres.lr"
+  lr_key: str  # the method's learning-rate key (`FewShotMethod.lr_key`: "optim.lr", "taskres.lr")
   paper_lr: float | None  # App. A.1's rate for the cell, None where the paper gives none
 
   @property
@@ -352,18 +352,13 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Any, where: st
 
 
 def paper_learning_rate(config: ml_collections.ConfigDict) -> float | None:
-  """App. A.1's learning rate for a cell's config (SToRI's by dataset, shots and backbone;
-  TaskRes's by dataset), or None where the paper gives none (another dataset, shot count or
-  model)."""
+  """App. A.1's learning rate for a cell's config (its method's `paper_learning_rate`: SToRI's
+  by dataset, shots and backbone, TaskRes's by dataset), or None where the paper gives none
+  (another dataset, shot count or model, or a method not in the paper)."""
   dataset, shots = str(config.data.name), int(config.shots)
   if dataset not in paper_config.DATASETS or shots not in paper_config.SHOTS:
     return None
-  if config.method == "taskres":
-    return float(paper_config.fewshot_config(dataset, shots).taskres.lr)
-  try:
-    return paper_config.learning_rate(dataset, shots, paper_config.run_backbone(config))
-  except ConfigError:
-    return None
+  return methods.of(config).paper_learning_rate(config)
 
 
 def make_cell(
@@ -399,8 +394,8 @@ def make_cell(
   except ConfigError as e:
     raise ConfigError(f"cell {path} ({spec} with the grid's overrides): {e}") from None
   config = paper_config.resolve_learning_rate(config)
-  lr_key = "taskres.lr" if config.method == "taskres" else "optim.lr"
-  lr = float(config.taskres.lr if lr_key == "taskres.lr" else config.optim.lr)
+  lr_key = methods.of(config).lr_key
+  lr = methods.of(config).learning_rate(config)
   paper_lr = paper_learning_rate(config)
   if paper_lr is not None and lr != paper_lr:
     logging.warning(
