@@ -75,9 +75,7 @@ def measure(
   analysis = paper_config.analysis_config()
   rng = np.random.default_rng(seed)
   names = list(shapes)
-  patches = [
-    jax.device_put(planted_features(rng, images, *shapes[name])) for name in names
-  ]
+  patches = [jax.device_put(planted_features(rng, images, *shapes[name])) for name in names]
   fallbacks = 0
   for features in patches:
     _, ok = foreground.sign_split(features, center=bool(analysis.center_features), joint=True)

@@ -127,7 +127,11 @@ def test_spectral_across_models_is_true_false_or_auto_by_backend():
     assert resolve("auto", backend) is faster
   assert set(sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO) == {"cpu", "gpu"}
   assert resolve("auto", "tpu") is False
-  for name in ("configs/mutual_sweep.py", "configs/mutual_table2_models.py", "configs/mutual_appg.py"):
+  for name in (
+    "configs/mutual_sweep.py",
+    "configs/mutual_table2_models.py",
+    "configs/mutual_appg.py",
+  ):
     assert load_config(os.path.join(ROOT, name), "smoke").spectral_across_models == "auto", name
   config = _config("smoke")
   config.spectral_across_models = True  # any of the three values is accepted by the config
@@ -558,7 +562,12 @@ def test_foreground_batched_across_models_equals_per_model_on_the_smoke_sweep(sh
   for across in (False, True):
     pool = sweep.ModelPool(models, 0)
     runs[across] = sweep.analyze_classes(
-      pool, indices, {}, class_images, config.analysis, encode=encode,
+      pool,
+      indices,
+      {},
+      class_images,
+      config.analysis,
+      encode=encode,
       spectral_across_models=across,
     )
   for m in indices:

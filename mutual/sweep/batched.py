@@ -98,7 +98,7 @@ def spectral_across_models(value, backend: str | None = None) -> bool:
   if value != "auto":
     raise ConfigError(
       "config.spectral_across_models must be True (the foreground split of the models that "
-      "share shapes as one batched eigendecomposition), False (model by model) or \"auto\" (the "
+      'share shapes as one batched eigendecomposition), False (model by model) or "auto" (the '
       f"faster of the two on this backend), got {value!r}."
     )
   return SPECTRAL_ACROSS_MODELS_AUTO.get(backend or jax.default_backend(), False)
@@ -126,6 +126,8 @@ def batched_foreground(patches: Sequence, analysis) -> list[jax.Array]:
     if len(group) == 1:
       masks[group[0]] = pipeline.split_foreground(patches[group[0]], analysis)
       continue
-    for position, mask in zip(group, pipeline.split_foreground_across([patches[m] for m in group], analysis)):
+    for position, mask in zip(
+      group, pipeline.split_foreground_across([patches[m] for m in group], analysis)
+    ):
       masks[position] = mask
   return masks
