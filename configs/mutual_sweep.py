@@ -27,8 +27,10 @@ Sweep fields:
   spectral_across_models  the foreground split (Gram eigendecomposition) of the models whose
                       patch features share a shape as one batched eigh per class (True), model
                       by model (False), or "auto" (default): the faster way on the backend as
-                      benchmarks/spectral_across_models.py measured it; the same numbers
-                      either way
+                      benchmarks/spectral_across_models.py measured it (batched on the CPU,
+                      per model on the GPU), where max_loaded_models holds every model (else
+                      per model: batching visits each model twice per chunk); the same
+                      numbers either way
   accuracy            the Top-1 of the AUC-accuracy fit: "measured", or the registry's "paper"
                       (Table 3) / "open_clip" values, e.g. for a run on part of the val set
   per_image           also write per_image/<model>/<class>/<image>.json

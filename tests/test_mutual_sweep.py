@@ -118,13 +118,18 @@ def test_foreground_batched_across_models_groups_them_by_shape(monkeypatch):
 
 def test_spectral_across_models_is_true_false_or_auto_by_backend():
   """config.spectral_across_models: True / False as given (also as the strings a command line
-  may leave), "auto" the measured faster way of the backend (an unmeasured one: per model), and
-  anything else a ConfigError naming the three values, raised by the sweep's config check."""
+  may leave), "auto" the measured faster way of the backend (an unmeasured one: per model) where
+  the pool holds every model, and anything else a ConfigError naming the three values, raised
+  by the sweep's config check."""
   resolve = sweep.batched.spectral_across_models
   assert resolve(True) is True and resolve(False) is False
   assert resolve("True") is True and resolve("false") is False
   for backend, faster in sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO.items():
     assert resolve("auto", backend) is faster
+    # A pool that drops models would reload them for the second visit: per model then.
+    assert resolve("auto", backend, holds_all=False) is False
+    assert resolve(True, backend, holds_all=False) is True
+  assert sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO["cpu"] is True  # measured faster (0.81)
   assert set(sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO) == {"cpu", "gpu"}
   assert resolve("auto", "tpu") is False
   for name in (

@@ -23,8 +23,9 @@ scores of unit vectors are unchanged), so the padded stages compute each model's
 floating-point summation order; tests/test_mutual_sweep.py finds the per-model pipeline's
 per-image records exactly.
 
-With `config.spectral_across_models` (True, or "auto" where the benchmark found it faster:
-mutual.sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO) phase 1 visits the models twice: their towers,
+With `config.spectral_across_models` (True, or "auto" where the benchmark found it faster,
+mutual.sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO, and the pool holds every model) phase 1 visits
+the models twice: their towers,
 then per class the foreground split (the Gram matrix's eigendecomposition) of the models whose
 patch features share a shape as one batched eigh, unpadded (padding to the largest grid and width
 costs far more eigendecomposition than batching saves), then the rest of each model's vision

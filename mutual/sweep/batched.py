@@ -78,19 +78,22 @@ def batched_language_stages(
 
 #: config.spectral_across_models = "auto": per JAX backend, whether the foreground split runs
 #: batched across the models that share shapes, the faster of the two ways as
-#: benchmarks/spectral_across_models.py measured them side by side (13 models' worth of
-#: ViT-B/16-shaped patch features, 50 images of 196 patches per class; the ratios in
-#: benchmarks/results/spectral_across_models_*.json). A backend not listed (unmeasured) runs per
-#: model, as mutual.analyze does.
-SPECTRAL_ACROSS_MODELS_AUTO = {"cpu": False, "gpu": False}
+#: benchmarks/spectral_across_models.py measured them side by side (13 models of ViT-B/16's
+#: shape, 50 images of 196 patches per class): on 2 shared CPU cores batched took 0.81 of the
+#: per-model time (median of 7 interleaved rounds under a load of 11-14, the rounds 0.21 to 1.36;
+#: benchmarks/results/spectral_across_models_cpu.json). The GPU is unmeasured by that benchmark
+#: (benchmarks/gpu_check.py's spectral part times it where one is lent; an H100 found the SVD
+#: batched across models no faster, 3.4 against 3.2 s per class): per model there, as on any
+#: backend not listed.
+SPECTRAL_ACROSS_MODELS_AUTO = {"cpu": True, "gpu": False}
 
-#: The values of config.spectral_across_models.
-SPECTRAL_ACROSS_MODELS_VALUES = (True, False, "auto")
 
-
-def spectral_across_models(value, backend: str | None = None) -> bool:
-  """config.spectral_across_models resolved: True / False as given, "auto" the faster way on
-  `backend` (default jax's; `SPECTRAL_ACROSS_MODELS_AUTO`). ConfigError for anything else."""
+def spectral_across_models(value, backend: str | None = None, holds_all: bool = True) -> bool:
+  """config.spectral_across_models resolved: True / False as given (or as the strings "true" /
+  "false"), "auto" the faster way on `backend` (default jax's; `SPECTRAL_ACROSS_MODELS_AUTO`),
+  and only where the model pool holds every model (`holds_all`): batching visits each model
+  twice per chunk, and a pool that drops models would reload their weights, which costs more
+  than the batched split saves. ConfigError for anything else."""
   if isinstance(value, bool):
     return value
   if isinstance(value, str) and value.lower() in ("true", "false"):
@@ -101,7 +104,7 @@ def spectral_across_models(value, backend: str | None = None) -> bool:
       'share shapes as one batched eigendecomposition), False (model by model) or "auto" (the '
       f"faster of the two on this backend), got {value!r}."
     )
-  return SPECTRAL_ACROSS_MODELS_AUTO.get(backend or jax.default_backend(), False)
+  return holds_all and SPECTRAL_ACROSS_MODELS_AUTO.get(backend or jax.default_backend(), False)
 
 
 def shape_groups(shapes: Sequence[tuple[int, ...]]) -> list[list[int]]:

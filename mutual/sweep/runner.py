@@ -416,7 +416,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   # Table 2's concept pass per model, filled chunk by chunk as mutual.evaluate fills its own.
   concepts: list[protocols.ConceptPass | None] = [None for _ in kept]
   embed_images = protocols.image_embeddings if table2 else None
-  across = spectral_across_models(config.spectral_across_models)
+  across = spectral_across_models(
+    config.spectral_across_models, holds_all=pool.max_loaded >= len(kept)
+  )
   n_images, start = 0, time.perf_counter()
   chunks = _class_chunks(streams, sizes, per_chunk)
   for index, chunk in enumerate(
