@@ -40,7 +40,8 @@ with at least 15 s of it left):
   spectral     the sweep's foreground split per model against batched across models
                (mutual.sweep's config.spectral_across_models; benchmarks/spectral_across_models.py's
                `measure`): 13 models of ViT-B/16's shape, B = 50 images x 196 patches of 768
-               per class, both ways interleaved, median seconds and their ratio.
+               per class, both ways interleaved, median seconds and their ratio (last: alone
+               with --parts spectral where the default budget runs out first).
 
 Each part runs in a child process (`--part`), killed at its budget (plus 5 s); a part stops its
 own loops 5 s before that and writes its figures after each step, so one that overran still
