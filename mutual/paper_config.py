@@ -423,8 +423,8 @@ def sweep_config(
   # features share a shape, per class: True, one batched eigh across them (vmapped over the
   # models; the same masks and numbers as False); False, model by model; "auto", the faster way
   # on the run's backend as benchmarks/spectral_across_models.py measured it
-  # (mutual.sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO: batched on the CPU, 0.81 of the
-  # per-model time for 13 ViT-B/16-shaped models at 50 images; per model on the GPU, unmeasured
+  # (mutual.sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO: batched on the CPU, 0.81-0.85 of
+  # the per-model time for 13 ViT-B/16-shaped models at 50 images; per model on the GPU, unmeasured
   # there), and only where max_loaded_models holds every model: batching visits each model twice
   # per chunk, so a smaller pool would load each model's weights twice.
   config.spectral_across_models = ml_collections.FieldReference("auto", field_type=object)

@@ -79,9 +79,9 @@ def batched_language_stages(
 #: config.spectral_across_models = "auto": per JAX backend, whether the foreground split runs
 #: batched across the models that share shapes, the faster of the two ways as
 #: benchmarks/spectral_across_models.py measured them side by side (13 models of ViT-B/16's
-#: shape, 50 images of 196 patches per class): on 2 shared CPU cores batched took 0.81 of the
-#: per-model time (median of 7 interleaved rounds under a load of 11-14, the rounds 0.21 to 1.36;
-#: benchmarks/results/spectral_across_models_cpu.json). The GPU is unmeasured by that benchmark
+#: shape, 50 images of 196 patches per class): on 2 shared CPU cores batched took 0.81 and 0.85
+#: of the per-model time (two runs, medians of 7 and 9 interleaved rounds under a load of 11-15;
+#: benchmarks/results/spectral_across_models_cpu*.json). The GPU is unmeasured by that benchmark
 #: (benchmarks/gpu_check.py's spectral part times it where one is lent; an H100 found the SVD
 #: batched across models no faster, 3.4 against 3.2 s per class): per model there, as on any
 #: backend not listed.
