@@ -36,7 +36,12 @@ with at least 15 s of it left):
   reweight     the weighted / plain text-tower time ratio of ViT-L/14 at batch 256, fp32 and
                bf16 (benchmarks/reweight_overhead.py's `measure`);
   features     fp32 image and text features of a random ViT-B/16 on the default device against
-               the same on the CPU (`jax.devices("cpu")`): max |diff| / max |cpu| per tower.
+               the same on the CPU (`jax.devices("cpu")`): max |diff| / max |cpu| per tower;
+  spectral     the sweep's foreground split per model against batched across models
+               (mutual.sweep's config.spectral_across_models; benchmarks/spectral_across_models.py's
+               `measure`): 13 models of ViT-B/16's shape, B = 50 images x 196 patches of 768
+               per class, both ways interleaved, median seconds and their ratio (last: alone
+               with --parts spectral where the default budget runs out first).
 
 Each part runs in a child process (`--part`), killed at its budget (plus 5 s); a part stops its
 own loops 5 s before that and writes its figures after each step, so one that overran still
@@ -108,6 +113,10 @@ FULL = dict(
   feature_texts=8,
   crf_images=4,
   compute_dtype="bfloat16",
+  spectral_models=13,
+  spectral_images=50,
+  spectral_shape=(14, 14, 768),
+  spectral_repeats=7,
 )
 SMOKE = dict(
   arch="tiny-synthetic",
@@ -128,15 +137,33 @@ SMOKE = dict(
   feature_texts=2,
   crf_images=2,
   compute_dtype="bfloat16",
+  spectral_models=3,
+  spectral_images=2,
+  spectral_shape=(3, 3, 16),
+  spectral_repeats=2,
 )
 #: Seconds per part (GPU run; the overall --budget_s caps the sum), and at smoke size.
 BUDGETS = dict(
-  crf=30, mutual=120, reference=35, train_ours=100, train_torch=45, reweight=60, features=50
+  crf=30,
+  mutual=120,
+  reference=35,
+  train_ours=100,
+  train_torch=45,
+  reweight=60,
+  features=50,
+  spectral=60,
 )
 # Smoke: about a minute on a quiet CPU; the budgets leave room for a loaded CI machine (on 2
 # cores shared by other jobs the parts took 85, 37, 50, 9, 25 and 19 s).
 SMOKE_BUDGETS = dict(
-  crf=90, mutual=240, reference=90, train_ours=150, train_torch=60, reweight=60, features=60
+  crf=90,
+  mutual=240,
+  reference=90,
+  train_ours=150,
+  train_torch=60,
+  reweight=60,
+  features=60,
+  spectral=60,
 )
 PARTS = tuple(BUDGETS)
 #: A part starts only with this much of the overall budget left; a child is killed this long
@@ -159,7 +186,7 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
     "smoke", False, "Every part at tiny sizes, in this process.", flag_values=values
   )
   flags.DEFINE_float(
-    "budget_s", None, "Overall seconds (default: 360; --smoke: 750).", flag_values=values
+    "budget_s", None, "Overall seconds (default: 360; --smoke: 810).", flag_values=values
   )
   flags.DEFINE_list("parts", list(PARTS), "Parts to run, in this order.", flag_values=values)
   flags.DEFINE_bool(
@@ -649,6 +676,24 @@ def part_crf(ctx: Context) -> None:
   ctx.put(image_size=size, class_images=len(batch), ms_per_image=1e3 * seconds / len(batch))
 
 
+def part_spectral(ctx: Context) -> None:
+  """The sweep's foreground split of `spectral_models` ViT-B/16-shaped models, per model and
+  batched across them, interleaved: median seconds of each and their ratio."""
+  from benchmarks import spectral_across_models  # pylint: disable=import-outside-toplevel
+
+  sizes = ctx.sizes
+  shape = tuple(sizes["spectral_shape"])
+  shapes = {f"model-{m:02d}": shape for m in range(sizes["spectral_models"])}
+  ctx.put(device=_device())
+  spectral_across_models.measure(
+    shapes,
+    sizes["spectral_images"],
+    sizes["spectral_repeats"],
+    time_left=ctx.left,
+    put=ctx.put,
+  )
+
+
 PART_FUNCTIONS = dict(
   crf=part_crf,
   mutual=part_mutual,
@@ -657,6 +702,7 @@ PART_FUNCTIONS = dict(
   train_torch=part_train_torch,
   reweight=part_reweight,
   features=part_features,
+  spectral=part_spectral,
 )
 
 
@@ -778,7 +824,7 @@ def summary(parts: dict) -> dict:
   reweight, features = parts.get("reweight", {}), parts.get("features", {})
   ours_step, torch_s = ours.get("seconds_per_step"), torch_step.get("seconds_per_step")
   jax_image, ref_image = mutual.get("steady_seconds_per_image"), ref.get("seconds_per_image")
-  lattice = parts.get("crf", {})
+  lattice, spectral = parts.get("crf", {}), parts.get("spectral", {})
   return dict(
     crf_lattice_arrays_unequal=lattice.get("lattice_arrays_unequal"),
     crf_label_pixels_differing=lattice.get("label_pixels_differing"),
@@ -805,6 +851,10 @@ def summary(parts: dict) -> dict:
     reweight_ratio_bf16=reweight.get("bfloat16", {}).get("time_ratio_weighted_over_plain"),
     features_image_max_rel_error=features.get("image_max_rel_error"),
     features_text_max_rel_error=features.get("text_max_rel_error"),
+    spectral_per_model_seconds=spectral.get("per_model_seconds"),
+    spectral_batched_seconds=spectral.get("batched_seconds"),
+    spectral_ratio_batched_over_per_model=spectral.get("ratio_batched_over_per_model"),
+    spectral_mask_patches_differing=spectral.get("mask_patches_differing"),
   )
 
 
@@ -869,7 +919,7 @@ def main(argv, values: flags.FlagValues = flags.FLAGS):
   unknown = [p for p in values.parts if p not in PART_FUNCTIONS]
   if unknown:
     raise app.UsageError(f"unknown parts {unknown}; known: {', '.join(PARTS)}")
-  budget_s = values.budget_s or (750.0 if smoke else 360.0)
+  budget_s = values.budget_s or (810.0 if smoke else 360.0)
   isolate = (not smoke) if values.isolate is None else bool(values.isolate)
   unknown = [p for p in values.gpu_autotune_parts if p not in PART_FUNCTIONS]
   if unknown:

@@ -24,6 +24,13 @@ Sweep fields:
                       are kept)
   classes_per_chunk   classes whose per-image results (concept embeddings and maps of every
                       model) are held at once, before the language stages batched over models
+  spectral_across_models  the foreground split (Gram eigendecomposition) of the models whose
+                      patch features share a shape as one batched eigh per class (True), model
+                      by model (False), or "auto" (default): the faster way on the backend as
+                      benchmarks/spectral_across_models.py measured it (batched on the CPU,
+                      per model on the GPU), where max_loaded_models holds every model (else
+                      per model: batching visits each model twice per chunk); the same
+                      numbers either way
   accuracy            the Top-1 of the AUC-accuracy fit: "measured", or the registry's "paper"
                       (Table 3) / "open_clip" values, e.g. for a run on part of the val set
   per_image           also write per_image/<model>/<class>/<image>.json
@@ -48,7 +55,8 @@ The argument (`:variant=NAME`, or just `:NAME`) picks one of:
              3.3 GB peak RSS; on 2 shared cores (load about 2): 3 min 55 s, 3.2 GB, of which visual prompts 100 s, the rest of the
              vision side 50 s, the 13 text banks 47 s, making the weights 24 s, the language
              stages 3 s, and compilation about 95 s of these.
-  smoke      `random` for one architecture per tower kind (ViT, ResNet, ConvNeXt), widths shrunk
+  smoke      `random` for one architecture per tower kind (ViT, ResNet, ConvNeXt) and a second
+             ViT-B/32 (a pair of one shape for the batched foreground split), widths shrunk
              16x, on 2 classes x 2 images: the whole path in under a minute on 2 CPU cores
              (the tests' run)
 """
@@ -57,8 +65,15 @@ from mutual.paper_config import sweep_config
 from stori_jax.plumbing.config_files import config_arguments, sibling_config
 
 #: One model per tower kind; shrunk 16x their embedding dims (32 / 64 / 40) and feature dims
-#: (48 / 128 / 64, on one 2 x 2 grid) all differ, so both zero paddings are exercised.
-SMOKE_MODELS = ("openai-vit-b-32", "openai-rn50", "laion-aesthetic-convnext-base-w")
+#: (48 / 128 / 64, on one 2 x 2 grid) all differ, so both zero paddings are exercised; and
+#: DataComp's ViT-B/32, whose patch features have OpenAI's ViT-B/32's shape, so the foreground
+#: split batched across models (config.spectral_across_models) has a group of two to batch.
+SMOKE_MODELS = (
+  "openai-vit-b-32",
+  "datacomp-vit-b-32",
+  "openai-rn50",
+  "laion-aesthetic-convnext-base-w",
+)
 
 #: `random`'s classes of the embedded world (2 images each): every stage for every full-size
 #: tower within minutes on 2 CPU cores (all 12 classes would take several times longer).

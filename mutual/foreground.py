@@ -254,6 +254,38 @@ def checked_split(features, center: bool, joint: bool, solver: str = "gram") -> 
   return jax.lax.cond(jnp.all(ok), lambda m: m, with_fallback, mask)
 
 
+@functools.partial(jax.jit, static_argnames=("center", "joint", "solver"))
+def checked_split_across(features, center: bool, joint: bool, solver: str = "gram") -> jax.Array:
+  """`checked_split` of M feature sets of one shape at once: float32 [M, B, h, w, D] -> bool
+  [M, B, h, w], each set's mask as `checked_split` gives it.
+
+  One program: the Gram matrices' eigendecompositions run as one batched eigh (vmapped over
+  the leading axis); where any set's split is ill-determined, the SVD's split is computed for
+  the batch and taken for those images only (the SVD is the same whatever the batch), so every
+  mask is the one `checked_split` gives that set alone, up to the batched products' summation
+  order (the second eigenvector within 1e-5, tested).
+  """
+  mask, ok = jax.vmap(lambda f: sign_split(f, center=center, joint=joint, solver=solver))(features)
+  if solver == "svd":
+    return mask
+
+  def with_fallback(mask):
+    fallback, _ = jax.vmap(lambda f: sign_split(f, center=center, joint=joint, solver="svd"))(
+      features
+    )
+    return jnp.where(ok[:, :, None, None], mask, fallback)
+
+  return jax.lax.cond(jnp.all(ok), lambda m: m, with_fallback, mask)
+
+
+def _checked_options(features, solver: str) -> None:
+  """The checks `prominent_patches` makes of float32 [..., B, h, w, D] features and a solver."""
+  if features.shape[-4] * features.shape[-3] * features.shape[-2] < 2:
+    raise ValueError("At least two patches are needed for a spectral split.")
+  if solver not in SOLVERS:
+    raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
+
+
 def prominent_patches(
   features,
   min_second: int = 5,
@@ -279,14 +311,43 @@ def prominent_patches(
     bool [B, h, w], True on prominent (foreground) patches.
   """
   features = _check_features(features)
-  if features.shape[0] * features.shape[1] * features.shape[2] < 2:
-    raise ValueError("At least two patches are needed for a spectral split.")
-  if solver not in SOLVERS:
-    raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
+  _checked_options(features, solver)
   mask = checked_split(features, center=center, joint=joint, solver=solver)
   if not largest_only:
     return mask
   return main_regions(mask, min_second=min_second, keep_second=keep_second)
+
+
+def prominent_patches_across(
+  features,
+  min_second: int = 5,
+  keep_second: bool = True,
+  largest_only: bool = True,
+  center: bool = False,
+  joint: bool = True,
+  solver: str = "gram",
+) -> jax.Array:
+  """`prominent_patches` of M feature sets of one shape (several models' patch features of a
+  class), their spectral splits as one batched eigendecomposition (`checked_split_across`).
+
+  Args:
+    features: float32 [M, B, h, w, D]: M sets, each split on its own (jointly over its B
+      images when `joint`).
+    the others: as prominent_patches.
+
+  Returns:
+    bool [M, B, h, w]: each set's `prominent_patches`.
+  """
+  features = jnp.asarray(features, jnp.float32)
+  if features.ndim != 5:
+    raise ValueError(f"features must be [M, B, h, w, D], got shape {features.shape}.")
+  _checked_options(features, solver)
+  mask = checked_split_across(features, center=center, joint=joint, solver=solver)
+  if not largest_only:
+    return mask
+  sets, batch, height, width = mask.shape
+  flat = mask.reshape(sets * batch, height, width)  # main_regions treats each image alone
+  return main_regions(flat, min_second=min_second, keep_second=keep_second).reshape(mask.shape)
 
 
 def upsample_mask(mask, size: int | tuple[int, int]) -> jax.Array:

@@ -449,6 +449,15 @@ def sweep_config(
   config.dtype = "float32"
   config.max_loaded_models = 0  # 0: hold every model
   config.classes_per_chunk = 8
+  # The foreground split (the Gram matrix's eigendecomposition) of the models whose patch
+  # features share a shape, per class: True, one batched eigh across them (vmapped over the
+  # models; the same masks and numbers as False); False, model by model; "auto", the faster way
+  # on the run's backend as benchmarks/spectral_across_models.py measured it
+  # (mutual.sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO: batched on the CPU, 0.81-0.85 of
+  # the per-model time for 13 ViT-B/16-shaped models at 50 images; per model on the GPU, unmeasured
+  # there), and only where max_loaded_models holds every model: batching visits each model twice
+  # per chunk, so a smaller pool would load each model's weights twice.
+  config.spectral_across_models = ml_collections.FieldReference("auto", field_type=object)
   config.random_weights = random_weights
   config.random_models = ml_collections.ConfigDict(dict(image_size=64, shrink=1, seed=0))
   config.accuracy = "measured"  # the fit's accuracy: "measured", "paper" or "open_clip"

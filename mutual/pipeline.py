@@ -325,28 +325,20 @@ def tower_bundle(bundle, analysis):
   return bundle.with_dtype(jnp.dtype(paper_config.analysis_value(analysis, "compute_dtype")))
 
 
-def vision_side(
-  bundle, images: np.ndarray, bank: TextBank, analysis, methods: Sequence[str] = METHODS
-) -> dict[str, Any]:
-  """Stages 1 and 2 of `analyze_class` (everything but the language stages) on one class.
+def vision_tower(bundle, images: np.ndarray, bank: TextBank, analysis) -> dict[str, Any]:
+  """The tower's part of `vision_side` on one class: one pass gives the image embeddings and the
+  patch features, then the zero-shot scores.
 
   Args: as analyze_class.
 
   Returns:
-    dict of numpy arrays: image_embeddings float32 [B, E] (unit rows), predicted int [B],
-    class_scores [B, C], foreground bool [B, h, w], refined bool [B, S, S]; per method a dict
-    with concept_maps int [B, h, w], pixel_maps int [B, S, S], concept_valid bool [B, L] and
-    concept_embeddings float32 [B, L, E]. The patch features are dropped here (the largest
-    per-image array).
+    dict of device arrays: image_embeddings float32 [B, E] (unit rows), patch float32
+    [B, h, w, D] (config.analysis.feature_kind), class_scores float32 [B, C], predicted int32
+    [B].
   """
   images = np.asarray(images)
   if images.dtype != np.uint8 or images.ndim != 4:
     raise ValueError(f"images must be uint8 [B, S, S, 3], got {images.dtype} {images.shape}")
-  # config.analysis.mode and the stage keys, resolved before any work (the run checked the
-  # whole of config.analysis once, paper_config.check_analysis, before its claim).
-  stages = paper_config.analysis_stages(analysis)
-  settings = paper_config.concept_settings(analysis, stages)
-  chunk = int(paper_config.analysis_value(analysis, "prompt_chunk"))
   bundle = tower_bundle(bundle, analysis)
   # Images per tower pass: a few on a CPU (its tower slows once activations leave the cache).
   tower_batch = int(paper_config.analysis_value(analysis, "tower_batch"))
@@ -362,9 +354,56 @@ def vision_side(
   class_scores, predicted = _scores(
     image_embeddings, np.ascontiguousarray(np.asarray(bank.class_embeddings).T)
   )
-  fg = foreground.prominent_patches(
-    patch, joint=bool(analysis.joint_foreground), center=bool(analysis.center_features)
+  return dict(
+    image_embeddings=image_embeddings, patch=patch, class_scores=class_scores, predicted=predicted
   )
+
+
+def _foreground_options(analysis) -> dict[str, bool]:
+  return dict(joint=bool(analysis.joint_foreground), center=bool(analysis.center_features))
+
+
+def split_foreground(patch, analysis) -> jax.Array:
+  """The foreground step of `vision_side`: bool [B, h, w] prominent patches of float32 patch
+  features [B, h, w, D] (`foreground.prominent_patches` with config.analysis's settings)."""
+  return foreground.prominent_patches(patch, **_foreground_options(analysis))
+
+
+def split_foreground_across(patches: Sequence, analysis) -> list[jax.Array]:
+  """`split_foreground` of M models' patch features of one shape, float32 [B, h, w, D] each,
+  as one batched eigendecomposition (`foreground.prominent_patches_across`): the M masks, bool
+  [B, h, w] each, those `split_foreground` gives each model."""
+  stacked = jnp.stack([jnp.asarray(p, jnp.float32) for p in patches])
+  masks = foreground.prominent_patches_across(stacked, **_foreground_options(analysis))
+  return list(masks)
+
+
+def vision_after_foreground(
+  bundle,
+  images: np.ndarray,
+  tower: Mapping[str, Any],
+  fg,
+  analysis,
+  methods: Sequence[str] = METHODS,
+) -> dict[str, Any]:
+  """`vision_side` from the foreground on: concepts, CRF and the visual prompts' embeddings.
+
+  Args:
+    bundle, images, analysis, methods: as analyze_class.
+    tower: `vision_tower`'s dict for the class; fg: bool [B, h, w], its `split_foreground`.
+
+  Returns: vision_side's dict.
+  """
+  images = np.asarray(images)
+  # config.analysis.mode and the stage keys, resolved before any work (the run checked the
+  # whole of config.analysis once, paper_config.check_analysis, before its claim).
+  stages = paper_config.analysis_stages(analysis)
+  settings = paper_config.concept_settings(analysis, stages)
+  chunk = int(paper_config.analysis_value(analysis, "prompt_chunk"))
+  bundle = tower_bundle(bundle, analysis)
+  tower_batch = int(paper_config.analysis_value(analysis, "tower_batch"))
+  per_pass = features.images_per_pass(bundle, tower_batch)
+  patch = tower["patch"]
   size = images.shape[1]
   n = int(analysis.n_concepts)
   # Nothing waits for the device until the visual prompts need their region counts: the host
@@ -407,9 +446,9 @@ def vision_side(
     ellipse_seed=int(paper_config.analysis_value(analysis, "ellipse_seed")),
   )
   out: dict[str, Any] = dict(
-    image_embeddings=np.asarray(image_embeddings),
-    predicted=np.asarray(predicted),
-    class_scores=np.asarray(class_scores),
+    image_embeddings=np.asarray(tower["image_embeddings"]),
+    predicted=np.asarray(tower["predicted"]),
+    class_scores=np.asarray(tower["class_scores"]),
     foreground=np.asarray(fg),
     refined=np.asarray(refined),
   )
@@ -421,6 +460,28 @@ def vision_side(
       concept_embeddings=np.asarray(embeddings),
     )
   return out
+
+
+def vision_side(
+  bundle, images: np.ndarray, bank: TextBank, analysis, methods: Sequence[str] = METHODS
+) -> dict[str, Any]:
+  """Stages 1 and 2 of `analyze_class` (everything but the language stages) on one class:
+  `vision_tower`, `split_foreground`, `vision_after_foreground`.
+
+  Args: as analyze_class.
+
+  Returns:
+    dict of numpy arrays: image_embeddings float32 [B, E] (unit rows), predicted int [B],
+    class_scores [B, C], foreground bool [B, h, w], refined bool [B, S, S]; per method a dict
+    with concept_maps int [B, h, w], pixel_maps int [B, S, S], concept_valid bool [B, L] and
+    concept_embeddings float32 [B, L, E]. The patch features are dropped here (the largest
+    per-image array).
+  """
+  # config.analysis.mode and the stage keys, resolved before any work.
+  paper_config.analysis_stages(analysis)
+  tower = vision_tower(bundle, images, bank, analysis)
+  fg = split_foreground(tower["patch"], analysis)
+  return vision_after_foreground(bundle, images, tower, fg, analysis, methods)
 
 
 def analyze_class(

@@ -42,6 +42,14 @@ FIELDS = {
   "train_torch": ("seconds_per_step", "first_call_seconds", "prompts"),
   "reweight": ("float32", "bfloat16"),
   "features": ("image_max_rel_error", "text_max_rel_error"),
+  "spectral": (
+    "per_model_seconds",
+    "batched_seconds",
+    "ratio_batched_over_per_model",
+    "mask_patches_differing",
+    "gram_fallbacks",
+    "models",
+  ),
 }
 COUNTS = (
   "compiles",
@@ -54,6 +62,9 @@ COUNTS = (
   "lattice_arrays_checked",
   "lattice_arrays_unequal",
   "label_pixels_differing",
+  "mask_patches_differing",
+  "gram_fallbacks",
+  "models",
 )
 
 
@@ -97,6 +108,13 @@ def test_smoke_writes_every_field(tmp_path):
   # CPU against the CPU: the same numbers.
   features = result["parts"]["features"]
   assert features["image_max_rel_error"] < 1e-6 and features["text_max_rel_error"] < 1e-6
+  # The foreground split batched across models: the same masks as model by model, both timed
+  # in the same rounds (each round holds both ways).
+  spectral = result["parts"]["spectral"]
+  assert spectral["mask_patches_differing"] == 0 and spectral["gram_fallbacks"] == 0
+  assert spectral["models"] == gpu_check.SMOKE["spectral_models"] and spectral["rounds"]
+  assert all(set(r) == {"per_model", "batched"} for r in spectral["rounds"])
+  assert spectral["groups"] == [[f"model-{m:02d}" for m in range(spectral["models"])]]
   for key, value in result["summary"].items():
     assert _finite(value), (key, value)
   assert isinstance(result["summary"]["mutual_compiles"], int)

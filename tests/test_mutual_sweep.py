@@ -11,6 +11,7 @@ import time
 import weakref
 
 import huggingface_hub.constants
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -25,8 +26,14 @@ from stori_jax.models import registry
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Fast test (configs/mutual_sweep.py:smoke): one model per tower kind, shrunk 16x in width:
 #: embedding dims 32 / 64 / 40 and feature dims 48 / 128 / 64 on one 2 x 2 grid, so both paddings
-#: are exercised.
-FAST_MODELS = ("openai-vit-b-32", "openai-rn50", "laion-aesthetic-convnext-base-w")
+#: are exercised; and a second ViT-B/32 (DataComp's) whose patch features have the first's shape,
+#: so the foreground split batched across models (config.spectral_across_models) batches a pair.
+FAST_MODELS = (
+  "openai-vit-b-32",
+  "datacomp-vit-b-32",
+  "openai-rn50",
+  "laion-aesthetic-convnext-base-w",
+)
 
 
 def _config(argument="random"):
@@ -82,6 +89,61 @@ def test_language_stages_batched_across_models_equal_per_model():
       else:
         np.testing.assert_array_equal(got, want, err_msg=key)
     assert np.asarray(single["n_visual"]).sum() > 0 and np.asarray(single["curve"]).max() > 0
+
+
+def test_foreground_batched_across_models_groups_them_by_shape(monkeypatch):
+  """Issue 41: five models' patch features of one class in three shapes (two pairs, not
+  adjacent, and one alone): each shape with more than one model is one batched split, a model
+  alone is split on its own, and every mask equals the model's own `pipeline.split_foreground`."""
+  rng = np.random.default_rng(7)
+  shapes = [(2, 3, 3, 16), (2, 2, 2, 24), (2, 3, 3, 16), (2, 4, 4, 8), (2, 2, 2, 24)]
+  patches = [rng.normal(size=s).astype(np.float32) for s in shapes]
+  analysis = _config("smoke").analysis
+  batches = []
+  across = pipeline.split_foreground_across
+
+  def counting(group, analysis):
+    batches.append([np.shape(p) for p in group])
+    return across(group, analysis)
+
+  monkeypatch.setattr(pipeline, "split_foreground_across", counting)
+  masks = sweep.batched_foreground(patches, analysis)
+  assert batches == [[shapes[0], shapes[2]], [shapes[1], shapes[4]]]
+  assert sweep.batched.shape_groups(shapes) == [[0, 2], [1, 4], [3]]
+  assert len(masks) == 5
+  for mask, features in zip(masks, patches):
+    assert mask.shape == features.shape[:3]
+    np.testing.assert_array_equal(mask, pipeline.split_foreground(features, analysis))
+
+
+def test_spectral_across_models_is_true_false_or_auto_by_backend():
+  """config.spectral_across_models: True / False as given (also as the strings a command line
+  may leave), "auto" the measured faster way of the backend (an unmeasured one: per model) where
+  the pool holds every model, and anything else a ConfigError naming the three values, raised
+  by the sweep's config check."""
+  resolve = sweep.batched.spectral_across_models
+  assert resolve(True) is True and resolve(False) is False
+  assert resolve("True") is True and resolve("false") is False
+  for backend, faster in sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO.items():
+    assert resolve("auto", backend) is faster
+    # A pool that drops models would reload them for the second visit: per model then.
+    assert resolve("auto", backend, holds_all=False) is False
+    assert resolve(True, backend, holds_all=False) is True
+  assert sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO["cpu"] is True  # measured faster (0.81, 0.85)
+  assert set(sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO) == {"cpu", "gpu"}
+  assert resolve("auto", "tpu") is False
+  for name in (
+    "configs/mutual_sweep.py",
+    "configs/mutual_table2_models.py",
+    "configs/mutual_appg.py",
+  ):
+    assert load_config(os.path.join(ROOT, name), "smoke").spectral_across_models == "auto", name
+  config = _config("smoke")
+  config.spectral_across_models = True  # any of the three values is accepted by the config
+  sweep.check_config(config)
+  config.spectral_across_models = "batched"
+  with pytest.raises(ConfigError, match=r'spectral_across_models must be True .* or "auto"'):
+    sweep.check_config(config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,10 +486,12 @@ class _Bars:
 
 @pytest.mark.slow
 def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles, monkeypatch):
-  """Shrunk random instances of one model per tower kind: the batched sweep's per-image records
-  (concepts, descriptors, MI curves) and its Top-1, MI and AUC equal mutual.analyze's pipeline
-  run model by model; the outputs are complete; a second run (with progress bars, each with its
-  total) writes the same results.json."""
+  """Shrunk random instances of one model per tower kind (and a second ViT-B/32): the batched
+  sweep's per-image records (concepts, descriptors, MI curves) and its Top-1, MI and AUC equal
+  mutual.analyze's pipeline run model by model; the outputs are complete. The first run splits
+  the foreground of the two ViT-B/32s as one batched eigh (config.spectral_across_models=True),
+  the second (with progress bars, each with its total) model by model: the same results.json
+  but for that setting, and the same table."""
   config = _config("smoke")
   assert config.models == FAST_MODELS and config.random_models.shrink == 16
   assert tuple(config.data.classes) == (0, 5) and config.data.images_per_class == 2
@@ -435,22 +499,37 @@ def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles, m
   config.max_loaded_models = 2  # models reload between phases
   config.per_image = True
   config.analysis.solver = "reference"  # the other solver is in the language-stage test
+  config.spectral_across_models = True
   methods = tuple(config.analysis.methods)
+  batches = []
+  across = pipeline.split_foreground_across
+
+  def counting(patches, analysis):
+    batches.append(len(patches))
+    return across(patches, analysis)
+
+  monkeypatch.setattr(pipeline, "split_foreground_across", counting)
   results = sweep.run(config, str(tmp_path), progress=False)
-  assert results["model_loads"] > len(FAST_MODELS)
+  assert batches == [2, 2]  # per chunk (one class each), the ViT-B/32 pair
+  assert results["model_loads"] > 2 * len(FAST_MODELS)  # two visits per chunk, 2 held
   _check_outputs(tmp_path, results, FAST_MODELS, methods)
   bars = _Bars()
   monkeypatch.setattr(sweep.runner, "tqdm", bars)
   monkeypatch.setattr(sweep.chunk, "tqdm", bars)
+  config.spectral_across_models = False
   sweep.run(config, str(tmp_path / "again"), progress=True)
+  assert batches == [2, 2]  # no batched split in the second run
   assert bars.totals == {
     "class chunks": 2,
     "vision side: models": len(FAST_MODELS),
     "vision side: classes": 1,
     "language stages (batched)": 1,
   }
-  for name in ("results.json", "table.md"):
-    assert (tmp_path / "again" / name).read_bytes() == (tmp_path / name).read_bytes()
+  assert (tmp_path / "again" / "table.md").read_bytes() == (tmp_path / "table.md").read_bytes()
+  on, off = (json.loads((d / "results.json").read_text()) for d in (tmp_path, tmp_path / "again"))
+  assert on["config"].pop("spectral_across_models") is True
+  assert off["config"].pop("spectral_across_models") is False
+  assert on == off
   r = config.random_models
   for name in FAST_MODELS:
     bundle = shared_bundles(name, r.image_size, r.shrink, r.seed, jnp.float32)
@@ -465,6 +544,45 @@ def test_offline_sweep_equals_the_per_model_pipeline(tmp_path, shared_bundles, m
       assert got[method]["mi"] == want[method]["mi"]
       assert got[method]["auc"] == want[method]["auc"]
       assert got[method]["curve"] == want[method]["curve"]
+
+
+@pytest.mark.slow
+def test_foreground_batched_across_models_equals_per_model_on_the_smoke_sweep(shared_bundles):
+  """Issue 41, on configs/mutual_sweep.py:smoke's chunk (2 classes through its 4 models, the two
+  ViT-B/32s one batched split): every array of every model's class results (foreground, CRF,
+  concept maps, descriptors, MI curves) equals the per-model split's, and the progress bars of
+  the two visits count the models and classes."""
+  config = _config("smoke")
+  models = sweep.sweep_models(config)
+  dataset = data.prepare(config)
+  sizes = [sweep.model_image_size(config, m.entry) for m in models]
+  streams = {size: list(dataset.classes(size)) for size in set(sizes)}
+  class_images = [streams[size] for size in sizes]
+  assert [len(c) for c in class_images] == [2] * 4
+  encode = functools.partial(
+    pipeline.encode_config_bank, config=config, dataset=dataset, progress=False
+  )
+  indices = list(range(len(models)))
+  runs = {}
+  for across in (False, True):
+    pool = sweep.ModelPool(models, 0)
+    runs[across] = sweep.analyze_classes(
+      pool,
+      indices,
+      {},
+      class_images,
+      config.analysis,
+      encode=encode,
+      spectral_across_models=across,
+    )
+  for m in indices:
+    for c in range(2):
+      got, want = runs[True][m][c], runs[False][m][c]
+      assert got["foreground"].shape == (2, 2, 2) and got["foreground"].any()
+      flat_got, flat_want = jax.tree_util.tree_flatten(got), jax.tree_util.tree_flatten(want)
+      assert flat_got[1] == flat_want[1]
+      for a, b in zip(flat_got[0], flat_want[0]):
+        np.testing.assert_array_equal(a, b, err_msg=f"{models[m].name}, class {c}")
 
 
 @pytest.mark.slow

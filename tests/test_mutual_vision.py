@@ -4,6 +4,7 @@ Each JAX stage is checked against a plain numpy / scipy / scikit-learn version o
 and the pipeline against the synthetic world's ground-truth object masks.
 """
 
+import jax
 import numpy as np
 import pytest
 from scipy import ndimage
@@ -224,6 +225,56 @@ def test_gram_split_falls_back_to_the_svd_where_the_vector_is_ill_determined():
       foreground.prominent_patches(mixed, joint=joint, largest_only=False),
       foreground.prominent_patches(mixed, joint=joint, largest_only=False, solver="svd"),
     )
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 6, 12), (2, 2, 2, 48), (4, 7, 7, 200)])
+def test_split_batched_across_sets_equals_each_set_alone(shape):
+  """Issue 41: M feature sets of one shape (models' patch features) split as one batched
+  eigendecomposition: each set's second eigenvector is its own within 1e-5 (both sides of the
+  Gram matrix: N <= D and N > D), its error bound the same, and every mask (main regions and
+  raw split jointly, per image) equal to the set's own `prominent_patches`."""
+  sets = np.random.default_rng(sum(shape)).normal(size=(3, *shape)).astype(np.float32)
+  vectors, bounds = jax.vmap(lambda f: foreground.fiedler_pair(f, solver="gram"))(sets)
+  assert vectors.shape == (3, *shape[:3]) and bounds.shape == (3,)
+  for m, features in enumerate(sets):
+    alone, bound = foreground.fiedler_pair(features, solver="gram")
+    np.testing.assert_allclose(vectors[m], alone, atol=1e-5)
+    if np.isfinite(float(bound)):
+      assert float(bounds[m]) == pytest.approx(float(bound), rel=1e-3, abs=1e-6)
+    else:
+      assert not np.isfinite(float(bounds[m]))
+  for options in (dict(joint=True), dict(joint=True, largest_only=False), dict(joint=False)):
+    batched = np.asarray(foreground.prominent_patches_across(sets, **options))
+    assert batched.shape == (3, *shape[:3]) and batched.dtype == bool
+    for m, features in enumerate(sets):
+      np.testing.assert_array_equal(
+        batched[m], foreground.prominent_patches(features, **options), err_msg=str(options)
+      )
+
+
+def test_split_batched_across_sets_keeps_each_sets_svd_fallback():
+  """A set whose second vector is ill-determined (degenerate top eigenvalues) batched with a
+  well-determined one: the degenerate set gets the SVD's split, as alone, and the other keeps
+  its Gram split (the fallback is chosen per image, not for the whole batch)."""
+  degenerate = np.zeros((2, 3, 4, 8), np.float32)
+  for i in range(12):
+    degenerate.reshape(2, 12, 8)[:, i, i % 3] = 1.0
+  regular = np.random.default_rng(4).normal(size=(2, 3, 4, 8)).astype(np.float32)
+  sets = np.stack([regular, degenerate])
+  _, ok = jax.vmap(lambda f: foreground.sign_split(f, center=False, joint=True))(sets)
+  np.testing.assert_array_equal(ok, [[True, True], [False, False]])
+  for joint in (True, False):
+    batched = foreground.checked_split_across(sets, center=False, joint=joint)
+    for m, features in enumerate(sets):
+      np.testing.assert_array_equal(
+        batched[m], foreground.checked_split(features, center=False, joint=joint)
+      )
+  np.testing.assert_array_equal(
+    foreground.checked_split_across(sets, center=False, joint=True)[1],
+    foreground.sign_split(degenerate, center=False, joint=True, solver="svd")[0],
+  )
+  with pytest.raises(ValueError, match=r"\[M, B, h, w, D\]"):
+    foreground.prominent_patches_across(regular)
 
 
 def test_prominent_patches_find_the_objects(world):

@@ -23,6 +23,14 @@ scores of unit vectors are unchanged), so the padded stages compute each model's
 floating-point summation order; tests/test_mutual_sweep.py finds the per-model pipeline's
 per-image records exactly.
 
+With `config.spectral_across_models` (True, or "auto" where the benchmark found it faster,
+mutual.sweep.batched.SPECTRAL_ACROSS_MODELS_AUTO, and the pool holds every model) phase 1 visits
+the models twice: their towers,
+then per class the foreground split (the Gram matrix's eigendecomposition) of the models whose
+patch features share a shape as one batched eigh, unpadded (padding to the largest grid and width
+costs far more eigendecomposition than batching saves), then the rest of each model's vision
+side. The masks and numbers are those of the per-model split (tested).
+
 Models are loaded through a pool (`config.max_loaded_models`; 0 holds all of them, the fastest on
 an accelerator with room for the 13 models' ~11 GB of fp32 weights); a smaller pool reloads a
 model's weights once per chunk of `config.classes_per_chunk` classes (not its compiled towers,
@@ -41,7 +49,8 @@ with a warning and listed under "skipped" in results.json.
 Modules, one per phase of the run:
   models.py      the models: registered weights or random-weight instances (SweepBundle: their
                  compiled towers shared by architecture), the ModelPool
-  batched.py     the language stages batched across models
+  batched.py     the stages batched across models: the language stages, and the foreground
+                 split of the models that share a shape (config.spectral_across_models)
   chunk.py       one chunk of classes through every model, phases 1-2 (`analyze_classes`)
   fits.py        Figure 3 (right)'s AUC-accuracy fits
   table.py       Table 3, App. G's grouped tables, Table 2's layout (markdown); plots.py:
@@ -71,7 +80,13 @@ Writes to the workdir:
   shards/chunk_<c>_table2.npz   with config.table2: the chunk's concepts of every model
 """
 
-from mutual.sweep.batched import batched_language_stages, pad_stack
+from mutual.sweep.batched import (
+  SPECTRAL_ACROSS_MODELS_AUTO,
+  batched_foreground,
+  batched_language_stages,
+  pad_stack,
+  spectral_across_models,
+)
 from mutual.sweep.chunk import analyze_classes
 from mutual.sweep.fits import ACCURACIES, MIN_FIT_MODELS, accuracy_of, auc_accuracy_fits, fit_line
 from mutual.sweep.models import (

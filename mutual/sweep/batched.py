@@ -1,9 +1,13 @@
-"""The language stages batched across models (vmapped over a leading model axis), with the
-embedding dims zero-padded to the largest.
+"""The stages batched across models (vmapped over a leading model axis): the language stages,
+with the embedding dims zero-padded to the largest, and (config.spectral_across_models) the
+foreground split of the models whose patch features share a shape.
 
 Zero padding changes nothing: a zero column adds nothing to a norm or a dot product (cosine
 scores of unit vectors are unchanged), so the padded stages compute each model's own result up to
-floating-point summation order.
+floating-point summation order. The foreground split is not padded: padding every model's rows
+to the largest grid and width would make each Gram matrix the largest model's (17.7x the
+eigendecomposition work over the 13 models, benchmarks/mutual_sweep_split.py), so the models
+are grouped by the shape of their patch features, each group one batched eigendecomposition.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mutual import pipeline
+from stori_jax.plumbing.config_files import ConfigError
 
 #: `language_stages` arguments that are compile-time constants; the others are traced.
 _STATIC_OPTIONS = ("top_k", "rule", "solver", "top", "u", "formula", "iterations", "max_iterations")
@@ -69,3 +74,63 @@ def batched_language_stages(
     dynamic,
     **static,
   )
+
+
+#: config.spectral_across_models = "auto": per JAX backend, whether the foreground split runs
+#: batched across the models that share shapes, the faster of the two ways as
+#: benchmarks/spectral_across_models.py measured them side by side (13 models of ViT-B/16's
+#: shape, 50 images of 196 patches per class): on 2 shared CPU cores batched took 0.81 and 0.85
+#: of the per-model time (two runs, medians of 7 and 9 interleaved rounds under a load of 11-15;
+#: benchmarks/results/spectral_across_models_cpu*.json). The GPU is unmeasured by that benchmark
+#: (benchmarks/gpu_check.py's spectral part times it where one is lent; an H100 found the SVD
+#: batched across models no faster, 3.4 against 3.2 s per class): per model there, as on any
+#: backend not listed.
+SPECTRAL_ACROSS_MODELS_AUTO = {"cpu": True, "gpu": False}
+
+
+def spectral_across_models(value, backend: str | None = None, holds_all: bool = True) -> bool:
+  """config.spectral_across_models resolved: True / False as given (or as the strings "true" /
+  "false"), "auto" the faster way on `backend` (default jax's; `SPECTRAL_ACROSS_MODELS_AUTO`),
+  and only where the model pool holds every model (`holds_all`): batching visits each model
+  twice per chunk, and a pool that drops models would reload their weights, which costs more
+  than the batched split saves. ConfigError for anything else."""
+  if isinstance(value, bool):
+    return value
+  if isinstance(value, str) and value.lower() in ("true", "false"):
+    return value.lower() == "true"
+  if value != "auto":
+    raise ConfigError(
+      "config.spectral_across_models must be True (the foreground split of the models that "
+      'share shapes as one batched eigendecomposition), False (model by model) or "auto" (the '
+      f"faster of the two on this backend), got {value!r}."
+    )
+  return holds_all and SPECTRAL_ACROSS_MODELS_AUTO.get(backend or jax.default_backend(), False)
+
+
+def shape_groups(shapes: Sequence[tuple[int, ...]]) -> list[list[int]]:
+  """The positions of equal shapes, grouped in order of first appearance: [[0, 2], [1], ...]."""
+  groups: dict[tuple[int, ...], list[int]] = {}
+  for position, shape in enumerate(shapes):
+    groups.setdefault(tuple(shape), []).append(position)
+  return list(groups.values())
+
+
+def batched_foreground(patches: Sequence, analysis) -> list[jax.Array]:
+  """`pipeline.split_foreground` of M models' patch features of one class (float32
+  [B, h, w, D_m] each, shapes may differ): the models whose patch features share a shape as one
+  batched eigendecomposition (`pipeline.split_foreground_across`), a model whose shape no other
+  has on its own.
+
+  Returns:
+    the M foreground masks, bool [B, h, w] each, in the order of `patches`.
+  """
+  masks: list[jax.Array | None] = [None] * len(patches)
+  for group in shape_groups([np.shape(p) for p in patches]):
+    if len(group) == 1:
+      masks[group[0]] = pipeline.split_foreground(patches[group[0]], analysis)
+      continue
+    for position, mask in zip(
+      group, pipeline.split_foreground_across([patches[m] for m in group], analysis)
+    ):
+      masks[position] = mask
+  return masks

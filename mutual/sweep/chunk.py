@@ -6,6 +6,11 @@
                 visual prompts. Each model is fetched from the pool once per chunk, and its
                 patch features are dropped as soon as its concepts are fitted.
 2. all models   language stages (descriptor scores to MI curves), vmapped over models
+
+With `spectral_across_models` phase 1 visits the models twice: their towers first (the chunk's
+patch features of every model held), then the foreground split of each class for all models
+whose patch features share a shape as one batched eigendecomposition, then the rest of each
+model's vision side.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mutual import data, pipeline
-from mutual.sweep.batched import batched_language_stages
+from mutual.sweep.batched import batched_foreground, batched_language_stages
 from mutual.sweep.models import ModelPool
 from stori_jax.clip.bundle import CLIPBundle
 
@@ -32,6 +37,7 @@ def analyze_classes(
   progress: bool = False,
   encode: Callable[[CLIPBundle], pipeline.TextBank] | None = None,
   embed_images: Callable[[CLIPBundle, np.ndarray], np.ndarray] | None = None,
+  spectral_across_models: bool = False,
 ) -> list[list[dict[str, Any]]]:
   """`pipeline.analyze_class` for several models on a chunk of classes.
 
@@ -45,6 +51,11 @@ def analyze_classes(
     embed_images: (bundle, uint8 images [B, S, S, 3]) -> float32 [B, E]; when given, each
       class's result also holds "embedded_images", its output while the model is loaded (Table
       2 classifies the images with mutual.evaluate's embeddings, `protocols.image_embeddings`).
+    spectral_across_models: the vision side in two visits of the models: their towers (the
+      chunk's patch features of every model held), then per class the foreground split of the
+      models that share a patch-feature shape as one batched eigendecomposition
+      (`batched_foreground`), then the rest of each model's vision side. The same results as
+      one visit (False); a pool holding fewer than the M models loads each twice per chunk.
 
   Returns:
     results[model][class]: analyze_class's dict of numpy arrays.
@@ -52,35 +63,65 @@ def analyze_classes(
   n_models, n_classes = len(indices), len(class_images[0])
   position = {index: m for m, index in enumerate(indices)}
   options = pipeline.stage_options(analysis)
+  bar = functools.partial(tqdm, disable=not progress, dynamic_ncols=True)
+
+  def visit_models(step: Callable[[int, CLIPBundle, int], None], what: str) -> None:
+    """step(m, bundle, c) for every model (fetched from the pool once) and class."""
+    with bar(total=n_models, desc=f"{what}: models", leave=False) as models_bar:
+      for index in pool.order(indices):
+        m, bundle = position[index], pool.get(index)
+        models_bar.set_postfix_str(pool.models[index].name)
+        if index not in banks:
+          if encode is None:
+            raise ValueError(f"no text bank for model {index} and no `encode` to make one")
+          banks[index] = encode(bundle)
+        classes_bar = bar(total=n_classes, desc=f"{what}: classes", leave=False)
+        for c in range(n_classes):
+          step(m, bundle, c)
+          if embed_images is not None and embedded[m][c] is None:
+            embedded[m][c] = np.asarray(embed_images(bundle, class_images[m][c].images))
+          if c == 0 and n_classes > 1:
+            # The first class compiles the model's programs: the bar restarts after it, so its
+            # rate and ETA count the classes that only run.
+            classes_bar.close()
+            classes_bar = bar(total=n_classes, initial=1, desc=f"{what}: classes", leave=False)
+          else:
+            classes_bar.update()
+        classes_bar.close()
+        models_bar.update()
+        del bundle  # the pool alone decides what stays loaded
 
   vision: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
   embedded: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
-  bar = functools.partial(tqdm, disable=not progress, dynamic_ncols=True)
-  with bar(total=n_models, desc="vision side: models", leave=False) as models_bar:
-    for index in pool.order(indices):
-      m, bundle = position[index], pool.get(index)
-      models_bar.set_postfix_str(pool.models[index].name)
-      if index not in banks:
-        if encode is None:
-          raise ValueError(f"no text bank for model {index} and no `encode` to make one")
-        banks[index] = encode(bundle)
-      classes_bar = bar(total=n_classes, desc="vision side: classes", leave=False)
-      for c in range(n_classes):
-        vision[m][c] = pipeline.vision_side(
-          bundle, class_images[m][c].images, banks[index], analysis, methods
-        )
-        if embed_images is not None:
-          embedded[m][c] = np.asarray(embed_images(bundle, class_images[m][c].images))
-        if c == 0 and n_classes > 1:
-          # The first class compiles the model's programs: the bar restarts after it, so its
-          # rate and ETA count the classes that only run.
-          classes_bar.close()
-          classes_bar = bar(total=n_classes, initial=1, desc="vision side: classes", leave=False)
-        else:
-          classes_bar.update()
-      classes_bar.close()
-      models_bar.update()
-      del bundle  # the pool alone decides what stays loaded
+  if not spectral_across_models:
+
+    def whole(m: int, bundle: CLIPBundle, c: int) -> None:
+      vision[m][c] = pipeline.vision_side(
+        bundle, class_images[m][c].images, banks[indices[m]], analysis, methods
+      )
+
+    visit_models(whole, "vision side")
+  else:
+    towers: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
+
+    def tower(m: int, bundle: CLIPBundle, c: int) -> None:
+      towers[m][c] = pipeline.vision_tower(
+        bundle, class_images[m][c].images, banks[indices[m]], analysis
+      )
+
+    visit_models(tower, "vision side (towers)")
+    masks = [
+      batched_foreground([towers[m][c]["patch"] for m in range(n_models)], analysis)
+      for c in bar(range(n_classes), desc="foreground (batched across models)", leave=False)
+    ]
+
+    def rest(m: int, bundle: CLIPBundle, c: int) -> None:
+      vision[m][c] = pipeline.vision_after_foreground(
+        bundle, class_images[m][c].images, towers[m][c], masks[c][m], analysis, methods
+      )
+      towers[m][c] = None  # the patch features, dropped once the concepts are fitted
+
+    visit_models(rest, "vision side (after the foreground)")
 
   results: list[list[Any]] = [[None] * n_classes for _ in range(n_models)]
   for c in tqdm(

@@ -19,6 +19,7 @@ from absl import logging
 from tqdm import tqdm
 
 from mutual import data, pipeline, protocols, report, run_flags
+from mutual.sweep.batched import spectral_across_models
 from mutual.sweep.chunk import analyze_classes
 from mutual.sweep.fits import ACCURACIES, auc_accuracy_fits
 from mutual.sweep.models import ModelPool, family, model_image_size, shrink_config, sweep_models
@@ -52,6 +53,7 @@ def check_config(config) -> None:
     raise ConfigError(f"config.accuracy must be one of {ACCURACIES}, got {config.accuracy!r}.")
   if config.classes_per_chunk < 1:
     raise ConfigError(f"config.classes_per_chunk must be >= 1, got {config.classes_per_chunk}.")
+  spectral_across_models(config.spectral_across_models)  # True, False or "auto"
   check_table_groups(config.get("table_groups", ()), config.models)
   unknown = set(config.get("model_protocols", ())) - set(MODEL_PROTOCOLS)
   if unknown:
@@ -504,6 +506,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   # Table 2's concept pass per model, filled chunk by chunk as mutual.evaluate fills its own.
   concepts: list[protocols.ConceptPass | None] = [None for _ in kept]
   embed_images = protocols.image_embeddings if table2 else None
+  across = spectral_across_models(
+    config.spectral_across_models, holds_all=pool.max_loaded >= len(kept)
+  )
   n_images, start = 0, time.perf_counter()
   chunks = _class_chunks(streams, sizes, per_chunk)
   for index, chunk in enumerate(
@@ -525,7 +530,16 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       continue
     class_images = [[items[sizes.index(sizes_by_model[i])] for items in chunk] for i in kept]
     results = analyze_classes(
-      pool, kept, banks, class_images, a, methods, progress and rank == 0, encode, embed_images
+      pool,
+      kept,
+      banks,
+      class_images,
+      a,
+      methods,
+      progress and rank == 0,
+      encode,
+      embed_images,
+      spectral_across_models=across,
     )
     chunk_records: list[list[dict]] = [[] for _ in kept]
     chunk_concepts: dict[str, Any] = {}
