@@ -165,11 +165,11 @@ def markdown_table(summary: Mapping[str, Any], model: str, methods: Sequence[str
   return "\n".join(lines) + "\n"
 
 
-def write_json(path: str, payload: Any) -> None:
+def write_json(path: str, payload: Any) -> str:
   """Deterministic JSON (sorted keys, fixed indentation), strict (NaN or infinity raise
-  NonFiniteError) and atomic (stori_jax.plumbing.jsonio)."""
+  NonFiniteError) and atomic (stori_jax.plumbing.jsonio); returns the file's hex SHA-256."""
   paths.makedirs(paths.parent(path))
-  jsonio.write_json(path, payload, indent=1, sort_keys=True)
+  return jsonio.write_json(path, payload, indent=1, sort_keys=True)
 
 
 # ---------------------------------------------------------------------------------------------

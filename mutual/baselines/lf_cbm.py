@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import time
 from typing import Any, Mapping
 
@@ -23,7 +22,7 @@ from tqdm import tqdm
 
 from mutual import paper_config
 from mutual.baselines import cache
-from stori_jax.plumbing import jsonio, paths
+from stori_jax.plumbing import finished, jsonio, paths, workdir_layout
 from stori_jax.plumbing.config_files import ConfigError
 
 
@@ -294,8 +293,15 @@ def lf_cbm_settings(config) -> dict:
   return settings
 
 
-def _lf_cbm_path(workdir: str | None) -> str | None:
-  return None if workdir is None else os.path.join(workdir, "lf_cbm.npz")
+def _lf_cbm_unit(workdir: str, inputs: Mapping[str, Any]) -> tuple[finished.Unit, str]:
+  """The trained model as a unit of work: <workdir>/lf_cbm.npz, its record in the parent
+  folder's finished/ (the baselines' folder: `workdir_layout.baseline_record`); -> (the unit,
+  the model file's path relative to the unit's folder)."""
+  name = workdir.rstrip("/").replace("\\", "/").rsplit("/", 1)[-1]
+  unit = finished.Unit(
+    paths.parent(workdir), "LF-CBM", workdir_layout.baseline_record(name), dict(inputs)
+  )
+  return unit, f"{name}/{workdir_layout.LF_CBM_MODEL}"
 
 
 def train_lf_cbm(
@@ -324,7 +330,9 @@ def train_lf_cbm(
     descriptor_embeddings: float [D, E], the bank's unit descriptor embeddings (no template,
       as LF-CBM encodes its concepts).
     settings: `lf_cbm_settings`' keys (default: paper_config.LF_CBM_DEFAULTS).
-    workdir: the finished model is kept in <workdir>/lf_cbm.npz and a rerun loads it.
+    workdir: the finished model is kept in <workdir>/lf_cbm.npz and a rerun with the same
+      settings and data sizes loads it (`stori_jax.plumbing.finished`: a damaged file is said
+      in one line and the model trained again).
 
   Returns:
     (LabelFreeCBM, record): the record holds descriptors, after_clip_cutoff,
@@ -336,12 +344,23 @@ def train_lf_cbm(
       training images.
   """
   s = {**paper_config.LF_CBM_DEFAULTS, **dict(settings or {})}
-  path = _lf_cbm_path(workdir)
-  if path is not None and paths.exists(path):
-    with paths.open(path, "rb") as f, np.load(f) as saved:
-      model = LabelFreeCBM(*(saved[f.name] for f in dataclasses.fields(LabelFreeCBM)))
-      record = json.loads(str(saved["record"]))
-    return model, record
+  model_unit = model_file = None
+  if workdir is not None:
+    model_unit, model_file = _lf_cbm_unit(
+      workdir,
+      dict(
+        settings=s,
+        seed=int(seed),
+        num_classes=int(num_classes),
+        images=len(cached),
+        descriptors=list(np.shape(descriptor_embeddings)),
+      ),
+    )
+    if finished.check(model_unit) is not None:
+      with paths.open(model_unit.path(model_file), "rb") as f, np.load(f) as saved:
+        model = LabelFreeCBM(*(saved[f.name] for f in dataclasses.fields(LabelFreeCBM)))
+        record = json.loads(str(saved["record"]))
+      return model, record
   start = time.perf_counter()
   embeddings = cache.embeddings_of(cached, "LF-CBM")
   n = len(embeddings)
@@ -422,13 +441,14 @@ def train_lf_cbm(
     nonzero_weights=int((np.abs(saga.weight) > 1e-5).sum()),
     seconds=round(time.perf_counter() - start, 3),
   )
-  if path is not None:
+  if model_unit is not None:
     paths.makedirs(workdir)
-    jsonio.write_arrays_atomic(  # whole or absent: a stopped run leaves no half model
-      path,
+    written = jsonio.write_arrays_atomic(  # whole or absent: a stopped run leaves no half model
+      model_unit.path(model_file),
       dict(
         record=np.array(json.dumps(record)),
         **{f.name: getattr(model, f.name) for f in dataclasses.fields(LabelFreeCBM)},
       ),
     )
+    finished.finish(model_unit, {model_file: written})
   return model, record
