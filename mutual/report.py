@@ -200,16 +200,6 @@ def _method_title(method: str) -> str:
   return METHOD_NAMES.get(method, method)
 
 
-def overlay(image: np.ndarray, pixel_map: np.ndarray, alpha: float = 0.5) -> np.ndarray:
-  """uint8 [H, W, 3] image with concept ids int [H, W] (-1: none) blended in: float [H, W, 3]."""
-  out = image.astype(np.float32) / 255.0
-  ids = np.asarray(pixel_map)
-  painted = ids >= 0
-  colours = COLOURS[np.clip(ids, 0, None) % len(COLOURS)]
-  out[painted] = (1 - alpha) * out[painted] + alpha * colours[painted]
-  return out
-
-
 def _pixel_map(concept_map: np.ndarray, size: int) -> np.ndarray:
   rows = (np.arange(size) * concept_map.shape[0]) // size
   cols = (np.arange(size) * concept_map.shape[1]) // size

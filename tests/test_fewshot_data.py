@@ -17,7 +17,7 @@ from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic_tasks
 from stori_jax.fewshot import augment, datasets, prompts
 from stori_jax.fewshot.datasets import DatasetMissingError, LabeledImage
-from stori_jax.clip.preprocess import PreprocessConfig, preprocess
+from stori_jax.data.preprocess import PreprocessConfig, preprocess
 
 SHARED_DATA = os.environ.get(
   "STORI_SHARED_DATA",

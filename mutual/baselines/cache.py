@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mutual import features
-from stori_jax.clip.preprocess import normalize
+from stori_jax.data.preprocess import normalize
 from stori_jax.plumbing import paths
 
 

@@ -40,7 +40,7 @@ from stori_jax.plumbing import finished, jsonio, paths, workdir_layout
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.plumbing.plotting import pyplot, save_figure
-from stori_jax.clip.preprocess import normalize
+from stori_jax.data.preprocess import normalize
 
 # ---------------------------------------------------------------------------------------------
 # Data.

@@ -30,7 +30,7 @@ from stori_jax.checkpoints.validate import (
 )
 from stori_jax.data.files import read_json
 from stori_jax.models import CLIPConfig, param_shapes
-from stori_jax.clip.preprocess import PreprocessConfig
+from stori_jax.data.preprocess import PreprocessConfig
 
 CONFIG_FILE = "stori_config.json"
 SAFETENSORS_FILE = "params.safetensors"

@@ -8,7 +8,7 @@ numbers it gives the same boxes and pixels (tests/test_fewshot_data.py checks th
 torchvision). Randomness comes from a numpy Generator seeded per (seed, image index, view): every
 view is reproducible on its own, whatever order or process computes it.
 
-Test (`eval_view`): `stori_jax.clip.preprocess.preprocess` (bicubic resize of the shorter side,
+Test (`eval_view`): `stori_jax.data.preprocess.preprocess` (bicubic resize of the shorter side,
 center crop).
 
 Outputs are NHWC float32, normalised with a `PreprocessConfig`'s mean and std.
@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image
 
 from stori_jax.fewshot.datasets import ImageSource, open_image
-from stori_jax.clip.preprocess import PreprocessConfig, normalize, preprocess
+from stori_jax.data.preprocess import PreprocessConfig, normalize, preprocess
 
 #: RandomResizedCrop's defaults, which CoOp and TaskRes keep.
 CROP_SCALE = (0.08, 1.0)
@@ -142,7 +142,7 @@ def augmented_views(
 
 # Named eval_*, not test_*: pytest would collect a test_* function imported into a test module.
 def eval_view(source: ImageSource, config: PreprocessConfig = PreprocessConfig()) -> np.ndarray:
-  """The test transform, `stori_jax.clip.preprocess.preprocess`: float32 [S, S, 3]."""
+  """The test transform, `stori_jax.data.preprocess.preprocess`: float32 [S, S, 3]."""
   return preprocess(open_image(source), config)
 
 

@@ -49,7 +49,7 @@ from stori_jax.fewshot.text_classifier import (
   to_host,
 )
 from stori_jax.clip.loading import load
-from stori_jax.clip.preprocess import PreprocessConfig
+from stori_jax.data.preprocess import PreprocessConfig
 from stori_jax.trainloop import loop
 from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 
