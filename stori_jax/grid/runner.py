@@ -32,7 +32,8 @@ from stori_jax.fewshot import trainer
 from stori_jax.grid import cells as cells_lib
 from stori_jax.grid import figure, tables
 
-#: What the grid writes to its workdir, besides the cells' folders and a sweep's figure.
+#: What the grid writes to its workdir, besides the cells' folders and a sweep's figure (and
+#: finished/, the cells' records of finished work).
 OUTPUTS = ("run.json", "tables.md", "tables.json")
 #: Grid config keys that change no result: the grid's name, how the tables and the figure name
 #: and show things, and the cells' schedule keys.
