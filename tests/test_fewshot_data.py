@@ -356,7 +356,7 @@ def test_eval_view_is_preprocess_for_every_source_kind(tmp_path):
   expected = preprocess(str(path), config)
   for source in (str(path), encoded, array):
     np.testing.assert_array_equal(augment.eval_view(source, config), expected)
-  assert augment.eval_views([encoded, array], config).shape == (2, 20, 20, 3)
+  assert np.stack([augment.eval_view(s, config) for s in (encoded, array)]).shape == (2, 20, 20, 3)
 
 
 # ---------------------------------------------------------------------------------------------
