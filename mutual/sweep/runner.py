@@ -390,20 +390,20 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     _chunk_state(names, listing[c * per_chunk : (c + 1) * per_chunk], dataset.fingerprints)
     for c in range(n_chunks)
   ]
-  finished = {
+  done_chunks = {
     c
     for c in range(n_chunks)
     if c % processes == rank and finished.check(_chunk_unit(workdir, c, states[c], table2))
   }
-  if finished and progress and rank == 0:
+  if done_chunks and progress and rank == 0:
     tqdm.write(
-      f"resuming: {len(finished)} of {n_chunks} class chunks were run by an earlier run of "
+      f"resuming: {len(done_chunks)} of {n_chunks} class chunks were run by an earlier run of "
       f"this sweep in {workdir} (kept; shards/chunk_<index>.json)",
       file=sys.stderr,
     )
 
   def read(position: int) -> bool:
-    return mine(position) and position // per_chunk not in finished
+    return mine(position) and position // per_chunk not in done_chunks
 
   streams = {size: dataset.classes(size, read=read).prefetched(per_chunk) for size in sizes}
   banks: dict[int, pipeline.TextBank] = {}
@@ -428,7 +428,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     n_images += sum(len(items[0]) for items in chunk)
     if index % processes != rank:
       continue
-    if index in finished:
+    if index in done_chunks:
       if table2:
         bank = tuple(pipeline.bank_descriptors(config, dataset.descriptors))
         _restore_concepts(workdir, index, concepts, bank, len(class_names), methods, chunk)
