@@ -257,7 +257,7 @@ def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]
     path = _shard_path(workdir, chunk)
     try:
       with paths.open(path) as f:
-        shard = json.load(f)["payload"]
+        shard = json.load(f)["payload"]  # the chunk's records, per model
     except FileNotFoundError:
       raise UserError(
         f"{path} was not found after every process finished its chunks: in a multi-process "
@@ -265,7 +265,7 @@ def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]
         "path), so that process 0 can aggregate the others' records."
       ) from None
     for j in range(n_models):
-      records[j] += shard["records"][j]
+      records[j] += shard[j]
   return records
 
 
