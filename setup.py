@@ -25,6 +25,8 @@ CORE = [
   "matplotlib>=3.7",
   "ftfy>=6.1",
   "regex>=2023.0",
+  # The generated HTML pages (report.html, interpretability.html): templates with autoescape.
+  "jinja2>=3.1",
 ]
 
 EXTRAS = {
@@ -78,7 +80,14 @@ setuptools.setup(
   python_requires=">=3.10",
   packages=setuptools.find_packages(include=["stori_jax", "stori_jax.*", "mutual", "mutual.*"]),
   package_data={
-    "stori_jax": ["tokenizer/*.gz", "tokenizer/LICENSE*", "assets/**/*", "explorer/*.html"]
+    "stori_jax": [
+      "tokenizer/*.gz",
+      "tokenizer/LICENSE*",
+      "assets/**/*",
+      "explorer/*.html",
+      "fewshot/templates/*",
+    ],
+    "mutual": ["templates/*"],
   },
   install_requires=CORE,
   extras_require=EXTRAS,

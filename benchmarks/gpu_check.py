@@ -91,7 +91,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from stori_jax.plumbing import profiling  # noqa: E402
+from stori_jax.plumbing import paths, profiling  # noqa: E402
 
 #: The figures at ImageNet size, and at smoke size (CPU, about a minute).
 FULL = dict(
@@ -253,10 +253,8 @@ class Context:
       if self.compiles is not None:
         self.record["part_compiles"] = self.compiles.as_dict(programs=True)
       if self.out:
-        partial = self.out + ".tmp"
-        with open(partial, "w", encoding="utf-8") as f:
-          json.dump(self.record, f)
-        os.replace(partial, self.out)
+        with paths.AtomicWrite(self.out) as f:
+          f.write(json.dumps(self.record).encode("utf-8"))
 
 
 def _jsonable(value):

@@ -123,11 +123,6 @@ def appearance_operator(features, factor: int, chunk: int = 1024, dense_entries:
   return apply
 
 
-def appearance_filter(features, values, factor: int, chunk: int = 1024, dense_entries=2**25):
-  """appearance_operator(features, factor, chunk, dense_entries)(values)."""
-  return appearance_operator(features, factor, chunk, dense_entries)(values)
-
-
 class CRFParams(NamedTuple):
   """Mean-field settings (hashable: a static argument of the jitted inference)."""
 

@@ -629,18 +629,6 @@ def folder_dataset(
   )
 
 
-def folder_classes(
-  root: str,
-  descriptors: Mapping[str, Sequence[str]],
-  image_size: int,
-  **options,
-) -> tuple[list[str], Iterator[ClassImages]]:
-  """An image folder `<root>/<class>/<image>`: (class names, iterator of ClassImages); see
-  `folder_dataset` for the options."""
-  found = folder_dataset(root, descriptors, **options)
-  return list(found.names), found.classes(image_size)
-
-
 def tfds_dataset(
   name: str,
   descriptors: Mapping[str, Sequence[str]],
@@ -715,12 +703,6 @@ def tfds_dataset(
     return read_classes(entries, read)
 
   return _matched_dataset(names, descriptors, kept_keys, skipped, iterate, len(chosen))
-
-
-def tfds_classes(name, descriptors, image_size: int, **options):
-  """A prepared TFDS split: (class names, iterator of ClassImages); see `tfds_dataset`."""
-  found = tfds_dataset(name, descriptors, **options)
-  return list(found.names), found.classes(image_size)
 
 
 DATA_SOURCES = ("synthetic", "folder", "tfds")

@@ -63,6 +63,7 @@ OUTPUTS = (
   "baselines",  # the baselines' training checkpoints (a rerun resumes from them)
   "classes",  # each class's Table 1 pass, kept by a rerun
   "protocols",  # each protocol's result, kept by a rerun
+  "finished",  # the records of the classes' passes and the baselines' training, for a rerun
 )
 
 

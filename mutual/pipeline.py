@@ -35,7 +35,7 @@ from mutual import paper_config, transport, visual_prompts
 from mutual.ellipse import pixels as ellipse_pixels
 from stori_jax.data import synthetic_tasks
 from stori_jax.clip.encoding import encode_texts, l2_normalize, l2_normalize_jax
-from stori_jax.clip.preprocess import normalize
+from stori_jax.data.preprocess import normalize
 
 #: The concept methods run by default: the paper's (config.analysis.methods' default; any
 #: registered mutual.concept_methods entry may be named).

@@ -170,11 +170,11 @@ def markdown_table(summary: Mapping[str, Any], model: str, methods: Sequence[str
   return "\n".join(lines) + "\n"
 
 
-def write_json(path: str, payload: Any) -> None:
+def write_json(path: str, payload: Any) -> str:
   """Deterministic JSON (sorted keys, fixed indentation), strict (NaN or infinity raise
-  NonFiniteError) and atomic (stori_jax.plumbing.jsonio)."""
+  NonFiniteError) and atomic (stori_jax.plumbing.jsonio); returns the file's hex SHA-256."""
   paths.makedirs(paths.parent(path))
-  jsonio.write_json(path, payload, indent=1, sort_keys=True)
+  return jsonio.write_json(path, payload, indent=1, sort_keys=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,16 +199,6 @@ def outline_contrast(concept: int, background) -> float:
   `background` colour: the better of the two contrasts."""
   colour = COLOURS[int(concept) % len(COLOURS)]
   return max(contrast_ratio(colour, background), contrast_ratio(HALO, background))
-
-
-def overlay(image: np.ndarray, pixel_map: np.ndarray, alpha: float = 0.5) -> np.ndarray:
-  """uint8 [H, W, 3] image with concept ids int [H, W] (-1: none) blended in: float [H, W, 3]."""
-  out = image.astype(np.float32) / 255.0
-  ids = np.asarray(pixel_map)
-  painted = ids >= 0
-  colours = COLOURS[np.clip(ids, 0, None) % len(COLOURS)]
-  out[painted] = (1 - alpha) * out[painted] + alpha * colours[painted]
-  return out
 
 
 def _pixel_map(concept_map: np.ndarray, size: int) -> np.ndarray:

@@ -95,7 +95,7 @@ if __name__ == "__main__":  # before NumPy and JAX start: the same figures on ev
   if note := reproducible_cpu.apply():
     print(note, file=sys.stderr)
 
-from stori_jax.plumbing import cli  # noqa: E402
+from stori_jax.plumbing import cli, paths  # noqa: E402
 from stori_jax.plumbing.errors import UserError  # noqa: E402
 
 README = os.path.join(ROOT, "README.md")
@@ -223,22 +223,11 @@ def unified_diff(old: str, new: str, path: str) -> str:
 def write_atomic(path: str, content: str | bytes) -> None:
   """Replaces (or creates) the file in one step: a reader (or another editor) never sees half
   of it. Text is written as UTF-8, bytes as they are."""
-  folder = os.path.dirname(os.path.abspath(path))
-  mode = os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o644
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".readme_figures.", suffix=".tmp")
-  try:
-    if isinstance(content, bytes):
-      with os.fdopen(fd, "wb") as f:
-        f.write(content)
-    else:
-      with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-        f.write(content)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  mode = os.stat(path).st_mode & 0o777 if os.path.exists(path) else None
+  with paths.AtomicWrite(path) as f:
+    f.write(content if isinstance(content, bytes) else content.encode("utf-8"))
+    if mode is not None:  # the file keeps its mode (an executable script stays one)
+      os.chmod(f.name, mode)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints import CheckpointError, CheckpointMismatchError
 from stori_jax.clip.loading import load, named_checkpoints, save
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig, get_architecture
-from stori_jax.clip.preprocess import PreprocessConfig, preprocess
+from stori_jax.data.preprocess import PreprocessConfig, preprocess
 from stori_jax.tokenizer import (
   Segment,
   Tokenizer,

@@ -14,7 +14,6 @@ exits 2; embeddings that are not finite are refused, never printed or saved.
 
 from __future__ import annotations
 
-import io
 import os
 import tempfile
 
@@ -24,7 +23,7 @@ from absl import flags
 from stori_jax.plumbing import cli, paths
 from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.checkpoints.open_clip_config import architecture_config
-from stori_jax.plumbing.errors import InputError, NonFiniteError, UserError
+from stori_jax.plumbing.errors import DiskFullError, InputError, NonFiniteError, UserError
 from stori_jax.clip.loading import load
 from stori_jax.models import init_params
 from stori_jax.models.text import reweighted_block_indices
@@ -115,31 +114,20 @@ def output_path(output: str) -> str:
 
 
 def save_npy(path: str, array: np.ndarray) -> None:
-  """np.save through a temporary file and os.replace (gs://: one upload): a kill never leaves
-  half a file."""
-  if paths.is_remote(path):
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    paths.write_bytes_atomic(path, buffer.getvalue())
-    return
-  folder = os.path.dirname(os.path.abspath(path))
+  """np.save streamed through `paths.AtomicWrite` (a path or gs://): a kill never leaves half
+  a file.
+
+  Raises:
+    DiskFullError: the disk (or quota) is full.
+    InputError: the file cannot be written (its folder removed meanwhile, no permission).
+  """
   try:
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-  except OSError as e:
-    raise InputError(f"cannot save the embeddings to {path}: {e}; nothing was saved") from None
-  try:
-    with os.fdopen(fd, "wb") as f:
+    with paths.AtomicWrite(path, what="the embeddings ") as f:
       np.save(f, array)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; np.save would not
-    os.replace(tmp, path)
-  except BaseException as e:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    if isinstance(e, OSError):  # a full disk, a folder removed meanwhile: the user's to fix
-      raise InputError(f"cannot save the embeddings to {path}: {e}; nothing was saved") from None
+  except DiskFullError:
     raise
+  except OSError as e:  # a folder removed meanwhile: the user's to fix
+    raise InputError(f"cannot save the embeddings to {path}: {e}; nothing was saved") from None
 
 
 def check_finite(features: np.ndarray, prompts: list[str]) -> None:

@@ -10,7 +10,7 @@ from PIL import Image
 
 from stori_jax.data import images
 from stori_jax.plumbing.errors import InputError
-from stori_jax.clip.preprocess import resize_center_crop
+from stori_jax.data.preprocess import resize_center_crop
 
 
 def _png(pixels):

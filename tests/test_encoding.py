@@ -10,7 +10,7 @@ import stori_jax
 from stori_jax.clip import encoding
 from stori_jax.data import synthetic
 from stori_jax.fewshot import augment, trainer
-from stori_jax.clip.preprocess import normalize
+from stori_jax.data.preprocess import normalize
 from stori_jax.retrieval import protocol
 
 

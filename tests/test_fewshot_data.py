@@ -17,7 +17,7 @@ from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data import synthetic_tasks
 from stori_jax.fewshot import augment, datasets, prompts
 from stori_jax.fewshot.datasets import DatasetMissingError, LabeledImage
-from stori_jax.clip.preprocess import PreprocessConfig, preprocess
+from stori_jax.data.preprocess import PreprocessConfig, preprocess
 
 SHARED_DATA = os.environ.get(
   "STORI_SHARED_DATA",
@@ -356,7 +356,7 @@ def test_eval_view_is_preprocess_for_every_source_kind(tmp_path):
   expected = preprocess(str(path), config)
   for source in (str(path), encoded, array):
     np.testing.assert_array_equal(augment.eval_view(source, config), expected)
-  assert augment.eval_views([encoded, array], config).shape == (2, 20, 20, 3)
+  assert np.stack([augment.eval_view(s, config) for s in (encoded, array)]).shape == (2, 20, 20, 3)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,13 +24,14 @@ LAYERS = (
     "stori_jax.clip",
     "stori_jax.plumbing.errors",
     "stori_jax.plumbing.profiling",
+    "stori_jax.plumbing.workdir_layout",
   ),
   ("stori_jax.plumbing.paths",),
   ("stori_jax.plumbing.jsonio",),
   (
     "stori_jax.plumbing.plotting",
     "stori_jax.plumbing.config_files",
-    "stori_jax.clip.preprocess",
+    "stori_jax.plumbing.finished",
     "stori_jax.tokenizer",
     "stori_jax.models",
   ),
@@ -251,6 +252,20 @@ def test_the_bottom_layers_import_nothing_above_them(unit):
   # The rule the layers encode, spelled out for the layers every other one builds on.
   above = [t for m, t, _ in EDGES if _unit(m) == unit and LEVEL[_unit(t)] > LEVEL[unit]]
   assert not above, above
+
+
+def test_nothing_below_the_clip_layer_imports_it():
+  # CLIP's image transform lives in data (data/preprocess.py): the checkpoints, the data and
+  # every layer under them read it there, never from the clip package above them.
+  lowest = min(LEVEL[u] for u in LEVEL if u.startswith("stori_jax.clip."))
+  wrong = [
+    f"{MODULES[module]}:{line}: {module} -> {target}"
+    for module, target, line in EDGES
+    if target.startswith("stori_jax.clip")
+    and not _unit(module).startswith("stori_jax.clip")
+    and LEVEL[_unit(module)] <= lowest
+  ]
+  assert not wrong, wrong
 
 
 def _local_imports(path: str) -> list[tuple[int, str, str]]:

@@ -4,6 +4,7 @@ and their place in `mutual.evaluate`."""
 
 import json
 import os
+import shutil
 import warnings
 
 import ml_collections
@@ -18,6 +19,7 @@ from mutual.baselines import lf_cbm as lf_cbm_baseline
 from mutual.baselines import standard as standard_baseline
 from mutual.protocols import bottlenecks
 from stori_jax.plumbing.config_files import ConfigError, load_config
+from stori_jax.plumbing.errors import NonFiniteError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -215,6 +217,44 @@ def test_lf_cbm_drops_the_concepts_its_cutoffs_name():
     )
 
 
+def _projection_inputs():
+  """The toy's embeddings and CLIP scores, 7 images held out: fit_projection's arguments."""
+  cached, text = _toy(), _descriptors()
+  e = cached.embeddings
+  scores = (e / np.linalg.norm(e, axis=1, keepdims=True)) @ (
+    text / np.linalg.norm(text, axis=1, keepdims=True)
+  ).T
+  held = np.zeros(len(e), bool)
+  held[::10] = True
+  return e[~held], scores[~held], e[held], scores[held]
+
+
+def test_lf_cbm_projection_resumes_from_its_checkpoints_to_the_same_weights(tmp_path, capfd):
+  """Issue 42: the projection trains through the shared training loop; its newest checkpoint
+  lost (a run killed after it), the same fit resumes from the one before and ends with the
+  weights, step and similarity of the fit never stopped."""
+  args = _projection_inputs()
+  kwargs = dict(steps=120, batch_size=16, progress=False)
+  whole = lf_cbm_baseline.fit_projection(*args, **kwargs, workdir=str(tmp_path / "a"))
+  plain = lf_cbm_baseline.fit_projection(*args, **kwargs)
+  np.testing.assert_array_equal(whole[0], plain[0])
+  assert whole[1:] == plain[1:] and whole[1] == 119
+  saved = sorted(int(s) for s in os.listdir(tmp_path / "a" / "checkpoints"))
+  assert saved == [108, 120]  # every 12 steps, the last two kept
+  shutil.rmtree(tmp_path / "a" / "checkpoints" / "120")
+  capfd.readouterr()
+  again = lf_cbm_baseline.fit_projection(*args, **kwargs, workdir=str(tmp_path / "a"))
+  assert "Resumed from step 108 of 120" in capfd.readouterr().err
+  np.testing.assert_array_equal(again[0], whole[0])
+  assert again[1:] == whole[1:]
+
+
+def test_a_diverging_lf_cbm_projection_stops_with_one_paragraph():
+  args = _projection_inputs()
+  with pytest.raises(NonFiniteError, match="proj_learning_rate"):
+    lf_cbm_baseline.fit_projection(*args, steps=40, batch_size=16, learning_rate=1e38)
+
+
 # ---------------------------------------------------------------------------------------------
 # train_all and classify.
 
@@ -248,7 +288,8 @@ def test_train_all_adds_table5_rows_and_a_rerun_loads_them(tmp_path, capfd):
   assert summary["Standard"]["steps"] == 2 * (72 // 16)
   assert summary["LF-CBM"]["after_interpretability_cutoff"] == 6
   assert sorted(os.listdir(tmp_path / "standard" / "checkpoints")) == ["7", "8"]  # keep=2
-  assert os.listdir(tmp_path / "lf_cbm") == ["lf_cbm.npz"]  # whole: no partial file left
+  # whole: no partial file left (the projection's checkpoints beside the model: issue 42)
+  assert sorted(os.listdir(tmp_path / "lf_cbm")) == ["checkpoints", "lf_cbm.npz"]
   capfd.readouterr()
   again = suite.train_all(cached, text, targets, _config(), progress=False, workdir=str(tmp_path))
   assert "Resumed from step 8 of 8" in capfd.readouterr().err

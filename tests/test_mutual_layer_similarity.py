@@ -11,7 +11,7 @@ from mutual import data, features, protocols
 from mutual.paper_config import analysis_config
 from mutual.protocols import layers
 from stori_jax.plumbing.config_files import ConfigError
-from stori_jax.clip.preprocess import normalize
+from stori_jax.data.preprocess import normalize
 
 
 @pytest.fixture(scope="module")

@@ -403,7 +403,8 @@ def _image_folder(root, classes=("b_class", "a_class"), per_class=3):
 def test_folder_source_names_classes_from_the_descriptor_file(tmp_path):
   _image_folder(tmp_path / "images", classes=("second_class", "First-Class"))
   per_class = {"second class": ["striped"], "first class": ["round", "red"]}
-  names, it = data.folder_classes(str(tmp_path / "images"), per_class, 32, images_per_class=2)
+  found = data.folder_dataset(str(tmp_path / "images"), per_class, images_per_class=2)
+  names, it = list(found.names), found.classes(32)
   # Matched by name (case, '_' and '-' ignored); labels follow the sorted folders.
   assert names == ["first class", "second class"]
   got = list(it)
@@ -411,9 +412,9 @@ def test_folder_source_names_classes_from_the_descriptor_file(tmp_path):
   assert got[0].images.shape == (2, 32, 32, 3) and got[0].images.dtype == np.uint8
   assert got[0].ids == ("First-Class/0.png", "First-Class/1.png")
   with pytest.raises(ValueError, match="classnames"):
-    data.folder_classes(str(tmp_path / "images"), {"only one": ["x"]}, 32)
+    data.folder_dataset(str(tmp_path / "images"), {"only one": ["x"]})
   with pytest.raises(FileNotFoundError, match="does not exist"):
-    data.folder_classes(str(tmp_path / "missing"), per_class, 32)
+    data.folder_dataset(str(tmp_path / "missing"), per_class)
 
 
 def test_classes_are_picked_by_index_or_by_name_in_the_given_order(tmp_path):

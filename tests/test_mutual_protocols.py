@@ -456,7 +456,7 @@ def test_full_embedded_world_with_the_sentence_encoder(bundle):
 
 @pytest.mark.slow
 def test_protocols_on_an_image_folder_with_a_descriptor_file(bundle, tmp_path):
-  """The real-data path (mutual.data.folder_classes + a Menon-style JSON), with the tiny model
+  """The real-data path (mutual.data.folder_dataset + a Menon-style JSON), with the tiny model
   standing in for a real checkpoint."""
   from PIL import Image
 
@@ -473,9 +473,8 @@ def test_protocols_on_an_image_folder_with_a_descriptor_file(bundle, tmp_path):
   size = int(bundle.config.vision.image_size)
   classnames = tmp_path / "classnames.txt"  # wnid-like folders are named through it
   classnames.write_text("".join(f"n0{i + 1} {n}\n" for i, n in enumerate(names)))
-  class_names, it = data.folder_classes(
-    str(tmp_path / "images"), descriptors, size, classnames=str(classnames)
-  )
+  found = data.folder_dataset(str(tmp_path / "images"), descriptors, classnames=str(classnames))
+  class_names, it = list(found.names), found.classes(size)
   assert class_names == names
   lists = [descriptors[n] for n in class_names]
   config = _config("configs/mutual_imagenet.py")
@@ -493,9 +492,9 @@ def test_protocols_on_an_image_folder_with_a_descriptor_file(bundle, tmp_path):
   assert len(concepts) == 9
   t2 = protocols.table2_descriptor_accuracy(bundle, concepts, class_names, lists, progress=False)
   assert set(t2["neighbours"]) == set(names) and t2["images"] == 9
-  _, it = data.folder_classes(
-    str(tmp_path / "images"), descriptors, size, classnames=str(classnames)
-  )
+  it = data.folder_dataset(
+    str(tmp_path / "images"), descriptors, classnames=str(classnames)
+  ).classes(size)
   blur = protocols.blur_accuracy(bundle, it, bank.class_embeddings, config.analysis, progress=False)
   assert blur["images"] == 9
   assert blur["base"]["top1"] == pytest.approx(

@@ -348,3 +348,23 @@ def test_fewshot_interpretability_page_isolates_class_names_and_words(tmp_path):
   assert f"<h2><bdi>red{RLO}circle</bdi></h2>" in page
   assert f">a{RLO}b</bdi></span>" in page and "<bdi>blue</bdi>" in page
   assert _isolated(_Isolation(page).runs)
+
+
+def test_the_page_templates_are_package_data():
+  """setup.py ships every template the pages render from (report.html and its CSS and script,
+  fewshot's interpretability.html): an installed package finds them beside its code."""
+  import ast
+  import fnmatch
+
+  with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  setup = next(
+    n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "setup"
+  )
+  shipped = ast.literal_eval(next(k.value for k in setup.keywords if k.arg == "package_data"))
+  found = 0
+  for package, folder in (("mutual", "templates"), ("stori_jax", "fewshot/templates")):
+    for name in os.listdir(os.path.join(ROOT, package, folder)):
+      assert any(fnmatch.fnmatch(f"{folder}/{name}", g) for g in shipped[package]), name
+      found += 1
+  assert found == 4

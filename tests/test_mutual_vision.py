@@ -442,11 +442,11 @@ def test_appearance_filter_is_the_dense_sum():
   kernel = np.exp(-0.5 * ((flat[:, None] - flat[None]) ** 2).sum(-1))
   expected = (kernel @ values.reshape(-1, 2)).reshape(6, 7, 2)
   for dense_entries in (0, 2**25):  # kernel rebuilt in blocks / built once
-    got = crf.appearance_filter(features, values, 1, chunk=16, dense_entries=dense_entries)
+    got = crf.appearance_operator(features, 1, 16, dense_entries)(values)
     np.testing.assert_allclose(got, expected, rtol=1e-4)
   # Pooled keys: 2 x 2 cells (the 7th column pads), each standing for its pixels.
-  pooled = crf.appearance_filter(features, values, 2, chunk=16, dense_entries=0)
-  np.testing.assert_allclose(pooled, crf.appearance_filter(features, values, 2), rtol=1e-5)
+  pooled = crf.appearance_operator(features, 2, 16, 0)(values)
+  np.testing.assert_allclose(pooled, crf.appearance_operator(features, 2)(values), rtol=1e-5)
   cells = [(r, c) for r in range(0, 6, 2) for c in range(0, 7, 2)]
   by_hand = np.zeros_like(expected)
   for r, c in cells:

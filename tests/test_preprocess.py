@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 import stori_jax
-from stori_jax.clip.preprocess import PreprocessConfig, preprocess, resize_center_crop
+from stori_jax.data.preprocess import PreprocessConfig, preprocess, resize_center_crop
 
 
 def _images():
@@ -56,7 +56,7 @@ def test_paths_lists_and_bad_inputs(tmp_path):
     preprocess(str(tmp_path / "missing.png"))
   with pytest.raises(ValueError, match="uint8"):
     preprocess(np.zeros((10, 10, 3), np.float32))
-  assert stori_jax.clip.preprocess is not None
+  assert stori_jax.data.preprocess is not None
 
 
 # Issue 26 row 5: 16-bit and float images are scaled to 8 bits by one decoder (`to_8bit`),
@@ -83,7 +83,7 @@ def _wide_images(tmp_path):
 
 
 def test_wide_images_are_scaled_to_8_bits(tmp_path):
-  from stori_jax.clip.preprocess import to_pil
+  from stori_jax.data.preprocess import to_pil
 
   modes = {"png16": "I;16", "tif16": "I;16", "tiff_float": "F"}
   for name, (path, expected) in _wide_images(tmp_path).items():
@@ -102,7 +102,7 @@ def test_wide_images_are_scaled_to_8_bits(tmp_path):
 
 
 def test_older_pil_int32_sixteen_bit_images_are_scaled():
-  from stori_jax.clip.preprocess import to_8bit
+  from stori_jax.data.preprocess import to_8bit
 
   image = Image.fromarray(np.array([[0, 257, 65535, 30000]], np.int32))
   assert image.mode == "I"

@@ -10,7 +10,7 @@ from stori_jax.data import synthetic
 from stori_jax.world_evaluation import metrics as sw
 from stori_jax.models import CLIPConfig, TextConfig, VisionConfig
 from stori_jax.models.clip import param_shapes
-from stori_jax.clip.preprocess import PreprocessConfig
+from stori_jax.data.preprocess import PreprocessConfig
 from stori_jax.tokenizer import default_tokenizer, tokenize_weighted, word_weights
 
 # ---------------------------------------------------------------------------------------------

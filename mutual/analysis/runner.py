@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 import stori_jax
 from mutual import run_flags, data, pipeline, report, report_html
-from stori_jax.plumbing import jsonio, multihost
+from stori_jax.plumbing import finished, jsonio, multihost, workdir_layout
 from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing.errors import UserError
 
@@ -30,11 +30,13 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   image readable) and the workdir claimed for this config (`run_flags.claim_workdir`; `restart`
   moves another run aside), both before the model loads.
 
-  Resume: each class's results are final once its file `classes/<label>.json` is written
-  (atomically, after its per-image records and figures). The same command again keeps every
-  class whose file says it analysed the same images (ids, and for an image folder the files'
-  sizes and times) and analyses only the others; a run with nothing left to analyse loads no
-  model and only writes the aggregates again.
+  Resume: each class's results are final once its record of finished work
+  `classes/<label>.json` is written (`stori_jax.plumbing.finished`: atomically, after its
+  per-image records and figures, with their digests). The same command again keeps every
+  class whose record says it analysed the same images (ids, and for an image folder the files'
+  sizes and times) and whose files are whole, and analyses only the others (a damaged record,
+  per-image record or Fig. 5 array is said in one line and its class analysed again); a run
+  with nothing left to analyse loads no model and only writes the aggregates again.
 
   In a multi-process run (jax.distributed initialised, see stori_jax.plumbing.multihost) process p
   analyses the classes i with i % processes == p and writes their per-image records and class
@@ -52,7 +54,10 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   kept = [
     i
     for i in mine
-    if _finished(workdir, listing[i], dataset.fingerprints, i < config.figure_classes)
+    if finished.check(
+      _class_unit(workdir, listing[i], dataset.fingerprints, i < config.figure_classes)
+    )
+    is not None
   ]
   todo = sorted(set(mine) - set(kept))
   if kept and progress and rank == 0:
@@ -209,8 +214,10 @@ def _write_class(
   refined foreground) of its first images) its figures and Fig. 5's example, and last its class
   file, which makes the class final for a resumed run; returns the records."""
   class_records = report.image_records(cls, result, bank.descriptors, class_names, methods)
+  outputs = {}
   for i, record in enumerate(class_records):
-    report.write_json(_record_path(workdir, cls.label, i), record)
+    relative = workdir_layout.image_record(cls.label, i)
+    outputs[relative] = report.write_json(storage.join(workdir, relative), record)
   if example is not None:
     figures = os.path.join(workdir, "figures")
     k = min(config.figures_per_class, len(cls.images))
@@ -246,56 +253,37 @@ def _write_class(
       model=config.model.get("name", config.model.source),
     )
     _, images, refined = example
-    storage.makedirs(os.path.dirname(_example_path(workdir, cls.label)))
-    jsonio.write_arrays_atomic(
-      _example_path(workdir, cls.label), {"images": images, "refined": refined}
+    relative = workdir_layout.analysis_example(cls.label)
+    storage.makedirs(storage.parent(storage.join(workdir, relative)))
+    outputs[relative] = jsonio.write_arrays_atomic(
+      storage.join(workdir, relative), {"images": images, "refined": refined}
     )
-  report.write_json(
-    _class_path(workdir, cls.label), _class_state(cls, fingerprint, example is not None)
-  )
+  unit = _class_unit(workdir, cls, {cls.label: fingerprint}, example is not None)
+  finished.finish(unit, outputs)
   return class_records
 
 
 def _class_path(workdir: str, label: int) -> str:
-  """The class file: written last, once the class's records (and figures) are."""
-  return os.path.join(workdir, "classes", f"{label:04d}.json")
+  return storage.join(workdir, workdir_layout.analysis_class(label))
 
 
 def _example_path(workdir: str, label: int) -> str:
-  """A figure class's first images and their refined foreground, for Fig. 5 on a resume."""
-  return os.path.join(workdir, "classes", f"{label:04d}_fig5.npz")
+  return storage.join(workdir, workdir_layout.analysis_example(label))
 
 
-def _class_state(cls, fingerprint: str | None, figures: bool) -> dict:
-  """What a class file records: which images the class's results are of."""
-  return dict(
+def _class_unit(workdir: str, cls, fingerprints, figures: bool) -> finished.Unit:
+  """A class as a unit of work: its inputs are which images it is of (ids, and an image
+  folder's files' fingerprint) and whether it is a figure class."""
+  inputs = dict(
     label=int(cls.label),
     name=cls.name,
     images=len(cls),
     ids=list(cls.ids),
-    fingerprint=fingerprint,
+    fingerprint=fingerprints.get(cls.label),
     figures=bool(figures),
   )
-
-
-def _finished(workdir: str, cls, fingerprints, figures: bool) -> bool:
-  """Whether an earlier run of this command finished the class `cls` (ids, no images) on the
-  same images: its class file names the same ids and fingerprint, and every record (and, for a
-  figure class, Fig. 5's example) is there."""
-  try:
-    with storage.open(_class_path(workdir, cls.label)) as f:
-      stored = json.load(f)
-  except (OSError, ValueError):
-    return False
-  if stored != _class_state(cls, fingerprints.get(cls.label), figures):
-    return False
-  if figures and not storage.isfile(_example_path(workdir, cls.label)):
-    return False
-  # One listing of the class's folder, not a request per record (on a bucket, thousands).
-  folder = os.path.dirname(_record_path(workdir, cls.label, 0))
-  present = set(storage.listdir(folder)) if storage.isdir(folder) else set()
-  return all(
-    os.path.basename(_record_path(workdir, cls.label, i)) in present for i in range(len(cls))
+  return finished.Unit(
+    workdir, f"class {cls.label:04d} ({cls.name})", workdir_layout.analysis_class(cls.label), inputs
   )
 
 
@@ -355,7 +343,7 @@ def _remove_stale_records(workdir: str, counts) -> int:
 
 
 def _record_path(workdir: str, label: int, image: int) -> str:
-  return os.path.join(workdir, "per_image", f"{label:04d}", f"{image:05d}.json")
+  return storage.join(workdir, workdir_layout.image_record(label, image))
 
 
 def _read_records(workdir: str, counts) -> list[dict]:

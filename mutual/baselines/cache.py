@@ -15,7 +15,8 @@ import numpy as np
 from tqdm import tqdm
 
 from mutual import features
-from stori_jax.clip.preprocess import normalize
+from stori_jax.data.preprocess import normalize
+from stori_jax.plumbing import paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,19 +78,19 @@ def cache_features(
   features and image embeddings (kept in float32: 2 KB per ViT-B/16 image).
 
   `dtype=np.float16` halves the patch features (ImageNet's ViT-B/16 tokens: 602 KB per image in
-  float32). `directory`: the patch features are written to <directory>/tokens.bin as they are
-  encoded and read back memory-mapped (`tokens` is then an np.memmap; the training batches read
-  their rows from it), for a training set larger than memory (every ImageNet training image:
-  385 GB in float16); None keeps them in memory.
+  float32). `directory` (a local folder): the patch features are written to
+  <directory>/tokens.bin as they are encoded and read back memory-mapped (`tokens` is then an
+  np.memmap; the training batches read their rows from it), for a training set larger than
+  memory (every ImageNet training image: 385 GB in float16); None keeps them in memory.
   """
   tokens, labels, embeddings = [], [], []
   path = None if directory is None else os.path.join(directory, "tokens.bin")
   if path is not None:
-    os.makedirs(directory, exist_ok=True)
+    paths.makedirs(directory)
   shape = None
-  # Written beside and then moved over the file: a memory map of an earlier run's keeps its own.
-  partial = None if path is None else path + ".partial"
-  with open(partial, "wb") if path is not None else contextlib.nullcontext() as sink:
+  # Streamed to a temporary file and moved over the file (`paths.AtomicWrite`): a memory map of
+  # an earlier run's keeps its own, and a stopped run leaves no half file.
+  with paths.AtomicWrite(path) if path is not None else contextlib.nullcontext() as sink:
     for cls in tqdm(classes, desc="cache features", disable=not progress, dynamic_ncols=True):
       e, t = encode_features(bundle, cls.images, kind, batch_size)
       t = np.ascontiguousarray(t, dtype)
@@ -100,13 +101,12 @@ def cache_features(
         shape = t.shape[1:]
       embeddings.append(e)
       labels.append(np.full(len(cls.images), cls.label, np.int32))
-  if not labels or (path is not None and shape is None):
-    raise ValueError("no training images: the baselines need at least one class with images.")
+    if not labels or (path is not None and shape is None):  # raised in the block: no file kept
+      raise ValueError("no training images: the baselines need at least one class with images.")
   labels = np.concatenate(labels)
   if path is None:
     tokens = np.concatenate(tokens)
   else:
-    os.replace(partial, path)
     tokens = np.memmap(path, np.dtype(dtype), "r", shape=(len(labels), *shape))
   return CachedFeatures(tokens, labels, np.concatenate(embeddings))
 

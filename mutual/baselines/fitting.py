@@ -55,7 +55,7 @@ class FitSettings:
     )
 
 
-class _NoCheckpoints:
+class NoCheckpoints:
   """`train_loop`'s checkpointer for a fit without a workdir: keeps nothing."""
 
   def save(self, step: int, state: Any) -> None:
@@ -177,7 +177,7 @@ def fit(
   )
   first_step = 0
   if workdir is None:
-    checkpointer, checkpoint_every = _NoCheckpoints(), steps
+    checkpointer, checkpoint_every = NoCheckpoints(), steps
   else:
     checkpointer = TrainCheckpointer(paths.join(workdir, "checkpoints"), keep=2)
     checkpoint_every = checkpoint_every or max(1, -(-steps // 10))

@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +21,11 @@ import optax
 from tqdm import tqdm
 
 from mutual import paper_config
-from mutual.baselines import cache
-from stori_jax.plumbing import jsonio, paths
+from mutual.baselines import cache, fitting
+from stori_jax.plumbing import finished, jsonio, paths, workdir_layout
 from stori_jax.plumbing.config_files import ConfigError
+from stori_jax.trainloop import loop
+from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 
 
 def cubed_cosine_similarity(clip_scores, activations) -> jax.Array:
@@ -48,6 +49,37 @@ def cubed_cosine_similarity(clip_scores, activations) -> jax.Array:
   return jnp.sum(prepared(jnp.asarray(clip_scores)) * prepared(jnp.asarray(activations)), axis=0)
 
 
+class _Stopped(Exception):
+  """Raised by `fit_projection`'s evaluation once the held-out similarity stopped rising: ends
+  the training loop early (the steps after the stop change nothing)."""
+
+
+def _draws(n: int, batch: int, seed: int) -> Callable[[int], np.ndarray]:
+  """step -> int [batch], the images of that step: the (step + 1)-th
+  `choice(n, batch, replace=False)` of one `np.random.default_rng(seed)`, as train_cbm.py
+  draws them one after the other (all images, in order, when batch == n). A function of the
+  step, so that a resumed fit sees the same batches: the draws are kept going for the next
+  step and redone from the seed for an earlier one."""
+  every = np.arange(n)
+  rng, drawn, last = None, 0, None
+
+  def draw(step: int) -> np.ndarray:
+    nonlocal rng, drawn, last
+    if batch == n:
+      return every
+    if rng is None or step < drawn - 1:
+      rng, drawn = np.random.default_rng(seed), 0
+    while drawn <= step:
+      last, drawn = rng.choice(n, batch, replace=False), drawn + 1
+    return last
+
+  return draw
+
+
+#: Steps between two held-out checks of `fit_projection` (train_cbm.py's).
+_CHECK_EVERY = 50
+
+
 def fit_projection(
   train_x,
   train_clip,
@@ -59,6 +91,7 @@ def fit_projection(
   batch_size: int = 50000,
   seed: int = 0,
   progress: bool = True,
+  workdir: str | None = None,
 ) -> tuple[np.ndarray, int, float]:
   """LF-CBM's concept projection W_c, trained as train_cbm.py trains it: no bias, torch's default
   initialisation U(-1/sqrt(E), 1/sqrt(E)), Adam, each step on `batch_size` images drawn without
@@ -66,52 +99,126 @@ def fit_projection(
   steps (and at the last) the held-out similarity is measured after the step, and the fit stops
   at the first check that does not improve on the best, keeping the best.
 
+  Run by the project's training loop (`stori_jax.trainloop.loop.train_loop`): a NaN or infinity
+  stops the fit (`NonFiniteError`), and with a workdir checkpoints in <workdir>/checkpoints
+  that a rerun resumes from. The held-out check and the best weights are part of the jitted
+  step (and of its checkpoints); once the fit has stopped, the remaining steps change nothing
+  and the loop ends at its next evaluation (every 50 steps).
+
   Args:
     train_x, val_x: float [N, E] / [M, E] backbone features (here the image embeddings).
     train_clip, val_clip: float [N, K] / [M, K] CLIP image-concept cosines.
+    progress: unused by the loop (its bar is always shown, as every training's).
 
   Returns:
     (W_c float32 [E, K], the step of the kept weights, their mean held-out similarity.)
   """
+  del progress
   train_x = jnp.asarray(train_x, jnp.float32)
   train_clip = jnp.asarray(train_clip, jnp.float32)
   val_x = jnp.asarray(val_x, jnp.float32)
   val_clip = jnp.asarray(val_clip, jnp.float32)
   n, width = train_x.shape
+  steps = int(steps)
   bound = 1.0 / np.sqrt(width)
   weight = jax.random.uniform(
     jax.random.PRNGKey(seed), (width, train_clip.shape[1]), jnp.float32, -bound, bound
   )
   optimizer = optax.adam(learning_rate)
 
-  @jax.jit
-  def step(weight, opt_state, idx):
-    def loss_fn(w):
-      return -jnp.mean(cubed_cosine_similarity(train_clip[idx], train_x[idx] @ w))
+  def loss_fn(w, idx):
+    return -jnp.mean(cubed_cosine_similarity(train_clip[idx], train_x[idx] @ w))
 
-    grads = jax.grad(loss_fn)(weight)
-    updates, opt_state = optimizer.update(grads, opt_state, weight)
-    return optax.apply_updates(weight, updates), opt_state
-
-  @jax.jit
   def held_out(w):
     return jnp.mean(cubed_cosine_similarity(val_clip, val_x @ w))
 
-  rng = np.random.default_rng(seed)
-  batch = min(int(batch_size), n)
-  opt_state = optimizer.init(weight)
-  best, best_step, best_weight = -np.inf, 0, weight
-  every = jnp.arange(n)
-  for i in tqdm(range(int(steps)), desc="LF-CBM projection", disable=not progress):
-    idx = every if batch == n else jnp.asarray(rng.choice(n, batch, replace=False))
-    weight, opt_state = step(weight, opt_state, idx)
-    if i % 50 == 0 or i == steps - 1:
-      similarity = float(held_out(weight))
-      if i == 0 or similarity > best:
-        best, best_step, best_weight = similarity, i, weight
-      else:  # their rule: stop as soon as the held-out similarity stops rising
-        break
-  return np.asarray(best_weight), best_step, float(best)
+  def train_step(state, idx):
+    """state {"weight", "opt_state", "step" int32 [], "best" float32 [], "best_step" int32 [],
+    "best_weight", "stopped" bool []}, idx int [B] -> (state, {"nonfinite": int32 []})."""
+
+    def run(state):
+      loss, grads = jax.value_and_grad(loss_fn)(state["weight"], idx)
+      updates, opt_state = optimizer.update(grads, state["opt_state"], state["weight"])
+      weight = optax.apply_updates(state["weight"], updates)
+      step = state["step"]
+      due = (step % _CHECK_EVERY == 0) | (step == steps - 1)
+      similarity = jax.lax.cond(due, held_out, lambda w: jnp.float32(jnp.nan), weight)
+      # Their rule: the first check is kept; later, stop as soon as a check does not improve.
+      better = due & ((step == 0) | (similarity > state["best"]))
+      return {
+        "weight": weight,
+        "opt_state": opt_state,
+        "step": step + 1,
+        "best": jnp.where(better, similarity, state["best"]),
+        "best_step": jnp.where(better, step, state["best_step"]),
+        "best_weight": jnp.where(better, weight, state["best_weight"]),
+        "stopped": due & ~better,
+      }, nonfinite_code(loss, grads, weight)
+
+    def skip(state):
+      return {**state, "step": state["step"] + 1}, jnp.zeros((), jnp.int32)
+
+    state, code = jax.lax.cond(state["stopped"], skip, run, state)
+    return state, {"nonfinite": code}
+
+  at_stop = {}
+
+  def stop_when_stopped(state, done):
+    """The loop's evaluation: ends it, keeping its state, once the fit has stopped."""
+    del done
+    if bool(state["stopped"]):
+      at_stop["state"] = state
+      raise _Stopped
+    return {}
+
+  state = {
+    "weight": weight,
+    "opt_state": optimizer.init(weight),
+    "step": jnp.zeros((), jnp.int32),
+    "best": jnp.float32(-jnp.inf),
+    "best_step": jnp.zeros((), jnp.int32),
+    "best_weight": jnp.array(weight),  # its own buffer: the step donates both
+    "stopped": jnp.zeros((), bool),
+  }
+  watch = NonFiniteWatch(
+    "LF-CBM's concept projection",
+    f"The likely cause is the learning rate ({learning_rate:g}, "
+    "config.baselines.lf_cbm.proj_learning_rate; LF-CBM's is 1e-3): lower it.",
+  )
+  if workdir is None:
+    checkpointer, checkpoint_every = fitting.NoCheckpoints(), steps
+  else:
+    checkpointer = TrainCheckpointer(paths.join(workdir, "checkpoints"), keep=2)
+    checkpoint_every = max(1, -(-steps // 10))
+  spec = loop.LoopSpec(
+    total_steps=steps,
+    workdir=workdir or "",
+    checkpointer=checkpointer,
+    watch=watch,
+    log_every=steps,
+    checkpoint_every=checkpoint_every,
+    eval_every=_CHECK_EVERY,
+    prefetch=2,  # the next draws are made while the step runs
+    desc="LF-CBM projection",
+    postfix=(),
+  )
+  first_step = 0
+  if workdir is not None:
+    state, first_step = loop.resume(spec, state, trained=lambda state: state["best_weight"])
+  draw = _draws(n, min(int(batch_size), n), seed)
+  try:
+    state = loop.train_loop(
+      jax.jit(train_step, donate_argnums=0),
+      state,
+      lambda step: jnp.asarray(draw(step)),
+      spec,
+      first_step=first_step,
+      evaluate=stop_when_stopped,
+    )
+  except _Stopped:
+    state = at_stop["state"]
+  best = jax.device_get({k: state[k] for k in ("best_weight", "best_step", "best")})
+  return np.asarray(best["best_weight"]), int(best["best_step"]), float(best["best"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,8 +401,15 @@ def lf_cbm_settings(config) -> dict:
   return settings
 
 
-def _lf_cbm_path(workdir: str | None) -> str | None:
-  return None if workdir is None else os.path.join(workdir, "lf_cbm.npz")
+def _lf_cbm_unit(workdir: str, inputs: Mapping[str, Any]) -> tuple[finished.Unit, str]:
+  """The trained model as a unit of work: <workdir>/lf_cbm.npz, its record in the parent
+  folder's finished/ (the baselines' folder: `workdir_layout.baseline_record`); -> (the unit,
+  the model file's path relative to the unit's folder)."""
+  name = workdir.rstrip("/").replace("\\", "/").rsplit("/", 1)[-1]
+  unit = finished.Unit(
+    paths.parent(workdir), "LF-CBM", workdir_layout.baseline_record(name), dict(inputs)
+  )
+  return unit, f"{name}/{workdir_layout.LF_CBM_MODEL}"
 
 
 def train_lf_cbm(
@@ -324,7 +438,9 @@ def train_lf_cbm(
     descriptor_embeddings: float [D, E], the bank's unit descriptor embeddings (no template,
       as LF-CBM encodes its concepts).
     settings: `lf_cbm_settings`' keys (default: paper_config.LF_CBM_DEFAULTS).
-    workdir: the finished model is kept in <workdir>/lf_cbm.npz and a rerun loads it.
+    workdir: the finished model is kept in <workdir>/lf_cbm.npz and a rerun with the same
+      settings and data sizes loads it (`stori_jax.plumbing.finished`: a damaged file is said
+      in one line and the model trained again).
 
   Returns:
     (LabelFreeCBM, record): the record holds descriptors, after_clip_cutoff,
@@ -336,12 +452,23 @@ def train_lf_cbm(
       training images.
   """
   s = {**paper_config.LF_CBM_DEFAULTS, **dict(settings or {})}
-  path = _lf_cbm_path(workdir)
-  if path is not None and paths.exists(path):
-    with paths.open(path, "rb") as f, np.load(f) as saved:
-      model = LabelFreeCBM(*(saved[f.name] for f in dataclasses.fields(LabelFreeCBM)))
-      record = json.loads(str(saved["record"]))
-    return model, record
+  model_unit = model_file = None
+  if workdir is not None:
+    model_unit, model_file = _lf_cbm_unit(
+      workdir,
+      dict(
+        settings=s,
+        seed=int(seed),
+        num_classes=int(num_classes),
+        images=len(cached),
+        descriptors=list(np.shape(descriptor_embeddings)),
+      ),
+    )
+    if finished.check(model_unit) is not None:
+      with paths.open(model_unit.path(model_file), "rb") as f, np.load(f) as saved:
+        model = LabelFreeCBM(*(saved[f.name] for f in dataclasses.fields(LabelFreeCBM)))
+        record = json.loads(str(saved["record"]))
+      return model, record
   start = time.perf_counter()
   embeddings = cache.embeddings_of(cached, "LF-CBM")
   n = len(embeddings)
@@ -375,6 +502,7 @@ def train_lf_cbm(
     batch_size=int(s["proj_batch_size"]),
     seed=seed,
     progress=progress,
+    workdir=workdir,
   )
   similarity = np.asarray(
     cubed_cosine_similarity(scores[val][:, active], embeddings[val] @ projection)
@@ -422,13 +550,14 @@ def train_lf_cbm(
     nonzero_weights=int((np.abs(saga.weight) > 1e-5).sum()),
     seconds=round(time.perf_counter() - start, 3),
   )
-  if path is not None:
+  if model_unit is not None:
     paths.makedirs(workdir)
-    jsonio.write_arrays_atomic(  # whole or absent: a stopped run leaves no half model
-      path,
+    written = jsonio.write_arrays_atomic(  # whole or absent: a stopped run leaves no half model
+      model_unit.path(model_file),
       dict(
         record=np.array(json.dumps(record)),
         **{f.name: getattr(model, f.name) for f in dataclasses.fields(LabelFreeCBM)},
       ),
     )
+    finished.finish(model_unit, {model_file: written})
   return model, record

@@ -12,7 +12,6 @@ import os
 import sys
 import tempfile
 import time
-import zipfile
 from typing import Any, Callable, Mapping
 
 import jax
@@ -38,11 +37,11 @@ from mutual.baselines import cache as baseline_cache
 from mutual.baselines import lf_cbm as baseline_lf_cbm
 from mutual.baselines import suite as baseline_suite
 from mutual.protocols import bottlenecks
-from stori_jax.plumbing import jsonio, paths
+from stori_jax.plumbing import finished, jsonio, paths, workdir_layout
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.fewshot.datasets import DatasetMissingError
 from stori_jax.plumbing.plotting import pyplot, save_figure
-from stori_jax.clip.preprocess import normalize
+from stori_jax.data.preprocess import normalize
 
 # ---------------------------------------------------------------------------------------------
 # Data.
@@ -483,11 +482,13 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   empty class, every image readable) and the workdir claimed for this config (`restart` moves
   another run aside) before the model loads.
 
-  Resume, per class and per protocol: a class's Table 1 pass (its analysis's concepts, every
-  explanation's perturbation curves, Table 5's scores) is kept in `classes/<label>.npz`, and a
-  protocol's result in `protocols/<name>.json`, each written atomically when it ends. The same
-  command again takes every class file of the same images (ids, and for an image folder the
-  files' sizes and times) and every protocol file of the same classes, and runs only the rest;
+  Resume, per class and per protocol (`stori_jax.plumbing.finished`): a class's Table 1 pass
+  (its analysis's concepts, every explanation's perturbation curves, Table 5's scores) is kept
+  in `classes/<label>.npz` with its record in `finished/classes/<label>.json`, and a protocol's
+  result in its record `protocols/<name>.json`, each written atomically when it ends. The same
+  command again takes every class of the same images (ids, and for an image folder the files'
+  sizes and times) and every protocol of the same classes whose files are whole, and runs only
+  the rest (a damaged file is said in one line and its unit run again);
   the baselines resume from their checkpoints, and are not trained again (nor their training
   images encoded) when no class is left to evaluate.
   """
@@ -504,12 +505,12 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   # Every class with its ids, no image read: which an earlier run of this command finished.
   listing = list(dataset.classes(None, read=lambda i: False))
   states = [_class_state(cls, dataset.fingerprints) for cls in listing]
-  kept = {i for i, cls in enumerate(listing) if _kept_class(workdir, cls, states[i])}
-  classes_digest = hashlib.sha256(jsonio.dumps_strict(states).encode()).hexdigest()
+  kept = {i for i, cls in enumerate(listing) if finished.check(_class_unit(workdir, states[i]))}
+  classes_digest = finished.digest(states)
   done_protocols = {
-    protocol.name: result
+    protocol.name: kept_protocol.payload
     for protocol in wanted
-    if (result := _kept_protocol(workdir, protocol.name, classes_digest)) is not None
+    if (kept_protocol := finished.check(_protocol_unit(workdir, protocol.name, classes_digest)))
   }
   if (kept or done_protocols) and progress:
     tqdm.write(
@@ -527,9 +528,13 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   descriptors = tuple(pipeline.bank_descriptors(config, dataset.descriptors))
   todo = [i for i in range(len(listing)) if i not in kept]
   trained, baselines_summary = None, None
-  summary_path = os.path.join(workdir, "baselines", "summary.json")
-  # The baselines explain the classes left; their training summary is kept once trained.
-  train = config.baselines.enabled and (todo or not paths.isfile(summary_path))
+  summary_path = paths.join(workdir, workdir_layout.BASELINES_SUMMARY)
+  # The baselines explain the classes left; their training summary is kept once trained (a
+  # unit of its own: a damaged summary trains them again, from their checkpoints).
+  summary_unit = finished.Unit(
+    workdir, "the baselines' training", workdir_layout.finished_record("baselines"), {}
+  )
+  train = config.baselines.enabled and (todo or not finished.check(summary_unit))
   bank = None
   if todo or train or len(done_protocols) < len(wanted):
     bank = pipeline.encode_config_bank(bundle, config, dataset, progress)
@@ -554,7 +559,8 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
         training_set=training_set(config, n_train),
         training=trained.training_summary(),
       )
-      report.write_json(summary_path, baselines_summary)
+      written = report.write_json(summary_path, baselines_summary)
+      finished.finish(summary_unit, {workdir_layout.BASELINES_SUMMARY: written})
   e = config.evaluation
   blur = xai.blur_kernel(size, float(e.blur_sigma))
   score_fn = None
@@ -591,10 +597,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
       if index == 0:  # Fig. 7: the first image's steps
         _plot_steps(workdir, config, cls, arrays.pop("steps"), _curves_of(arrays))
       paths.makedirs(os.path.join(workdir, "classes"))
-      jsonio.write_arrays_atomic(
-        _class_path(workdir, cls.label),
-        {**arrays, "state": np.array(jsonio.dumps_strict(states[index]))},
-      )
+      unit = _class_unit(workdir, states[index])
+      written = jsonio.write_arrays_atomic(_class_path(workdir, cls.label), arrays)
+      finished.finish(unit, {workdir_layout.evaluation_class(cls.label): written})
     rows = _fig6_rows(arrays, cls)
     if rows:
       fig6.append(rows)
@@ -658,11 +663,9 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
   if wanted:
 
     def keep(name, result):
-      """Writes a protocol's result as it ends; reports it as a resumed run will read it."""
-      path = _protocol_path(workdir, name)
-      paths.makedirs(os.path.dirname(path))
-      # In the result's own key order (not sorted): the tables list methods in that order.
-      jsonio.write_json(path, dict(classes=classes_digest, result=result), indent=1)
+      """Writes a protocol's result as it ends (its record's payload, in the result's own key
+      order: the tables list methods in that order); reports it as a resumed run reads it."""
+      finished.finish(_protocol_unit(workdir, name, classes_digest), {}, payload=result)
       return json.loads(jsonio.dumps_strict(result))
 
     proto = run_protocols(
@@ -792,38 +795,31 @@ def _class_state(cls, fingerprints) -> dict:
 
 
 def _class_path(workdir: str, label: int) -> str:
-  return os.path.join(workdir, "classes", f"{label:04d}.npz")
+  return paths.join(workdir, workdir_layout.evaluation_class(label))
 
 
-def _protocol_path(workdir: str, name: str) -> str:
-  return os.path.join(workdir, "protocols", f"{name}.json")
+def _class_unit(workdir: str, state: dict) -> finished.Unit:
+  """A class's Table 1 pass as a unit of work: its inputs are which images it is of."""
+  label = int(state["label"])
+  return finished.Unit(
+    workdir,
+    f"class {label:04d} ({state['name']})",
+    workdir_layout.evaluation_class_record(label),
+    state,
+  )
 
 
-def _kept_class(workdir: str, cls, state: dict) -> bool:
-  """Whether an earlier run of this command left the class's Table 1 pass for these images."""
-  try:
-    with paths.open(_class_path(workdir, cls.label), "rb") as f, np.load(f) as arrays:
-      return json.loads(str(arrays["state"])) == state
-  except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-    return False
+def _protocol_unit(workdir: str, name: str, classes_digest: str) -> finished.Unit:
+  """A protocol as a unit of work: its inputs are the classes' images (their digest)."""
+  return finished.Unit(
+    workdir, f"protocol {name}", workdir_layout.protocol(name), dict(classes=classes_digest)
+  )
 
 
 def _read_class(workdir: str, cls) -> dict[str, np.ndarray]:
   """A kept class's arrays, in the order they were written."""
   with paths.open(_class_path(workdir, cls.label), "rb") as f, np.load(f) as arrays:
     return {k: arrays[k] for k in arrays.files if k != "state"}
-
-
-def _kept_protocol(workdir: str, name: str, classes_digest: str):
-  """An earlier run's result of protocol `name` on the same classes' images, else None."""
-  try:
-    with paths.open(_protocol_path(workdir, name)) as f:
-      stored = json.load(f)
-  except (OSError, ValueError):
-    return None
-  if not isinstance(stored, dict) or stored.get("classes") != classes_digest:
-    return None
-  return stored.get("result")
 
 
 def _check_config(config) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 from mutual import crf, features, foreground, paper_config, visual_prompts
 from mutual.protocols.progress import stage_bar
 from mutual.protocols.zero_shot import percent, topk_hits
-from stori_jax.clip.preprocess import normalize
+from stori_jax.data.preprocess import normalize
 
 
 @functools.partial(jax.jit, static_argnames=("blur_size",))

@@ -16,7 +16,7 @@ from mutual import features, paper_config, pipeline
 from mutual.protocols.progress import stage_bar
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.plumbing.plotting import pyplot, save_figure
-from stori_jax.clip.preprocess import normalize
+from stori_jax.data.preprocess import normalize
 from stori_jax.models import tower_kinds
 
 #: The two panels of the figure: the features compared, and their titles.

@@ -31,7 +31,7 @@ from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.data.files import DatasetMissingError
 from stori_jax.clip.encoding import l2_normalize_jax
 from stori_jax.plumbing.errors import InputError
-from stori_jax.clip.preprocess import normalize, resize_crop_geometry
+from stori_jax.data.preprocess import normalize, resize_crop_geometry
 
 #: The feature facets of App. A.1, in its Table 1's order: the last block's keys, its tokens,
 #: and their ensemble (`ensemble_features`).
@@ -174,7 +174,7 @@ def read_voc_boxes(path: str) -> tuple[int, int, np.ndarray]:
 
 def input_boxes(boxes, width: int, height: int, size: int) -> np.ndarray:
   """Boxes of a width x height image -> the same boxes on the model input (shorter side resized
-  to `size`, then the centre crop: stori_jax.clip.preprocess.resize_center_crop), clipped to the
+  to `size`, then the centre crop: stori_jax.data.preprocess.resize_center_crop), clipped to the
   crop; boxes left with no area (outside the crop) are dropped. float64 [n, 4] -> [m, 4]."""
   new_w, new_h, left, top = resize_crop_geometry(width, height, size)
   boxes = np.asarray(boxes, np.float64).reshape(-1, 4)

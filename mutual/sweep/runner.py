@@ -31,7 +31,7 @@ from mutual.sweep.table import (
   table2_paper_tables,
   table_order,
 )
-from stori_jax.plumbing import jsonio, multihost, paths
+from stori_jax.plumbing import finished, jsonio, multihost, paths, workdir_layout
 from stori_jax.checkpoints.errors import CheckpointError
 from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.plumbing.errors import UserError
@@ -233,16 +233,17 @@ def _write_outputs(workdir: str, config, results: Mapping[str, Any], rows, metho
 
 
 def _shard_path(workdir: str, chunk: int) -> str:
-  """One class chunk's file: its slimmed records of every model, written (atomically) once the
-  chunk is through every model; a resumed sweep keeps the chunk, and process 0 of a
-  multi-process sweep reads the others' records there."""
-  return os.path.join(workdir, "shards", f"chunk_{chunk:05d}.json")
+  """One class chunk's record of finished work (`stori_jax.plumbing.finished`), its slimmed
+  records of every model in the payload, written (atomically) once the chunk is through every
+  model; a resumed sweep keeps the chunk, and process 0 of a multi-process sweep reads the
+  others' records there."""
+  return paths.join(workdir, workdir_layout.sweep_chunk(chunk))
 
 
 def _concepts_path(workdir: str, chunk: int) -> str:
   """With config.table2, one chunk's concepts of every model (`ConceptPass.class_arrays`),
-  written before its shard."""
-  return os.path.join(workdir, "shards", f"chunk_{chunk:05d}_table2.npz")
+  written before its record."""
+  return paths.join(workdir, workdir_layout.sweep_concepts(chunk))
 
 
 def _chunk_state(models: Sequence[str], classes, fingerprints) -> dict:
@@ -257,16 +258,15 @@ def _chunk_state(models: Sequence[str], classes, fingerprints) -> dict:
   )
 
 
-def _finished_chunk(workdir: str, chunk: int, state: dict, table2: bool) -> bool:
-  """Whether an earlier run of this sweep finished the chunk on the same models and images."""
-  try:
-    with paths.open(_shard_path(workdir, chunk)) as f:
-      stored = json.load(f)
-  except (OSError, ValueError):
-    return False
-  if not isinstance(stored, dict) or stored.get("state") != state:
-    return False
-  return not table2 or paths.isfile(_concepts_path(workdir, chunk))
+def _chunk_unit(workdir: str, chunk: int, state: dict, table2: bool) -> finished.Unit:
+  """A class chunk as a unit of work: its inputs are its models and images, and whether its
+  concepts are kept for Table 2."""
+  return finished.Unit(
+    workdir,
+    f"class chunk {chunk}",
+    workdir_layout.sweep_chunk(chunk),
+    dict(state=state, table2=bool(table2)),
+  )
 
 
 def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]:
@@ -276,7 +276,7 @@ def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]
     path = _shard_path(workdir, chunk)
     try:
       with paths.open(path) as f:
-        shard = json.load(f)
+        shard = json.load(f)["payload"]  # the chunk's records, per model
     except FileNotFoundError:
       raise UserError(
         f"{path} was not found after every process finished its chunks: in a multi-process "
@@ -284,7 +284,7 @@ def _read_shards(workdir: str, n_chunks: int, n_models: int) -> list[list[dict]]
         "path), so that process 0 can aggregate the others' records."
       ) from None
     for j in range(n_models):
-      records[j] += shard["records"][j]
+      records[j] += shard[j]
   return records
 
 
@@ -482,20 +482,20 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     _chunk_state(names, listing[c * per_chunk : (c + 1) * per_chunk], dataset.fingerprints)
     for c in range(n_chunks)
   ]
-  finished = {
+  done_chunks = {
     c
     for c in range(n_chunks)
-    if c % processes == rank and _finished_chunk(workdir, c, states[c], table2)
+    if c % processes == rank and finished.check(_chunk_unit(workdir, c, states[c], table2))
   }
-  if finished and progress and rank == 0:
+  if done_chunks and progress and rank == 0:
     tqdm.write(
-      f"resuming: {len(finished)} of {n_chunks} class chunks were run by an earlier run of "
+      f"resuming: {len(done_chunks)} of {n_chunks} class chunks were run by an earlier run of "
       f"this sweep in {workdir} (kept; shards/chunk_<index>.json)",
       file=sys.stderr,
     )
 
   def read(position: int) -> bool:
-    return mine(position) and position // per_chunk not in finished
+    return mine(position) and position // per_chunk not in done_chunks
 
   streams = {size: dataset.classes(size, read=read).prefetched(per_chunk) for size in sizes}
   banks: dict[int, pipeline.TextBank] = {}
@@ -523,7 +523,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     n_images += sum(len(items[0]) for items in chunk)
     if index % processes != rank:
       continue
-    if index in finished:
+    if index in done_chunks:
       if table2:
         bank = tuple(pipeline.bank_descriptors(config, dataset.descriptors))
         _restore_concepts(workdir, index, concepts, bank, len(class_names), methods, chunk)
@@ -543,6 +543,7 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
     )
     chunk_records: list[list[dict]] = [[] for _ in kept]
     chunk_concepts: dict[str, Any] = {}
+    outputs: dict[str, str] = {}  # the chunk's files besides its record: their digests
     for j, i in enumerate(kept):
       if table2 and concepts[j] is None:
         concepts[j] = protocols.ConceptPass.empty(banks[i].descriptors, len(class_names), methods)
@@ -558,17 +559,17 @@ def run(config, workdir: str, progress: bool = True, restart: bool = False) -> d
         )
         if config.per_image:
           for k, record in enumerate(image_records):
-            report.write_json(
-              os.path.join(
-                workdir, "per_image", models[i].name, f"{cls.label:04d}", f"{k:05d}.json"
-              ),
-              record,
-            )
+            relative = workdir_layout.image_record(cls.label, k, model=models[i].name)
+            outputs[relative] = report.write_json(paths.join(workdir, relative), record)
         chunk_records[j] += [_slim(r) for r in image_records]
-    if table2:  # written first: the shard makes the chunk final
-      paths.makedirs(os.path.dirname(_concepts_path(workdir, index)))
-      jsonio.write_arrays_atomic(_concepts_path(workdir, index), chunk_concepts)
-    report.write_json(_shard_path(workdir, index), dict(state=states[index], records=chunk_records))
+    if table2:  # written first: the record makes the chunk final
+      paths.makedirs(paths.parent(_concepts_path(workdir, index)))
+      outputs[workdir_layout.sweep_concepts(index)] = jsonio.write_arrays_atomic(
+        _concepts_path(workdir, index), chunk_concepts
+      )
+    finished.finish(
+      _chunk_unit(workdir, index, states[index], table2), outputs, payload=chunk_records
+    )
   seconds = time.perf_counter() - start
   if not n_images:
     raise ConfigError("No images were analysed: check config.data (classes, images_per_class).")

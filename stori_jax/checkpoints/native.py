@@ -30,7 +30,7 @@ from stori_jax.checkpoints.validate import (
 )
 from stori_jax.data.files import read_json
 from stori_jax.models import CLIPConfig, param_shapes
-from stori_jax.clip.preprocess import PreprocessConfig
+from stori_jax.data.preprocess import PreprocessConfig
 
 CONFIG_FILE = "stori_config.json"
 SAFETENSORS_FILE = "params.safetensors"
@@ -67,12 +67,10 @@ def save(
     ]
     # np.array (not ascontiguousarray) keeps 0-d params 0-d.
     flat = {k: np.array(v, dtype, order="C") for k, v in flatten(params).items()}
-    target = os.path.join(directory, SAFETENSORS_FILE)
-    if paths.is_remote(target):  # one upload: whole or absent
-      paths.write_bytes_atomic(target, safetensors.numpy.save(flat))
-    else:
-      save_file(flat, target + ".tmp")  # then renamed: a kill mid-write keeps the old file whole
-      os.replace(target + ".tmp", target)
+    # Whole or absent (a kill mid-write keeps the old file); safetensors writes by path, to the
+    # writer's temporary file, so the params are never serialised into memory as well.
+    with paths.AtomicWrite(paths.join(directory, SAFETENSORS_FILE)) as f:
+      save_file(flat, f.name)
   elif params_format == "orbax":
     if params_dtype != "float32":
       raise ValueError(

@@ -14,7 +14,7 @@ from flax import traverse_util
 
 from stori_jax.checkpoints.errors import CheckpointError, CheckpointMismatchError
 from stori_jax.plumbing.errors import NonFiniteError
-from stori_jax.clip.preprocess import PreprocessConfig
+from stori_jax.data.preprocess import PreprocessConfig
 from stori_jax.models import CLIPConfig, TextConfig, param_shapes, tower_kinds
 
 

@@ -14,7 +14,7 @@ from stori_jax.plumbing.config_files import ConfigError
 from stori_jax.plumbing.errors import InputError
 from stori_jax.models import CLIP, CLIPConfig, default_start_block, reweighted_block_indices
 from stori_jax.models.attention import matmul_precision
-from stori_jax.clip.preprocess import ImageLike, PreprocessConfig, preprocess
+from stori_jax.data.preprocess import ImageLike, PreprocessConfig, preprocess
 from stori_jax.tokenizer import Tokenizer, default_tokenizer, tokenize_weighted
 
 

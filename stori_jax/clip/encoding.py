@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from stori_jax.clip.preprocess import normalize
+from stori_jax.data.preprocess import normalize
 
 #: Images or texts per encode call.
 BATCH_SIZE = 256

@@ -18,7 +18,7 @@ from stori_jax.checkpoints.open_clip_config import architecture_config, config_f
 from stori_jax.checkpoints.state_dict import is_torchscript, read_state_dict
 from stori_jax.data.files import read_json
 from stori_jax.models import CLIPConfig, architecture_names, random_weights, registry, tower_kinds
-from stori_jax.clip.preprocess import PreprocessConfig
+from stori_jax.data.preprocess import PreprocessConfig
 
 # The shipped checkpoints are package data of stori_jax itself (setup.py), one folder up.
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
@@ -38,7 +38,7 @@ def _load_registered(entry: registry.ModelEntry, models_dir, revision):
   if entry.resize_mode != "shortest" or entry.interpolation != "bicubic":
     raise CheckpointError(
       f"{entry.name}: preprocessing {entry.resize_mode}/{entry.interpolation} is not "
-      "implemented; stori_jax.clip.preprocess resizes the shorter side (bicubic) and crops."
+      "implemented; stori_jax.data.preprocess resizes the shorter side (bicubic) and crops."
     )
   path = hub.fetch_weights(entry.name, entry.hf_repo, entry.weights_files, models_dir, revision)
   config = entry.config

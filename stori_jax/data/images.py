@@ -24,7 +24,7 @@ from PIL import Image, UnidentifiedImageError
 
 from stori_jax.plumbing import paths
 from stori_jax.plumbing.errors import InputError, UserError
-from stori_jax.clip.preprocess import resize_center_crop, to_8bit, to_pil
+from stori_jax.data.preprocess import resize_center_crop, to_8bit, to_pil
 
 ImageSource = Union[str, bytes, np.ndarray]
 

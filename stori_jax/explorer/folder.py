@@ -19,7 +19,7 @@ from absl import logging
 from stori_jax.plumbing import paths as storage
 from stori_jax.plumbing import jsonio
 from stori_jax.plumbing.errors import InputError, UserError
-from stori_jax.clip.preprocess import resize_center_crop, to_pil
+from stori_jax.data.preprocess import resize_center_crop, to_pil
 from stori_jax.retrieval import datasets
 
 

@@ -8,7 +8,7 @@ numbers it gives the same boxes and pixels (tests/test_fewshot_data.py checks th
 torchvision). Randomness comes from a numpy Generator seeded per (seed, image index, view): every
 view is reproducible on its own, whatever order or process computes it.
 
-Test (`eval_view`): `stori_jax.clip.preprocess.preprocess` (bicubic resize of the shorter side,
+Test (`eval_view`): `stori_jax.data.preprocess.preprocess` (bicubic resize of the shorter side,
 center crop).
 
 Outputs are NHWC float32, normalised with a `PreprocessConfig`'s mean and std.
@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image
 
 from stori_jax.fewshot.datasets import ImageSource, open_image
-from stori_jax.clip.preprocess import PreprocessConfig, normalize, preprocess
+from stori_jax.data.preprocess import PreprocessConfig, normalize, preprocess
 
 #: RandomResizedCrop's defaults, which CoOp and TaskRes keep.
 CROP_SCALE = (0.08, 1.0)
@@ -114,8 +114,10 @@ def augmented_views(
   seed: int,
   image_index: int,
   config: PreprocessConfig | None = None,
+  scale: tuple[float, float] = CROP_SCALE,
 ) -> np.ndarray:
-  """`n_views` augmented views of one image: float32 [n_views, size, size, 3].
+  """`n_views` augmented views of one image: float32 [n_views, size, size, 3] (the cached views
+  of `fewshot.trainer.encode_images`).
 
   Args:
     source: a path, encoded bytes, a uint8 [H, W, 3] array or a PIL image.
@@ -124,6 +126,7 @@ def augmented_views(
     seed, image_index: view v uses `view_rng(seed, image_index, v)`, so views are reproducible
       per image and independent of the order images are processed in.
     config: mean and std of the normalisation (default: CLIP's, at `size`).
+    scale: the crops' range of areas (`train_view`).
   """
   if config is None:
     config = PreprocessConfig(image_size=size)
@@ -136,19 +139,17 @@ def augmented_views(
     raise ValueError(f"n_views must be >= 1, got {n_views}.")
   image = open_image(source).convert("RGB")
   return np.stack(
-    [train_view(image, size, view_rng(seed, image_index, v), config) for v in range(n_views)]
+    [
+      train_view(image, size, view_rng(seed, image_index, v), config, scale=scale)
+      for v in range(n_views)
+    ]
   )
 
 
 # Named eval_*, not test_*: pytest would collect a test_* function imported into a test module.
 def eval_view(source: ImageSource, config: PreprocessConfig = PreprocessConfig()) -> np.ndarray:
-  """The test transform, `stori_jax.clip.preprocess.preprocess`: float32 [S, S, 3]."""
+  """The test transform, `stori_jax.data.preprocess.preprocess`: float32 [S, S, 3]."""
   return preprocess(open_image(source), config)
-
-
-def eval_views(sources, config: PreprocessConfig = PreprocessConfig()) -> np.ndarray:
-  """`eval_view` of each source: float32 [N, S, S, 3]."""
-  return np.stack([eval_view(source, config) for source in sources])
 
 
 # Fresh views on the device -------------------------------------------------------------------

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import collections
-import html
 import os
 from typing import Any, Sequence
 
+import jinja2
 import numpy as np
 
 from stori_jax.plumbing import jsonio
@@ -16,6 +16,13 @@ from stori_jax.plumbing.plotting import pyplot, save_figure
 from stori_jax.tokenizer import Tokenizer, word_weights
 
 HISTORY_FILE = "history.jsonl"
+#: interpretability.html's template (templates/ beside this module, package data), autoescaped:
+#: a class name or prompt word is escaped by the template engine.
+_TEMPLATES = jinja2.Environment(
+  loader=jinja2.PackageLoader("stori_jax.fewshot", "templates"),
+  autoescape=True,
+  undefined=jinja2.StrictUndefined,
+)
 
 
 def read_history(workdir: str, up_to_step: int) -> list[dict[str, Any]]:
@@ -125,30 +132,25 @@ def write_interpretability(
   shares = [normalized(prompt) for prompt in words]
   values = [w for prompt in words for _, w in prompt] or [1.0]
   top = max((s for prompt in shares for _, s in prompt), default=1.0)
-  parts = [
-    "<html><head><meta charset='utf-8'><title>SToRI trained weights</title><style>"
-    "body{font-family:sans-serif;max-width:60em;margin:2em auto}"
-    "span.w{padding:1px 3px;border-radius:3px}</style></head><body>",
-    f"<h1>Trained token weights</h1><p>{html.escape(NORMALISATION_NOTE)} The largest share "
-    f"is {top:.3f}; the trained weights w range {min(values):.2f} to {max(values):.2f} "
-    "(1: unchanged). Hover a word for its w and its share.</p>",
+  classes = [
+    dict(
+      name=name,
+      prompts=[
+        [
+          dict(text=word, w=w, share=s, colour=_css(shade(s, top)))
+          for (word, w), (_, s) in zip(prompt_words, prompt_shares)
+        ]
+        for prompt_words, prompt_shares, cls in zip(words, shares, bank.text_class)
+        if cls == c
+      ],
+    )
+    for c, name in enumerate(bank.class_names)
   ]
-  for c, name in enumerate(bank.class_names):
-    # <bdi>: a class name or word in another direction, or holding a bidi control character
-    # (U+202E), cannot reorder the words around it.
-    parts.append(f"<h2><bdi>{html.escape(name)}</bdi></h2>")
-    for prompt_words, prompt_shares, cls in zip(words, shares, bank.text_class):
-      if cls != c:
-        continue
-      spans = " ".join(
-        f"<span class='w' title='w = {w:.3f}, share = {s:.3f}' "
-        f"style='background:{_css(shade(s, top))}'><bdi>{html.escape(word)}</bdi></span>"
-        for (word, w), (_, s) in zip(prompt_words, prompt_shares)
-      )
-      parts.append(f"<p>{spans}</p>")
-  parts.append("</body></html>")
+  page = _TEMPLATES.get_template("interpretability.html").render(
+    note=NORMALISATION_NOTE, top=top, lowest=min(values), highest=max(values), classes=classes
+  )
   path = os.path.join(workdir, "interpretability.html")
-  jsonio.write_text_atomic(path, "\n".join(parts))
+  jsonio.write_text_atomic(path, page)
   _interpretability_png(
     os.path.join(workdir, "interpretability.png"), bank, words, per_class, max_classes
   )

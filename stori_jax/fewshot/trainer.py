@@ -52,7 +52,7 @@ from stori_jax.fewshot.text_classifier import (
   to_host,
 )
 from stori_jax.clip.loading import load
-from stori_jax.clip.preprocess import PreprocessConfig
+from stori_jax.data.preprocess import PreprocessConfig
 from stori_jax.trainloop import loop
 from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code
 
@@ -280,14 +280,8 @@ def encode_images(
   def pixels(index, source):
     if augment_seed is None:
       return augment.eval_view(source, preprocess)[None]
-    image = datasets.open_image(source).convert("RGB")
-    return np.stack(
-      [
-        augment.train_view(
-          image, size, augment.view_rng(augment_seed, index, v), preprocess, scale=scale
-        )
-        for v in range(views)
-      ]
+    return augment.augmented_views(
+      source, size, views, augment_seed, index, preprocess, scale=scale
     )
 
   per_image = views if augment_seed is not None else 1

@@ -5,10 +5,13 @@ The grid's workdir records the grid config (run.json) and refuses another one, l
 command's (`run_identity.claim_run`). Each cell runs in `<workdir>/<dataset>/<shots>shot/
 <method>/seed<k>` through `fewshot.trainer.run`, the function `python -m stori_jax.train`
 calls, in this process: the cell's folder is what that command writes for the cell's config.
-A cell is finished when its metrics.json is whole (`read_metrics`) and its run.json holds the
-cell's identity (`trainer.identity`): it is skipped. A cell with a run.json and no metrics.json
-was interrupted: the trainer resumes it from its last checkpoint; so is one whose metrics.json
-is damaged (cut short, `{}`), which its final checkpoint makes an evaluation. A cell folder
+A cell is finished when its record of finished work (`stori_jax.plumbing.finished`, in the
+grid's finished/ folder, written once the cell's run ends) names its metrics.json as it is now,
+that file is whole (`read_metrics`) and its run.json holds the cell's identity
+(`trainer.identity`): it is skipped. A cell with a run.json and no metrics.json was interrupted:
+the trainer resumes it from its last checkpoint; so is one whose metrics.json is damaged (cut
+short, `{}`, other contents than the run wrote), which its final checkpoint makes an
+evaluation. A cell folder
 that holds another run (the model file, the data or the CuPL file changed under the same grid
 config) stops the grid before any training. A grid with a sweep (configs/fig10.py) also gets
 its figure, accuracy against the sweep's values (`grid.figure`).
@@ -24,12 +27,13 @@ from typing import Any, Callable
 import jax
 import ml_collections
 
-from stori_jax.plumbing import jsonio, paths, run_identity
+from stori_jax.plumbing import finished, jsonio, paths, run_identity, workdir_layout
 from stori_jax.fewshot import trainer
 from stori_jax.grid import cells as cells_lib
 from stori_jax.grid import figure, tables
 
-#: What the grid writes to its workdir, besides the cells' folders and a sweep's figure.
+#: What the grid writes to its workdir, besides the cells' folders and a sweep's figure (and
+#: finished/, the cells' records of finished work).
 OUTPUTS = ("run.json", "tables.md", "tables.json")
 #: Grid config keys that change no result: the grid's name, how the tables and the figure name
 #: and show things, and the cells' schedule keys.
@@ -104,10 +108,16 @@ def read_metrics(directory: str) -> dict[str, Any] | None:
   return metrics
 
 
-def is_finished(cell: cells_lib.Cell, directory: str) -> bool:
-  """The cell's folder holds its metrics.json, whole (`read_metrics`), and a run.json of the
-  same identity."""
-  return read_metrics(directory) is not None and cell_differences(cell, directory) == []
+def cell_unit(workdir: str, cell: cells_lib.Cell) -> finished.Unit:
+  """A cell as a unit of work (its settings are checked against its run.json apart:
+  `cell_differences`)."""
+  return finished.Unit(
+    workdir, f"cell {cell.path}", workdir_layout.grid_cell_record(cell.path), dict(cell=cell.path)
+  )
+
+
+def _metrics_file(cell: cells_lib.Cell) -> str:
+  return f"{cell.path}/{workdir_layout.GRID_CELL_METRICS}".replace(os.sep, "/")
 
 
 def _check_cells(cells: list[cells_lib.Cell], workdir: str) -> None:
@@ -167,9 +177,12 @@ def run(
   for index, cell in enumerate(cells):
     directory = os.path.join(workdir, cell.path)
     started = time.perf_counter()
-    finished = read_metrics(directory) if cell_differences(cell, directory) == [] else None
-    if finished is not None:
-      metrics[cell.path] = finished
+    unit = cell_unit(workdir, cell)
+    kept = None
+    if finished.check(unit) is not None and cell_differences(cell, directory) == []:
+      kept = read_metrics(directory)
+    if kept is not None:
+      metrics[cell.path] = kept
       status = "skipped"
     else:
       # A damaged metrics.json (cut short, emptied) is no finished cell: the trainer runs it
@@ -183,6 +196,9 @@ def run(
       finally:
         # The cell's run ends here: free its folder (the grid's own stays held).
         run_identity.release_workdirs(keep=held)
+      if jax.process_index() == 0:
+        written = paths.file_sha256(unit.path(_metrics_file(cell)))
+        finished.finish(unit, {_metrics_file(cell): written})
     if progress is not None:
       progress(
         {

@@ -4,7 +4,6 @@ bytes and numpy arrays (.npz) are written atomically alike."""
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any, Mapping
 
@@ -13,7 +12,7 @@ import numpy as np
 from stori_jax.plumbing import paths
 
 # DiskFullError lives in errors (the figure writers raise it too); jsonio.DiskFullError stays.
-from stori_jax.plumbing.errors import DISK_FULL_ERRNOS, DiskFullError, NonFiniteError
+from stori_jax.plumbing.errors import DiskFullError, NonFiniteError  # noqa: F401
 
 
 def dumps_strict(obj: Any, **kwargs) -> str:
@@ -28,43 +27,36 @@ def dumps_strict(obj: Any, **kwargs) -> str:
     ) from None
 
 
-def write_text_atomic(path: str, text: str) -> None:
-  """`write_bytes_atomic` of UTF-8 text."""
-  write_bytes_atomic(path, text.encode("utf-8"))
+def write_text_atomic(path: str, text: str) -> str:
+  """`write_bytes_atomic` of UTF-8 text; returns its hex SHA-256."""
+  return write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def write_arrays_atomic(path: str, arrays: Mapping[str, Any]) -> None:
-  """Writes numpy arrays as an .npz file (np.savez, uncompressed) atomically, as
-  `write_bytes_atomic`."""
-  buffer = io.BytesIO()
-  np.savez(buffer, **arrays)
-  write_bytes_atomic(path, buffer.getvalue())
+def write_arrays_atomic(path: str, arrays: Mapping[str, Any]) -> str:
+  """Writes numpy arrays as an .npz file (np.savez, uncompressed) atomically, streamed to the
+  file (`paths.AtomicWrite`: no second copy in memory); returns its hex SHA-256."""
+  writer = paths.AtomicWrite(path)
+  with writer as f:
+    np.savez(f, **arrays)
+  return writer.sha256
 
 
-def write_bytes_atomic(path: str, data: bytes, what: str = "") -> None:
-  """Writes `data` to `path` whole or not at all (`paths.write_bytes_atomic`: locally through
-  a temporary file in the same folder and os.replace, to object storage as one upload).
+def write_bytes_atomic(path: str, data: bytes, what: str = "") -> str:
+  """Writes `data` to `path` whole or not at all (`paths.AtomicWrite`: locally through a
+  temporary file in the same folder and os.replace, to object storage as one upload); returns
+  its hex SHA-256.
 
   what: the file's kind in the full-disk message ("the figure "), if any.
 
   Raises:
     DiskFullError: the disk (or quota) is full; the message names the file and the fix.
   """
-  try:
-    paths.write_bytes_atomic(path, data)
-  except OSError as error:
-    if error.errno in DISK_FULL_ERRNOS:
-      raise DiskFullError(
-        f"cannot write {what}{path}: the disk (or quota) is full. The earlier version of the "
-        "file, if any, is kept; free some space and run the same command again (a training "
-        "run resumes from its last checkpoint)."
-      ) from None
-    raise
+  return paths.write_bytes_atomic(path, data, what)
 
 
-def write_json(path: str, obj: Any, **kwargs) -> None:
-  """Strict JSON (see dumps_strict), written atomically."""
-  write_text_atomic(path, dumps_strict(obj, **kwargs) + "\n")
+def write_json(path: str, obj: Any, **kwargs) -> str:
+  """Strict JSON (see dumps_strict), written atomically; returns the file's hex SHA-256."""
+  return write_text_atomic(path, dumps_strict(obj, **kwargs) + "\n")
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

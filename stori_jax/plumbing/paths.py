@@ -37,6 +37,7 @@ import builtins
 import contextlib
 import functools
 import glob as glob_module
+import hashlib
 import logging
 import math
 import os
@@ -48,7 +49,7 @@ import time
 import uuid
 from typing import IO, Any, Iterator
 
-from stori_jax.plumbing.errors import UserError
+from stori_jax.plumbing.errors import DISK_FULL_ERRNOS, DiskFullError, UserError
 
 #: URL schemes read and written through etils.epath / fsspec.
 REMOTE_SCHEMES = ("gs", "s3", "az", "hf")
@@ -448,39 +449,136 @@ def read_text(path: str | os.PathLike) -> str:
   return read_bytes(path).decode("utf-8")
 
 
-@_classified("write")
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-  """Writes `data` so that a reader never sees half of it: locally through a temporary file in
-  the same folder, fsync and os.replace (a kill leaves the old file or the new one); on object
-  storage as one upload (GCS makes an object visible only once it is whole).
+class AtomicWrite:
+  """A file written whole or not at all, through a binary file object (for arrays larger than
+  a second copy in memory would allow):
+
+      writer = paths.AtomicWrite(path)
+      with writer as f:
+        np.save(f, array)
+      writer.sha256  # the hex SHA-256 of what was written
+
+  Locally the file object is a temporary file beside `path` (the mode a plain open() gives),
+  fsynced and renamed over `path` when the block ends without an exception (a kill leaves the
+  old file or the new one); an exception removes it. For a URL it is a local temporary file,
+  uploaded to the object in chunks once the block ends (GCS makes an object visible only once
+  it is whole; a failed upload is discarded); the temporary file is removed either way.
+  `f.name` is the temporary file's local path, for a library that writes only to a path.
+
+  Raises (on leaving the block):
+    DiskFullError: the disk (or quota) is full; the message names the file (`what` its kind,
+      "the figure ") and the fix.
+    StorageError: the storage service refused the upload (`describe_error`).
+  """
+
+  def __init__(self, path: str | os.PathLike, what: str = ""):
+    self.path = os.fspath(path)
+    self.what = what
+    self.sha256: str | None = None
+    self._file: IO[bytes] | None = None
+    self._tmp = ""
+
+  def __enter__(self) -> IO[bytes]:
+    try:
+      if is_remote(self.path):
+        fd, self._tmp = tempfile.mkstemp(prefix="stori_jax_upload_")
+        self._file = os.fdopen(fd, "w+b")
+      else:
+        folder, name = os.path.split(os.path.abspath(self.path))
+        # A unique name opened exclusively ("x"), not mkstemp: the file gets the mode a plain
+        # open() gives (mkstemp's are private, 0600).
+        self._tmp = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        self._file = builtins.open(self._tmp, "xb")
+    except OSError as error:
+      raise self._disk_full(error) or error
+    return self._file
+
+  def __exit__(self, kind, error, traceback) -> bool:
+    try:
+      if kind is not None:
+        self._file.close()
+        return False
+      try:
+        self._file.flush()
+        if not is_remote(self.path):
+          os.fsync(self._file.fileno())
+        self._file.close()
+        self.sha256 = file_sha256(self._tmp)
+        if is_remote(self.path):
+          self._upload()
+        else:
+          os.replace(self._tmp, self.path)
+      except OSError as failure:
+        full = self._disk_full(failure)
+        if full is None:
+          raise
+        raise full from None
+    finally:
+      if os.path.exists(self._tmp):
+        os.remove(self._tmp)
+    return False
+
+  def _upload(self) -> None:
+    """Copies the temporary file to the object in chunks; a failed copy is discarded (never
+    a half object)."""
+    _forget_appends(self.path)
+    try:
+      target = _fs(self.path).open(self.path, "wb")
+      try:
+        with builtins.open(self._tmp, "rb") as source:
+          shutil.copyfileobj(source, target, _UPLOAD_CHUNK)
+      except BaseException:
+        target.discard()
+        target.closed = True  # a small upload has not started: closing would commit it
+        raise
+      target.close()
+    except (FileNotFoundError, StorageError):
+      raise
+    except Exception as failure:  # pylint: disable=broad-except  # classified, else raised
+      problem = describe_error(self.path, failure, "write")
+      if problem is None:
+        raise
+      raise problem from None
+
+  def _disk_full(self, error: OSError):
+    """DiskFullError for a full disk, else None."""
+    if error.errno not in DISK_FULL_ERRNOS:
+      return None
+    return DiskFullError(
+      f"cannot write {self.what}{self.path}: the disk (or quota) is full. The earlier version "
+      "of the file, if any, is kept; free some space and run the same command again (a "
+      "training run resumes from its last checkpoint)."
+    )
+
+
+#: Bytes per chunk of an upload (`AtomicWrite`), and of a read by `file_sha256`.
+_UPLOAD_CHUNK = 8 << 20
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+  """The hex SHA-256 of a file's (or object's) contents, read in chunks."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(_UPLOAD_CHUNK), b""):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, what: str = "") -> str:
+  """Writes `data` whole or not at all (`AtomicWrite`); returns its hex SHA-256.
 
   Raises:
-    OSError: locally, as the system raised it (a full disk: errno ENOSPC).
+    DiskFullError: the disk (or quota) is full.
   """
-  path = os.fspath(path)
-  if is_remote(path):
-    _forget_appends(path)
-    as_path(path).write_bytes(bytes(data))
-    return
-  folder, name = os.path.split(os.path.abspath(path))
-  # A unique name opened exclusively ("x"), not mkstemp: the file gets the mode a plain open()
-  # gives (mkstemp's are private, 0600).
-  tmp = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-  try:
-    with builtins.open(tmp, "xb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  writer = AtomicWrite(path, what)
+  with writer as f:
+    f.write(data)
+  return writer.sha256
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-  """`write_bytes_atomic` of UTF-8 text."""
-  write_bytes_atomic(path, text.encode("utf-8"))
+def write_text_atomic(path: str | os.PathLike, text: str) -> str:
+  """`write_bytes_atomic` of UTF-8 text; returns its hex SHA-256."""
+  return write_bytes_atomic(path, text.encode("utf-8"))
 
 
 @_classified("write")

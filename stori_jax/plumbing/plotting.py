@@ -1,14 +1,13 @@
 """matplotlib for the figure writers: the file-only Agg backend, imported on first use, and
 `save_figure`, which every figure is written through: whole or not at all, locally or to a
-bucket, a full disk one paragraph (`DiskFullError`, exit 2 through the commands), as result
-JSON is written (`stori_jax.plumbing.jsonio`)."""
+bucket, a full disk one paragraph (`DiskFullError`, exit 2 through the commands), as every
+result is written (`stori_jax.plumbing.paths.AtomicWrite`)."""
 
 from __future__ import annotations
 
-import io
 import os
 
-from stori_jax.plumbing import jsonio
+from stori_jax.plumbing import paths
 
 
 def pyplot():
@@ -22,8 +21,7 @@ def pyplot():
 
 
 def save_figure(fig, path: str, **kwargs) -> None:
-  """`fig.savefig(path, **kwargs)`, rendered in memory and written by
-  `jsonio.write_bytes_atomic` (a path or a URL): a kill or a full disk never leaves half an
+  """`fig.savefig(path, **kwargs)`, streamed through `paths.AtomicWrite` (a path or a URL): a kill or a full disk never leaves half an
   image, and the earlier file, if any, is kept. The format is the path's extension unless
   `format` is given.
 
@@ -31,6 +29,5 @@ def save_figure(fig, path: str, **kwargs) -> None:
     DiskFullError: the disk (or quota) is full; the message names the file and the fix.
   """
   kwargs.setdefault("format", os.path.splitext(path)[1].lstrip(".").lower() or "png")
-  buffer = io.BytesIO()
-  fig.savefig(buffer, **kwargs)
-  jsonio.write_bytes_atomic(path, buffer.getvalue(), what="the figure ")
+  with paths.AtomicWrite(path, what="the figure ") as f:
+    fig.savefig(f, **kwargs)

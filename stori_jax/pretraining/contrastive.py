@@ -31,7 +31,7 @@ from stori_jax.data import synthetic
 from stori_jax.clip.encoding import l2_normalize_jax
 from stori_jax.models import CLIP, CLIPConfig, VisionConfig, init_params
 from stori_jax.plumbing.plotting import pyplot, save_figure
-from stori_jax.clip.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
+from stori_jax.data.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, normalize
 from stori_jax.tokenizer import default_tokenizer
 from stori_jax.trainloop import loop, metrics_log
 from stori_jax.trainloop.checkpointer import NonFiniteWatch, TrainCheckpointer, nonfinite_code

@@ -11,7 +11,6 @@ from; a disk that fills up during a write stops the run with one paragraph
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import sys
@@ -23,10 +22,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from stori_jax.plumbing import multihost, paths
-from stori_jax.plumbing.errors import NonFiniteError, UserError
+from stori_jax.plumbing.errors import DISK_FULL_ERRNOS, NonFiniteError, UserError
 
-#: The errno values that mean the disk (or the user's quota on it) is full.
-_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # How tensorstore and orbax word a full disk in the errors they raise and log.
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "os_error_code='28'")
 
@@ -45,7 +42,7 @@ def is_disk_full(error: BaseException) -> bool:
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
-    if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
+    if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
       return True
     if any(text in str(error) for text in _DISK_FULL_TEXTS):
       return True
