@@ -367,3 +367,15 @@ def test_a_bank_of_another_bank_template_is_refused_where_a_run_expects_this_one
     config.analysis.templates = ("a {c}.",)
   with pytest.raises(InputError, match=r"exported with templates \['a photo of a \{c\}.'\]"):
     text_bank.load_text_bank(raw, expect=config.analysis)
+
+
+def test_a_huge_integer_in_the_names_file_is_one_paragraph_naming_it(tmp_path, run_command):
+  """Issue 44 row 11: a 5,000-digit integer was a ValueError traceback from read_json."""
+  output = _export_pair(tmp_path, run_command, "bank")
+  path = output / text_bank.NAMES_FILE
+  text = path.read_text()
+  path.write_text(text.replace('"format_version": 3', '"format_version": ' + "9" * 5000))
+  with pytest.raises(InputError) as error:
+    text_bank.load_text_bank(output)
+  assert f"The text bank names file {path} cannot be read as JSON" in str(error.value)
+  assert "\n" not in str(error.value)
