@@ -617,3 +617,14 @@ def test_a_bad_bank_template_is_refused_before_any_work(tmp_path, run_command, t
   assert re.search(r"config.analysis.bank_template .*" + message, done.stderr), done.stderr
   assert "a photo showing {d}" in done.stderr  # the fix names the paper's template
   assert not workdir.exists()
+
+
+def test_every_mk_config_encodes_the_bank_in_app_l_prompt():
+  """Every configs/mutual_*.py (the paper's and the embedded world's) sets App. L's template."""
+  import glob  # pylint: disable=import-outside-toplevel
+
+  found = sorted(glob.glob(os.path.join(ROOT, "configs", "mutual_*.py")))
+  assert len(found) >= 9
+  for path in found:
+    config = load_config(path)
+    assert config.analysis.bank_template == "a photo showing {d}", path
