@@ -41,8 +41,9 @@ test-all: $(STAMP)
 demo: $(CORE_STAMP)
 	$(PY) -m stori_jax.train --config configs/demo.py --workdir workdirs/demo
 
-# Re-measures the README's embedded-world figures and rewrites their marked regions in place
-# (several minutes on 2 CPU cores). FIGURES_FLAGS="--check" only diffs; "--only demo,world" picks.
+# Re-measures the embedded-world figures of README.md and docs/*.md and rewrites their marked
+# regions in place, wherever each lives (several minutes on 2 CPU cores). FIGURES_FLAGS="--check"
+# only diffs; "--only demo,world" picks.
 readme-figures: $(STAMP)
 	$(PY) scripts/readme_figures.py $(FIGURES_FLAGS)
 

@@ -7,7 +7,7 @@ import setuptools
 # (it requires jax>=0.6.0); orbax-checkpoint 0.11.13 and these two pass the checkpointing,
 # classifier, training-loop and compilation-cache tests (the other pins stay as installed).
 # Accelerators: `pip install -e . "jax[tpu]"` on a TPU VM, `pip install -e . "jax[cuda12]"` on
-# an NVIDIA GPU (README, Install).
+# an NVIDIA GPU (docs/install.md).
 CORE = [
   "jax>=0.6.1",
   "flax>=0.10.7",

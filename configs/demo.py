@@ -17,7 +17,7 @@ that tell the classes apart.
                never confuses red and orange (zero-shot colour accuracy 1.000), so the trained
                weights turn the colour words down to give pattern and shape more of the
                normalised text feature: the colour words tell the classes apart yet are weighted
-               below the fillers (README, "the demo's two tasks").
+               below the fillers (docs/fewshot.md, "The demo's two tasks").
 """
 
 import itertools
@@ -78,10 +78,10 @@ def get_config(argument=None):
   config.epochs = 100
   # log_weight_penalty: an L2 prior on log w centred on w = 1 (beyond the paper, whose objective
   # is 0; see stori_jax.fewshot.trainer.log_weight_penalty). 1.0 was chosen by measurement on
-  # seeds 1-3 (README): a discriminating word among the 3 top-weighted words of 10-12 of the 12
+  # seeds 1-3 (docs/fewshot.md): a discriminating word among the 3 top-weighted words of 10-12 of the 12
   # classes (2-7 without it) for about 0.8 points of the accuracy gain.
   # schedule "cosine": a cosine decay stepped every step from the first, no warm-up, the
-  # demo's own (README, "The demo's schedule"): its 100 epochs are one step each, and its
+  # demo's own (docs/fewshot.md, "The demo's schedule"): its 100 epochs are one step each, and its
   # measured figures were made on it. The paper configs and grids (configs/grid_synthetic.py
   # too) train on TaskRes's scheme instead, schedule "taskres": warmup_epochs constant epochs at
   # warmup_lr, then a cosine stepped once per epoch (stori_jax.fewshot.trainer.stori_schedule).

@@ -40,7 +40,7 @@ def get_config(argument=None):
   # from backgrounds; split each image on its own instead.
   # "improved": the reference's CRF confidence (0.99) suits its 224-px photos; on these 64-px
   # drawings it keeps far less of each object (concept pixels on objects 5.1x chance against
-  # 12.1x at 0.9). The README's figures of this world are of this mode.
+  # 12.1x at 0.9). The figures of this world in docs/mutual.md are of this mode.
   config.analysis = analysis_config(top_k=24, u=9, joint_foreground=False, mode="improved")
   config.batch_size = 256
   config.evaluation = evaluation_config()

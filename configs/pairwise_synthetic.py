@@ -40,7 +40,7 @@ def get_config():
   # reaches it by chance in about one class of 13 (16 images; random per image).
   config.prompts.min_share = 0.75
   # Not the paper's fresh view per step: 4 flipped views per image encoded once, the fast
-  # approximation (README), as configs/demo.py.
+  # approximation (docs/fewshot.md), as configs/demo.py.
   config.views = 4
   # Flips only, as configs/demo.py: crops cut the world's small objects off.
   config.augment_scale = (1.0, 1.0)

@@ -6,7 +6,7 @@
 24 prompts "a photo of a {colour} {pattern} {shape}", each with its 8 categories
 (value or alternative of each attribute) x 8 rendered images, as in
 stori_jax.world_evaluation.metrics.emphasis_effect. The sweep gives the pattern w and the
-colour 1 - w (the tiny model's pattern is its weakest attribute; see the README).
+colour 1 - w (the tiny model's pattern is its weakest attribute; see docs/embedded_world.md).
 """
 
 import ml_collections

@@ -7,7 +7,7 @@ Caltech101 and SUN397 (the paper's columns), seeds 1-3, mean ± std.
   python -m stori_jax.run_grid --config configs/table1.py:synthetic   # offline, a few minutes
 
 `:paper` (default) needs Caltech101 and SUN397 in CoOp's layout under data/ and CuPL's prompt
-files under data/cupl/ (README, "Few-shot SToRI on real datasets"); every cell is
+files under data/cupl/ (docs/fewshot.md, "Few-shot SToRI on real datasets"); every cell is
 configs/<dataset>.py:shots=16 (CLIP ViT-L/14, App. A.1's settings and learning rate) at seed k.
 `:synthetic` runs the demo's task (configs/demo.py at configs/grid_synthetic.py's settings) on
 the shipped tiny CLIP: 6 runs, offline; its learning rate is the demo's (the paper gives none).

@@ -7,7 +7,7 @@ shots x seeds 1-3, TaskRes with the Base prompts, TaskRes with Base+CuPL, and ST
   python -m stori_jax.run_grid --config configs/table2.py --config.datasets="('dtd',)"  # one column
 
 Needs the datasets in CoOp's layout under data/ and CuPL's prompt files under data/cupl/ (see
-the README's "Few-shot SToRI on real datasets"); a missing one stops at its first cell with
+docs/fewshot.md's "Few-shot SToRI on real datasets"); a missing one stops at its first cell with
 what to download. Every cell is configs/<dataset>.py:shots=K,backbone=B (the paper's settings,
 App. A.1) at seed k, its learning rate the paper's rule for its dataset, shots and backbone.
 270 runs of ViT-L/14: hours to days on one accelerator; a rerun goes on where the last stopped.

@@ -18,7 +18,7 @@ def get_config():
   config.init_from = "tiny-synthetic-base"
   config.seed = 0
   # Blocks trained to respond (4..6 of 6: the paper's second half), and the default start
-  # block the exported model stores, chosen with `python -m stori_jax.start_block` (README).
+  # block the exported model stores, chosen with `python -m stori_jax.start_block` (docs/embedded_world.md).
   config.start_block = 4
   config.default_start_block = 4
   # Weights a caption's attribute word gets; 1 is the plain caption, trained by `keep`.

@@ -29,6 +29,14 @@ NUM_PROCESSES=${1:-}
 case "$NUM_PROCESSES" in
   '' | *[!0-9]*) stori_die "$STORI_USAGE" ;;
 esac
+# One machine's CPU processes: from 1 up to STORI_MAX_PROCESSES (default 64); the length is
+# checked first, so that a number too long for bash's arithmetic is refused, not wrapped.
+max_processes=${STORI_MAX_PROCESSES:-64}
+if [ "${#NUM_PROCESSES}" -gt 6 ] || [ $((10#$NUM_PROCESSES)) -lt 1 ] \
+  || [ $((10#$NUM_PROCESSES)) -gt "$max_processes" ]; then
+  stori_die "N (the number of processes) must be 1 to $max_processes on one machine, got $NUM_PROCESSES (STORI_MAX_PROCESSES raises the limit); $STORI_USAGE"
+fi
+NUM_PROCESSES=$((10#$NUM_PROCESSES))
 shift
 if [ "$#" = 0 ]; then stori_die "$STORI_USAGE"; fi
 if [ "${1:-}" = "--" ]; then

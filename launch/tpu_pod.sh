@@ -32,6 +32,9 @@ fi
 if [ "$#" -lt 2 ] || [ "$1" = "--" ] || [ "$2" = "--" ]; then stori_die "$STORI_USAGE"; fi
 TPU_NAME=$1
 ZONE=$2
+if [ -z "$TPU_NAME" ] || [ -z "$ZONE" ]; then
+  stori_die "the TPU name and the zone may not be empty (got '$TPU_NAME' and '$ZONE'); $STORI_USAGE"
+fi
 shift 2
 stori_parse_command "$@"
 REPO_DIR=${REPO_DIR:-stori-jax}

@@ -222,7 +222,7 @@ def _halo(width: float):
   return [patheffects.withStroke(linewidth=width, foreground=HALO), patheffects.Normal()]
 
 
-def _label_box(concept: int) -> dict:
+def concept_label_box(concept: int) -> dict:
   """A concept's label: black text on its colour, black edge (contrast >= 8:1 inside, the
   edge against the object)."""
   colour = COLOURS[int(concept) % len(COLOURS)]
@@ -257,16 +257,29 @@ def draw_concepts(ax, image: np.ndarray, pixels: np.ndarray) -> None:
       color="black",
       ha="center",
       va="center",
-      bbox=_label_box(c),
+      bbox=concept_label_box(c),
     )
   ax.set_xlim(-0.5, image.shape[1] - 0.5)
   ax.set_ylim(image.shape[0] - 0.5, -0.5)
   ax.set_axis_off()
 
 
-def _wrapped(text: str, width: int) -> list[str]:
+def wrapped(text: str, width: int) -> list[str]:
 
   return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+
+
+def column_lines(items: Sequence[str], width: int, room: int) -> list[str]:
+  """A column of descriptors as text lines: each wrapped at `width` characters, and once
+  `room` lines are used, the rest counted on a last line (the per-image JSON has them all)."""
+  lines: list[str] = []
+  for k, text in enumerate(items):
+    item_lines = wrapped(text, width)
+    if len(lines) + len(item_lines) > (room if k == len(items) - 1 else room - 1):
+      lines.append(f"... and {len(items) - k} more (per-image JSON)")
+      break
+    lines += item_lines
+  return lines
 
 
 def _suptitle(model: str, text: str) -> str:
@@ -286,7 +299,7 @@ def plot_concepts(
     m = record["methods"][method]
     captions.append(
       [
-        (c["concept"], _wrapped(", ".join(c["descriptors"]), width))
+        (c["concept"], wrapped(", ".join(c["descriptors"]), width))
         for c in m["concepts"]
         if c["descriptors"]
       ]
@@ -308,7 +321,7 @@ def plot_concepts(
     text_ax.set_axis_off()
     y = 1.0
     step = line_h / text_h
-    for concept, wrapped in caption:
+    for concept, caption_lines in caption:
       text_ax.text(
         0.0,
         y,
@@ -316,10 +329,10 @@ def plot_concepts(
         fontsize=7,
         fontweight="bold",
         va="top",
-        bbox=_label_box(concept),
+        bbox=concept_label_box(concept),
         transform=text_ax.transAxes,
       )
-      for line in wrapped:
+      for line in caption_lines:
         # Black on the white page; the numbered box ties the line to its outline.
         text_ax.text(
           0.09, y, line, fontsize=7, color="black", va="top", transform=text_ax.transAxes
@@ -376,16 +389,9 @@ def plot_mutual(path: str, image: np.ndarray, record, method: str, model: str = 
     ("mutual", sorted(mutual), "tab:purple"),
     ("language only", language, "tab:red"),
   ]
-  room = 18  # lines that fit a column
   for ax, (title, items, colour) in zip(axes[1:], columns):
     ax.set_title(f"{title} ({len(items)})", fontsize=9, color=colour)
-    lines: list[str] = []
-    for k, text in enumerate(items):
-      wrapped = _wrapped(text, 34)
-      if len(lines) + len(wrapped) > (room if k == len(items) - 1 else room - 1):
-        lines.append(f"... and {len(items) - k} more (per-image JSON)")
-        break
-      lines += wrapped
+    lines = column_lines(items, width=34, room=18)
     for j, text in enumerate(lines):
       ax.text(
         0.02, 0.95 - 0.05 * j, text, fontsize=7, color=colour, va="top", transform=ax.transAxes
@@ -471,7 +477,7 @@ def plot_classes(path: str, classes: Sequence[Mapping[str, Any]], method: str, m
           ax.text(
             0.0,
             -0.04,
-            "\n".join(_wrapped("; ".join(shared[1]), 30 * k)),
+            "\n".join(wrapped("; ".join(shared[1]), 30 * k)),
             fontsize=7,
             va="top",
             transform=ax.transAxes,
@@ -561,7 +567,7 @@ def plot_feature_maps(path: str, rows: Sequence[Mapping[str, Any]], title: str =
     image = np.asarray(r["image"], np.uint8)
     size = image.shape[0]
     axs[0].imshow(image)
-    axs[0].set_title("\n".join(_wrapped(r.get("caption", ""), 24)[:2]), fontsize=7)
+    axs[0].set_title("\n".join(wrapped(r.get("caption", ""), 24)[:2]), fontsize=7)
     for k, ax in enumerate(axs[1:]):
       if k >= len(r["channels"]):
         ax.set_axis_off()
@@ -580,7 +586,7 @@ def plot_feature_maps(path: str, rows: Sequence[Mapping[str, Any]], title: str =
       )
       ax.set_title(f"neuron {int(r['channels'][k])}" + (" (object)" if k == 0 else ""), fontsize=7)
       label = r["labels"][k] if r["valid"][k] else "(no region)"
-      ax.set_xlabel("\n".join(_wrapped(label, 24)[:2]), fontsize=7)
+      ax.set_xlabel("\n".join(wrapped(label, 24)[:2]), fontsize=7)
       if k == 0:
         for spine in ax.spines.values():
           spine.set_edgecolor("tab:red")
@@ -589,6 +595,6 @@ def plot_feature_maps(path: str, rows: Sequence[Mapping[str, Any]], title: str =
       ax.set_xticks([])
       ax.set_yticks([])
   title = title or "Feature activation maps (App. D.2, Fig. 6)"
-  fig.suptitle("\n".join(w for part in title.split("\n") for w in _wrapped(part, 150)), fontsize=9)
+  fig.suptitle("\n".join(w for part in title.split("\n") for w in wrapped(part, 150)), fontsize=9)
   save_figure(fig, path, dpi=120)
   plt.close(fig)

@@ -454,10 +454,10 @@ def load_text_bank(directory: str | os.PathLike, expect=None) -> ExportedTextBan
   if problem:
     raise InputError(f"{names_path}: {problem}. {again}")
   try:
-    local = paths.local_copy(arrays_path)  # safetensors reads local files only
-    arrays = load_file(local)
-    with safe_open(local, framework="numpy") as f:
-      metadata = f.metadata() or {}
+    with paths.copied_locally(arrays_path, expect="file") as local:  # safetensors: local only
+      arrays = load_file(local)
+      with safe_open(local, framework="numpy") as f:
+        metadata = f.metadata() or {}
   except Exception as e:  # safetensors raises its own error types (SafetensorError, ...)
     raise InputError(
       f"{arrays_path} is not a readable safetensors file ({type(e).__name__}: {e}). {again}"

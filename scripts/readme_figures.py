@@ -1,14 +1,17 @@
-r"""Re-measures the README's embedded-world figures and rewrites them in place.
+r"""Re-measures the embedded-world figures of README.md and docs/*.md and rewrites them in place.
 
   python scripts/readme_figures.py                      # every section (minutes on 2 CPU cores)
   python scripts/readme_figures.py --only demo,world    # some sections
   python scripts/readme_figures.py --check              # measure, print the diff, exit 1 if a
-                                                        # figure differs (timings alone do not)
+                                                        # figure differs (timings and the
+                                                        # line breaks they move do not)
   python scripts/readme_figures.py --list               # the sections and their regions
   make readme-figures [FIGURES_FLAGS=--check]
 
-Each figure region of README.md lies between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->`
-(HTML comments: invisible on GitHub). A section measures once and returns the markdown of its
+Each figure region lies between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->` (HTML
+comments: invisible on GitHub) in README.md or in one page of docs/ beside it, whichever holds it
+(`--list` says where each lives): a region moves with its page's text, and the script finds it
+there; a region in no file or in two is an error before any work. A section measures once and returns the markdown of its
 regions; only the text between a region's markers is replaced, the whitespace next to the
 markers kept (a marker inside a paragraph must not start a line, or GitHub ends the paragraph
 there). A figure shown beside a command comes from that command, run in this process with the
@@ -36,6 +39,8 @@ Sections:
                    docs/images/fig3_pairwise.png
   mutual_analyze   mutual.analyze on configs/mutual_synthetic.py, plus the concept pixels on
                    objects and descriptors naming attributes (a second pass, as the test does)
+  mutual_explain   `python -m mutual.explain` on an embedded-world image: what it prints, its
+                   figure (docs/images/mutual_explain.png) and the input image
   mutual_modes     Table 3's row of configs/mutual_synthetic.py in both analysis modes, and
                    reference mode's per-image agreement with mutual/reference.py
   mutual_precision the images whose MI or AUC change with bfloat16 towers (both modes;
@@ -49,13 +54,18 @@ Sections:
   suite_all        `make test-all`'s suite (slow tests too; tens of minutes): the same
 
 A section may also draw images (docs/images/...; `--list` names them), written beside the README
-with it; --check reports a differing image but compares only the text.
+with it and linked from its region relative to the page that holds the region; --check reports a
+differing image but compares only the text.
 
 Before NumPy and JAX start, the script sets the CPU up as scripts/reproducible_cpu.py says (XLA's
 CPU code capped at AVX2, YNNPACK's consistent-arithmetic kernels, OpenBLAS's Haswell kernels, 2
 threads), so that machines of one kind give the same figures. --check compares the figures
 exactly, except a section's stated tolerance (Section.tolerance: the bf16 shares, whose rounding
-still depends on the CPU's bf16 instructions), which the README states beside them.
+still depends on the CPU's bf16 instructions), which the README states beside them. A timing
+("about N s") is one run on a noisy machine, not a figure: --check never fails on one, nor on a
+paragraph re-wrapped because a timing's width changed. A measured difference that the README
+quotes as a guarantee (two processes' weights) is stated as its bound (`bound`: "within 1e-5"),
+which machines of one kind share, not as the value one run measured.
 """
 
 from __future__ import annotations
@@ -63,6 +73,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import glob
+import math
 import os
 import re
 import shutil
@@ -97,7 +109,7 @@ MINUS = "\u2212"  # the README's minus sign in signed figures
 
 
 class MarkerError(UserError):
-  """A region's markers are missing, repeated or out of order in the README."""
+  """A region's markers are missing, repeated or out of order in the README or docs/."""
 
 
 def region_span(text: str, name: str) -> tuple[int, int]:
@@ -145,6 +157,55 @@ def replace_regions(text: str, bodies: Mapping[str, str]) -> str:
   for name, body in bodies.items():
     text = replace_region(text, name, body)
   return text
+
+
+def figure_files(readme: str) -> list[str]:
+  """The files whose regions the script rewrites: `readme` and the pages of the docs/ folder
+  beside it (docs/*.md, sorted; none when there is no such folder)."""
+  docs = os.path.join(os.path.dirname(os.path.abspath(readme)), "docs")
+  pages = sorted(glob.glob(os.path.join(docs, "*.md")))
+  return [readme, *pages]
+
+
+def region_homes(texts: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
+  """{region: the file of `texts` ({path: text}) that holds it}, every region's markers checked
+  there; MarkerError naming every region that no file holds, or that two files hold."""
+  homes, problems = {}, []
+  for name in names:
+    holders = [
+      path
+      for path, text in texts.items()
+      if OPEN.format(name) in text or CLOSE.format(name) in text
+    ]
+    shown = ", ".join(os.path.relpath(path) for path in texts)
+    if not holders:
+      problems.append(
+        f"README region {name!r}: none of {shown} holds {OPEN.format(name)}; wrap the region's "
+        f"figures in {OPEN.format(name)} and {CLOSE.format(name)} in the page that shows them."
+      )
+    elif len(holders) > 1:
+      problems.append(
+        f"README region {name!r} is in {' and '.join(os.path.relpath(p) for p in holders)}; "
+        "keep it in one of them."
+      )
+    else:
+      try:
+        region_span(texts[holders[0]], name)
+        homes[name] = holders[0]
+      except MarkerError as error:
+        problems.append(f"{os.path.relpath(holders[0])}: {error}")
+  if problems:
+    raise MarkerError(" ".join(problems))
+  return homes
+
+
+def linked_from(body: str, images: Sequence[str], root: str, home: str) -> str:
+  """`body` with each markdown link to one of `images` (paths relative to `root`, the README's
+  folder, as a section returns them) made relative to `home`, the page that holds the region."""
+  for image in images:
+    relative = os.path.relpath(os.path.join(root, image), os.path.dirname(os.path.abspath(home)))
+    body = body.replace(f"]({image})", f"]({relative.replace(os.sep, '/')})")
+  return body
 
 
 def unified_diff(old: str, new: str, path: str) -> str:
@@ -198,14 +259,26 @@ def about(seconds: float) -> str:
   return f"about {n} s"
 
 
-#: A timing as `about` writes it.
-_TIMING = re.compile(r"about \d+ (?:s|minutes)\b")
+#: A timing as `about` writes it (and the "about N ms" / "about N hours" of a rate or a cost).
+_TIMING = re.compile(r"about \d[\d,]*(?:\.\d+)? (?:s|ms|minutes|hours)\b")
 
 
 def without_timings(text: str) -> str:
-  """`text` with every timing (`about`'s "about N s" / "about N minutes") blanked: what --check
-  compares, since a timing is one run on a noisy machine and not a figure that can drift."""
-  return _TIMING.sub("about ? s", text)
+  """`text` with every timing (`about`'s "about N s" / "about N minutes") blanked and its
+  whitespace made single spaces: what --check compares, since a timing is one run on a noisy
+  machine and not a figure that can drift, and a paragraph re-wrapped because a timing's
+  width changed says the same."""
+  return " ".join(_TIMING.sub("about ? s", text).split())
+
+
+def bound(measured: float) -> str:
+  """A measured difference stated as the bound it shows, the next power of ten at or above it
+  ("1e-5" for 2.6e-6 and for 3.8e-6): what holds on every machine of the kind, where the
+  measured value itself moves from run to run ("0" when there is no difference)."""
+  if measured <= 0:
+    return "0"
+  exponent = math.ceil(math.log10(measured) - 1e-12)
+  return f"1e{exponent}" if exponent < 0 else f"{10**exponent:g}"
 
 
 #: A figure of a region's text: digits, with a fraction or not.
@@ -618,6 +691,54 @@ def reference_agreement(
   return agree
 
 
+EXPLAIN_INPUT = "docs/images/explain_input.png"
+EXPLAIN_IMAGE = "docs/images/mutual_explain.png"
+#: The embedded world's image the docs explain: class 2 (an orange striped circle), drawn by rule.
+EXPLAIN_CLASS, EXPLAIN_SEED = 2, 7
+
+
+def mutual_explain_figures() -> dict[str, Any]:
+  """`python -m mutual.explain --image EXPLAIN_INPUT --workdir workdirs/explain` (the command,
+  run in this process on an embedded-world image drawn by rule; timed): what it prints, its
+  figure (EXPLAIN_IMAGE) and the input image itself (EXPLAIN_INPUT)."""
+  import io  # pylint: disable=import-outside-toplevel
+
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+
+  from mutual import data, explain  # pylint: disable=import-outside-toplevel
+
+  ewf = _ewf()
+  (cls,) = data.synthetic_classes(1, seed=EXPLAIN_SEED, image_size=64, classes=(EXPLAIN_CLASS,))
+  encoded = io.BytesIO()
+  Image.fromarray(cls.images[0]).save(encoded, format="PNG")
+  name = os.path.basename(EXPLAIN_INPUT)
+  with tempfile.TemporaryDirectory() as folder:
+    image, workdir = os.path.join(folder, name), os.path.join(folder, "explain")
+    with open(image, "wb") as f:
+      f.write(encoded.getvalue())
+    start = time.perf_counter()
+    printed = ewf.run_command(explain, ["--image", image, "--workdir", workdir])
+    seconds = time.perf_counter() - start
+    with open(os.path.join(workdir, os.path.splitext(name)[0] + ".png"), "rb") as f:
+      figure = f.read()
+  printed = printed.replace(image, EXPLAIN_INPUT).replace(workdir, "workdirs/explain")
+  command = f"python -m mutual.explain --image {EXPLAIN_INPUT} --workdir workdirs/explain"
+  text = "\n".join(
+    [
+      f"On {machine()} ({about(seconds)}, the model's load and compilation included), the "
+      f"embedded world's {cls.name} below:",
+      "",
+      "```",
+      f"$ {command}",
+      printed.rstrip(),
+      "```",
+      "",
+      f"![mutual.explain on an embedded-world image]({EXPLAIN_IMAGE})",
+    ]
+  )
+  return {"mutual_explain": text, EXPLAIN_INPUT: encoded.getvalue(), EXPLAIN_IMAGE: figure}
+
+
 def mutual_modes_figures() -> dict[str, str]:
   """Table 3's row of the embedded world in both analysis modes (configs/mutual_synthetic.py
   with config.analysis.mode set; results aggregated as mutual.analyze aggregates them), and the
@@ -928,8 +1049,8 @@ def _app_a1(corloc: Mapping[str, Any], layers: Mapping[str, Any]) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-  """A measurement, the README regions it rewrites, and the images it draws (paths relative to
-  the README's folder, shown in those regions). `measure` returns {region: markdown} and
+  """A measurement, the regions it rewrites (in README.md or a page of docs/), and the images it
+  draws (paths relative to the README's folder, linked from those regions). `measure` returns {region: markdown} and
   {image path: PNG bytes}. `tolerance`: how far --check lets each decimal figure of the
   regions move (0: not at all), for figures that differ between CPUs whatever the flags; the
   README states it beside them."""
@@ -1214,7 +1335,7 @@ def gcs_figures() -> dict[str, str]:
     f"folder (a URL was once made a local folder `gs:`). Both runs report zero-shot "
     f"{pct(one, 'zero_shot')} and SToRI {pct(one, 'trained')}; the two processes' "
     f"`metrics.json` has the same accuracies (on {multi['num_devices']} devices), their weights "
-    f"within {difference:.1e} of one process's.".replace("e-0", "e-")
+    f"within {bound(difference)} of one process's."
   )
   return {"gcs": "\n" + block + "\n\n" + "\n".join(textwrap.wrap(text, 96)) + "\n"}
 
@@ -1311,6 +1432,12 @@ SECTIONS: dict[str, Section] = {
     ("mutual_analyze",),
     "mutual.analyze on configs/mutual_synthetic.py",
   ),
+  "mutual_explain": Section(
+    mutual_explain_figures,
+    ("mutual_explain",),
+    "python -m mutual.explain on an embedded-world image: its output and figure",
+    images=(EXPLAIN_INPUT, EXPLAIN_IMAGE),
+  ),
   "mutual_modes": Section(
     mutual_modes_figures,
     ("mutual_modes",),
@@ -1360,13 +1487,19 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_bool(
     "check",
     False,
-    "Measure and print the diff against the README; exit 1 if anything differs. Writes nothing.",
+    "Measure and print the diff against the README and docs/; exit 1 if a figure differs. Writes "
+    "nothing.",
     flag_values=values,
   )
   flags.DEFINE_bool(
     "list", False, "List the sections and their regions, and exit.", flag_values=values
   )
-  flags.DEFINE_string("readme", README, "The README to rewrite.", flag_values=values)
+  flags.DEFINE_string(
+    "readme",
+    README,
+    "The README to rewrite; the regions it does not hold are looked for in the docs/*.md beside it.",
+    flag_values=values,
+  )
 
 
 def _holds(path: str, content: bytes) -> bool:
@@ -1385,19 +1518,33 @@ def selected(only: Sequence[str]) -> list[str]:
   return [name for name in SECTIONS if not only or name in only]
 
 
+def read_texts(files: Sequence[str]) -> dict[str, str]:
+  """{path: text} of the files that hold the regions (figure_files)."""
+  texts = {}
+  for path in files:
+    with open(path, encoding="utf-8") as f:
+      texts[path] = f.read()
+  return texts
+
+
 def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
-  """Measures the chosen sections and rewrites (or, with --check, diffs) their README regions."""
+  """Measures the chosen sections and rewrites (or, with --check, diffs) their regions, each in
+  the file (README.md or a page of docs/) that holds it."""
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; the script takes flags only.")
   names = selected(values.only)
+  files = figure_files(values.readme)
   if values.list:
+    texts = read_texts(files)
     for name, section in SECTIONS.items():
       images = f"; images {', '.join(section.images)}" if section.images else ""
-      print(f"{name:16s} regions {', '.join(section.regions)}{images}: {section.what}")
+      where = [
+        f"{r} ({', '.join(os.path.relpath(p) for p, t in texts.items() if OPEN.format(r) in t)})"
+        for r in section.regions
+      ]
+      print(f"{name:16s} regions {', '.join(where)}{images}: {section.what}")
     return
-  path = values.readme
-  with open(path, encoding="utf-8") as f:
-    check_regions(f.read(), [r for n in names for r in SECTIONS[n].regions])  # before any work
+  region_homes(read_texts(files), [r for n in names for r in SECTIONS[n].regions])  # before work
   bodies: dict[str, str] = {}
   images: dict[str, bytes] = {}
   total = time.perf_counter()
@@ -1414,17 +1561,35 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     bodies.update({r: measured[r] for r in section.regions})
     images.update({i: measured[i] for i in section.images})
     print(f" {time.perf_counter() - start:.0f} s", flush=True)
-  # Read again: the README may have been edited meanwhile, and only the regions are ours.
-  with open(path, encoding="utf-8") as f:
-    old = f.read()
-  new = replace_regions(old, bodies)
-  diff = unified_diff(old, new, os.path.relpath(path))
+  # Read again: the pages may have been edited meanwhile, and only the regions are ours.
+  texts = read_texts(files)
+  homes = region_homes(texts, list(bodies))
+  root = os.path.dirname(os.path.abspath(values.readme))
+  drawn_by = {r: SECTIONS[n].images for n in names for r in SECTIONS[n].regions}
+  bodies = {r: linked_from(b, drawn_by[r], root, homes[r]) for r, b in bodies.items()}
+  rewritten: dict[str, str] = {}
+  for path, old in texts.items():
+    here = {r: body for r, body in bodies.items() if homes[r] == path}
+    if here and (new := replace_regions(old, here)) != old:
+      rewritten[path] = new
+  diff = "".join(unified_diff(texts[p], new, os.path.relpath(p)) for p, new in rewritten.items())
   sys.stdout.write(diff)
-  changed = sum(replace_region(old, r, b) != old for r, b in bodies.items())
-  summary = f"{changed} of {len(bodies)} regions differ ({time.perf_counter() - total:.0f} s)"
-  drawn = {
-    os.path.join(os.path.dirname(os.path.abspath(path)), i): png for i, png in images.items()
-  }
+  changed = [
+    r for r, b in bodies.items() if replace_region(texts[homes[r]], r, b) != texts[homes[r]]
+  ]
+  timed = [
+    r
+    for r in changed
+    if same_figures(
+      texts[homes[r]][slice(*region_span(texts[homes[r]], r))].strip(), bodies[r].strip()
+    )
+  ]
+  summary = (
+    f"{len(changed)} of {len(bodies)} regions differ"
+    + (f", {len(timed)} of them in timings (or wrapping) only" if timed else "")
+    + f" ({time.perf_counter() - total:.0f} s)"
+  )
+  drawn = {os.path.join(root, i): png for i, png in images.items()}
   redrawn = [f for f, png in drawn.items() if not _holds(f, png)]
   for f in redrawn:
     print(f"{os.path.relpath(f)}: the measured image differs", flush=True)
@@ -1433,13 +1598,13 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
       print(f"--check: {len(redrawn)} images not written and not compared beyond their bytes.")
     print(f"{summary}; --check: nothing written.")
     tolerance = {r: SECTIONS[n].tolerance for n in names for r in SECTIONS[n].regions}
-    now = {r: old[slice(*region_span(old, r))].strip() for r in bodies}
+    now = {r: texts[homes[r]][slice(*region_span(texts[homes[r]], r))].strip() for r in bodies}
     drifted = [r for r, body in bodies.items() if not same_figures(now[r], body.strip())]
     beyond = [r for r in drifted if not same_figures(now[r], bodies[r].strip(), tolerance[r])]
     for r in drifted:
       if r not in beyond:
         print(
-          f"{r}: its figures moved within the tolerance the README states (±{tolerance[r]:g} on "
+          f"{r}: its figures moved within the tolerance its page states (±{tolerance[r]:g} on "
           "each decimal figure), as they do between CPUs."
         )
     if beyond:
@@ -1448,13 +1613,15 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     if diff and not drifted:
       print("Only the measured timings differ (one run on a noisy machine): no figure drifted.")
     return
-  if diff:
+  for path, new in rewritten.items():
     write_atomic(path, new)
   for f in redrawn:
     os.makedirs(os.path.dirname(f), exist_ok=True)
     write_atomic(f, drawn[f])
   rewrote = f" and {len(redrawn)} images" if redrawn else ""
-  print(f"{summary}; {'rewrote' if diff else 'left'} {os.path.relpath(path)}{rewrote}.")
+  pages = ", ".join(os.path.relpath(p) for p in rewritten)
+  done = f"rewrote {pages}" if rewritten else f"left {os.path.relpath(values.readme)} and docs/"
+  print(f"{summary}; {done}{rewrote}.")
 
 
 if __name__ == "__main__":

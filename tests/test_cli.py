@@ -65,6 +65,35 @@ def test_config_mistakes_are_named(capsys, monkeypatch):
   assert "--config" in _error_line(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize(
+  "name,text,words",
+  [
+    ("README.md", None, ["README.md is not a config file", "Python file (.py)"]),
+    ("run.json", '{"config": {"seed": 0}, "ok": true}\n', ["is the record a run keeps"]),
+    ("settings.json", "{}\n", ["settings.json is not a config file"]),
+    ("typo.py", "def get_config(:\n  pass\n", ["line 1 (SyntaxError: invalid syntax)"]),
+    ("json_words.py", "def get_config():\n  return true\n", ["line 2 (NameError: name 'true'"]),
+  ],
+)
+def test_a_file_that_is_no_config_file_is_named(capsys, monkeypatch, tmp_path, name, text, words):
+  """--config given a run record, a README, a JSON file or a Python file that fails: one
+  paragraph naming the file and what a config file is, exit 2, nothing run."""
+  from stori_jax import train  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.chdir(REPO)
+  path = "README.md" if text is None else str(tmp_path / name)
+  if text is not None:
+    (tmp_path / name).write_text(text, encoding="utf-8")
+  workdir = tmp_path / "run"
+  assert cli.run_in_process(train, [f"--config={path}", f"--workdir={workdir}"]) == 2
+  out, err = capsys.readouterr()
+  message = _error_line(err)
+  assert "Traceback" not in err and out == "" and not workdir.exists()
+  assert path in message and "Nothing was run." in message
+  for word in words:
+    assert word in message, message
+
+
 def test_print_outputs_lists_what_exists_and_written_paths_reads_it_back(tmp_path, capsys):
   (tmp_path / "results.json").write_text("{}")
   for name in ("fig_b.png", "fig_a.png"):

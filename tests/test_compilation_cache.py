@@ -59,7 +59,7 @@ def test_a_second_command_reads_its_programs_from_the_cache(
     assert cli.run_in_process(command, [f"--workdir={tmp_path / name}"]) == 0
     records.append(json.loads((tmp_path / name / cli.COMPILATION_FILE).read_text()))
   first, second = records
-  assert first["cache_dir"] == str(tmp_path / "cache")
+  assert first["cache_dir"] == str(tmp_path / "cache") and first["cache_off_reason"] is None
   assert first["programs"] >= 2 and first["programs_compiled"] == first["programs"]
   assert first["programs_from_cache"] == 0 and first["compile_seconds"] > 0
   # Small programs too (the cache's default thresholds would keep sub-second compiles out).
@@ -82,6 +82,50 @@ def test_the_flag_turns_the_cache_off(tmp_path, monkeypatch, cache_off_afterward
   assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize("value", ["disabled", "OFF", "none"])
+def test_the_environment_turns_the_cache_off(tmp_path, monkeypatch, cache_off_afterwards, value):
+  monkeypatch.setenv(profiling.CACHE_ENV, value)
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
+  jax.clear_caches()
+  assert cli.run_in_process(_command_module(), [f"--workdir={tmp_path / 'w'}"]) == 0
+  record = json.loads((tmp_path / "w" / cli.COMPILATION_FILE).read_text())
+  assert record["cache_dir"] is None and record["cache_off_reason"].startswith("turned off")
+  assert record["programs_compiled"] == record["programs"] >= 2
+  assert not (tmp_path / "cache").exists()
+
+
+def test_a_cache_setting_that_says_neither_on_nor_off_is_refused(
+  tmp_path, monkeypatch, capsys, cache_off_afterwards
+):
+  monkeypatch.setenv(profiling.CACHE_ENV, "of")
+  assert cli.run_in_process(_command_module(), [f"--workdir={tmp_path / 'w'}"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("error:") == 1 and "STORI_COMPILATION_CACHE='of' says neither on nor off" in err
+  assert not (tmp_path / "w").exists()
+
+
+def test_an_unusable_cache_folder_is_reported_and_left_off(
+  tmp_path, monkeypatch, capsys, cache_off_afterwards
+):
+  """A folder that cannot be made (a file stands in its way): one warning line, the run
+  compiles without the cache, and compilation.json says so (cache_dir null, the reason)."""
+  (tmp_path / "a_file").write_text("not a folder\n")
+  folder = tmp_path / "a_file" / "cache"
+  monkeypatch.setenv(profiling.CACHE_ENV, "1")
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(folder))
+  jax.clear_caches()
+  assert cli.run_in_process(_command_module(), [f"--workdir={tmp_path / 'w'}"]) == 0
+  warnings = [line for line in capsys.readouterr().err.splitlines() if "compilation cache" in line]
+  assert len(warnings) == 1, warnings
+  assert f"the compilation cache folder {folder} cannot be written (Not a directory)" in warnings[0]
+  assert "compiles without the cache" in warnings[0]
+  record = json.loads((tmp_path / "w" / cli.COMPILATION_FILE).read_text())
+  assert record["cache_dir"] is None
+  assert record["cache_off_reason"] == f"the folder {folder} cannot be written (Not a directory)"
+  assert record["programs_compiled"] == record["programs"] >= 2
+  assert not jax.config.jax_enable_compilation_cache
+
+
 def test_where_the_cache_lives(tmp_path, monkeypatch, cache_off_afterwards):
   monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -97,7 +141,9 @@ def test_where_the_cache_lives(tmp_path, monkeypatch, cache_off_afterwards):
   assert profiling.use_compilation_cache(True) == str(tmp_path / "set_in_python")
   assert profiling.use_compilation_cache(False) is None
   assert not jax.config.jax_enable_compilation_cache
-  for value, on in (("0", False), ("off", False), ("false", False), ("1", True), ("", True)):
+  for value, on in (
+    ("0", False), ("off", False), ("false", False), ("disabled", False), ("1", True), ("", True)
+  ):  # fmt: skip
     monkeypatch.setenv(profiling.CACHE_ENV, value)
     assert profiling.compilation_cache_default() is on, value
 

@@ -1,6 +1,6 @@
 """The shipped tiny CLIP: its text tower responds to token weights at its default
 blocks the way the paper reports for real CLIP, with sizes asserted on held-out images, while
-it keeps its zero-shot quality. (Measured values are in the README, re-measured by
+it keeps its zero-shot quality. (Measured values are in docs/embedded_world.md, re-measured by
 scripts/embedded_world_figures.py.)"""
 
 import numpy as np

@@ -233,6 +233,69 @@ def test_storage_problems_stop_before_any_work(
   assert gcs_emulator.objects(gcs_bucket) == []
 
 
+#: Workdirs that would put objects elsewhere than they name, and the refusal's words (issue 44).
+_MISLEADING_WORKDIRS = {
+  # tensorstore reads '#' and '?' as URL syntax: run#1's and run#2's arrays would share `run/`.
+  "fragment": ("gs://{bucket}/run#1", "may not hold '#'"),
+  "query": ("gs://{bucket}/q?a", "may not hold '?'"),
+  "one_slash": ("gs:/{bucket}/typo", "takes two slashes (gs://{bucket}/typo)"),
+  "upper_case": ("GS://{bucket}/upper", "lower case (gs://{bucket}/upper)"),
+  "parent": ("gs://{bucket}/x/../one", "without them (gs://{bucket}/one, if"),
+  "above_bucket": ("gs://{bucket}/../one", "climbs above the bucket"),
+  "no_bucket": ("gs:///run", "names no bucket"),
+}
+
+
+@pytest.mark.parametrize("command", ["train", "run_grid", "mutual.analyze"])
+@pytest.mark.parametrize("case", sorted(_MISLEADING_WORKDIRS))
+def test_a_workdir_url_that_would_write_elsewhere_is_refused_before_any_work(
+  gcs_bucket, gcs_emulator, run_command, command, case
+):
+  template, message = _MISLEADING_WORKDIRS[case]
+  workdir = template.format(bucket=gcs_bucket)
+  module, *args = _commands(workdir)[command]
+  result = run_command(module, *args)
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1, result.stderr[-3000:]
+  assert message.format(bucket=gcs_bucket) in errors[0] and "Nothing was done." in errors[0]
+  assert result.stdout.strip() == ""
+  # The whole bucket: nothing written anywhere (no `run` object, no `run/...` prefix).
+  assert gcs_emulator.objects(gcs_bucket) == []
+  assert not os.path.exists(os.path.join(REPO, "gs:"))
+
+
+@pytest.mark.parametrize("root", ["gs://{bucket}", "gs://{bucket}/"])
+def test_restart_on_a_bucket_root_asks_for_a_folder(gcs_bucket, gcs_emulator, run_command, root):
+  paths.write_text_atomic(f"gs://{gcs_bucket}/other.txt", "someone else's object\n")
+  workdir = root.format(bucket=gcs_bucket)
+  start = time.monotonic()
+  result = run_command(*_commands(workdir)["train"], "--restart")
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "it is a whole bucket" in errors[0], result.stderr[-3000:]
+  assert f"gs://{gcs_bucket}/run1" in errors[0]
+  assert time.monotonic() - start < 30  # no retries against another bucket
+  assert gcs_emulator.objects(gcs_bucket) == ["other.txt"]
+
+
+@pytest.mark.slow
+def test_a_storage_service_that_cannot_be_reached_is_one_paragraph(
+  gcs_bucket, monkeypatch, run_command
+):
+  """The emulator stopped (nothing listens at its address): gcsfs's bounded retries (about
+  35 s), then one paragraph naming the endpoint, exit 2, no aiohttp traceback."""
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{emulator_helpers.free_port()}")
+  start = time.monotonic()
+  result = run_command(*_commands(f"gs://{gcs_bucket}/run")["train"])
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "cannot be reached, after the storage client's retries" in errors[0]
+  assert "Traceback" not in result.stderr and "aiohttp" not in result.stderr, result.stderr[-3000:]
+  assert result.stdout.strip() == ""
+  assert time.monotonic() - start < 120
+
+
 def test_a_config_file_in_a_bucket(gcs_bucket, gcs_emulator, run_command):
   """--config=gs://...: read through a local copy; a missing one is one paragraph."""
   with open(os.path.join(REPO, "configs", "grid_synthetic.py"), "rb") as f:
@@ -243,6 +306,18 @@ def test_a_config_file_in_a_bucket(gcs_bucket, gcs_emulator, run_command):
   assert done.returncode == 0, done.stderr[-3000:]
   missing = run_command("stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/absent.py")
   assert missing.returncode == 2 and "no config file" in missing.stderr
+  # A run record in a bucket: named by its URL before anything is downloaded.
+  record = f"gs://{gcs_bucket}/run/run.json"
+  paths.write_text_atomic(record, '{"config": {"seed": 0}, "done": true}\n')
+  wrong = run_command("stori_jax.run_grid", f"--config={record}")
+  assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+  assert f"{record} is not a config file" in wrong.stderr
+  assert "the record a run keeps in its workdir" in wrong.stderr
+  # A config in a bucket that fails as Python: the URL and the line named, not the local copy.
+  paths.write_text_atomic(f"gs://{gcs_bucket}/configs/bad.py", "def get_config():\n  return nul\n")
+  bad = run_command("stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/bad.py")
+  assert bad.returncode == 2 and "Traceback" not in bad.stderr
+  assert f"the config file gs://{gcs_bucket}/configs/bad.py fails as Python at line 2" in bad.stderr
 
 
 # ---- The lock of a gs:// workdir ---------------------------------------------------------------

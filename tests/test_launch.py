@@ -339,3 +339,62 @@ def test_local_launcher_runs_a_command_on_two_processes(tmp_path, tiny_random_mo
   assert metrics["num_devices"] == 2
   record = json.loads((workdir / cli.COMPILATION_FILE).read_text())
   assert record["programs"] > 0
+
+
+_TRAIN = ("--", "python", "-m", "stori_jax.train", "--config=configs/demo.py")
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+@pytest.mark.parametrize("count", ["0", "65", "99999999999999999999", "00"])
+def test_local_refuses_a_number_of_processes_out_of_range(dry_run, count):
+  done = _launch("local_multiprocess.sh", *(["--dry_run"] if dry_run else []), count, *_TRAIN)
+  assert done.returncode == 2 and done.stdout == "", done.stdout[-500:]
+  assert (
+    done.stderr.count("\n") == 1 and f"must be 1 to 64 on one machine, got {count}" in done.stderr
+  )
+
+
+def test_local_takes_up_to_its_limit_and_a_raised_one():
+  done = _launch("local_multiprocess.sh", "--dry_run", "064", *_TRAIN)
+  assert done.returncode == 0, done.stderr
+  assert len(done.stdout.splitlines()) == 64 and "--num_processes=64 --process_id=63" in done.stdout
+  done = _launch(
+    "local_multiprocess.sh", "--dry_run", "70", *_TRAIN, env={"STORI_MAX_PROCESSES": "80"}
+  )
+  assert done.returncode == 0 and len(done.stdout.splitlines()) == 70, done.stderr
+
+
+@pytest.mark.parametrize(
+  "nodes, says",
+  [("abc", "NODES must be a whole number of nodes, 1 or more, got 'abc'"),
+   ("0", "NODES must be 1 to 99999 nodes, got '0'"),
+   ("-3", "got '-3'"),
+   ("123456", "got '123456'")],
+)  # fmt: skip
+def test_slurm_refuses_a_bad_number_of_nodes(nodes, says):
+  done = _launch("slurm_gpu.sbatch", "--dry_run", *_TRAIN, env={"NODES": nodes})
+  assert done.returncode == 2 and done.stdout == ""
+  assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
+def test_slurm_with_a_venv_missing_here(tmp_path):
+  """A dry run shows the job with the cluster's environment, noting it is not here; the job
+  itself stops with one line before installing anything."""
+  missing = str(tmp_path / "nonexistent")
+  done = _launch("slurm_gpu.sbatch", "--dry_run", *_TRAIN, env={"VENV": missing, "NODES": "2"})
+  assert done.returncode == 0, done.stderr
+  assert done.stderr.count("\n") == 1 and f"VENV={missing} does not exist here" in done.stderr
+  assert (
+    f"srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --chdir {REPO} {missing}/bin/python"
+    in done.stdout
+  )
+  job = _launch("slurm_gpu.sbatch", *_TRAIN, env={"VENV": missing, "NODES": "2"})
+  assert job.returncode == 2 and job.stdout == ""
+  assert job.stderr.count("\n") == 1 and f"VENV={missing} is no virtual environment" in job.stderr
+
+
+@pytest.mark.parametrize("names", [("", ""), ("my-tpu", ""), ("", "us-central2-b")])
+def test_tpu_refuses_empty_names(names):
+  done = _launch("tpu_pod.sh", "--dry_run", *names, *_TRAIN)
+  assert done.returncode == 2 and done.stdout == ""
+  assert done.stderr.count("\n") == 1 and "may not be empty" in done.stderr, done.stderr

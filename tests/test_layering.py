@@ -67,6 +67,7 @@ LAYERS = (
     "mutual.evaluation",
     "mutual.sweep",
     "mutual.text_bank",
+    "mutual.explanation",
   ),
   # Commands: thin entries over everything below.
   (
@@ -83,6 +84,7 @@ LAYERS = (
     "stori_jax.run_grid",
     "stori_jax.contrast",
     "mutual.analyze",
+    "mutual.explain",
     "mutual.evaluate",
     "mutual.export",
   ),

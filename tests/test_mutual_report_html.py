@@ -3,7 +3,7 @@ world in this process, its page parsed (one row per image, the values of the JSO
 link resolving, data strings escaped) and opened from disk in headless Chromium (no console
 error or failed request, the figures decoded, sorting by a column header).
 
-The README's screenshot (docs/images/mutual_report.png) is this page for the README's command
+The screenshot in docs/mutual.md (docs/images/mutual_report.png) is this page for its command
 (`configs/mutual_synthetic.py`): `report.html#img-1` in a 1600 x 1400 px viewport of the
 `_page` helper, scrolled back to the top.
 """

@@ -189,7 +189,7 @@ def test_paper_configs_draw_fresh_views_on_taskres_scheme():
       1,
       1e-5,
     )
-  assert _config_file("demo").optim.schedule == "cosine"  # the demo keeps its own (README)
+  assert _config_file("demo").optim.schedule == "cosine"  # the demo keeps its own (docs/fewshot.md)
 
 
 def test_retrieval_configs_take_the_few_shot_backbones():

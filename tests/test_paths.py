@@ -174,3 +174,82 @@ def test_a_prefix_whose_objects_come_and_go_is_never_a_file(gcs_bucket):
   assert not any(seen), f"{sum(seen)} of 300 checks called a bare prefix a file"
   paths.write_text_atomic(root, "an object named as the prefix\n")
   assert paths.isfile(root)
+
+
+@pytest.fixture
+def temp_root(tmp_path, monkeypatch):
+  """The system's temp folder, made a fresh one: what local_copy leaves there is seen."""
+  import tempfile
+
+  root = tmp_path / "system_tmp"
+  root.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(root))
+  return root
+
+
+def test_local_copies_are_removed_and_checked_before_download(gcs_bucket, temp_root):
+  folder = f"gs://{gcs_bucket}/model"
+  paths.write_text_atomic(f"{folder}/weights.bin", "x" * 1000)
+  with pytest.raises(paths.StorageError, match=f"{folder} is a folder in object storage where a"):
+    paths.local_copy(folder, expect="file")
+  with pytest.raises(paths.StorageError, match="is a file in object storage where a folder"):
+    paths.local_copy(f"{folder}/weights.bin", expect="folder")
+  with pytest.raises(FileNotFoundError):
+    paths.local_copy(f"gs://{gcs_bucket}/absent.json", expect="file")
+  assert list(temp_root.iterdir()) == []  # nothing downloaded, nothing left
+  kept = paths.local_copy(f"{folder}/weights.bin", expect="file")
+  assert os.path.getsize(kept) == 1000 and os.path.dirname(os.path.dirname(kept)) == str(temp_root)
+  paths.remove_local_copies()
+  assert list(temp_root.iterdir()) == []
+  # copied_locally: removed on leaving the block, a raised UserError names the URL.
+  from stori_jax.plumbing.errors import InputError
+
+  with pytest.raises(InputError) as raised:
+    with paths.copied_locally(folder, expect="folder") as local:
+      assert os.path.isfile(os.path.join(local, "weights.bin"))
+      raise InputError(f"{os.path.join(local, 'weights.bin')} is not a weights file")
+  assert str(raised.value) == f"{folder}/weights.bin is not a weights file"
+  assert list(temp_root.iterdir()) == []
+
+
+def test_a_command_leaves_no_local_copy_however_it_ends(
+  gcs_bucket, temp_root, run_command, tmp_path
+):
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(repo, "configs", "grid_synthetic.py"), "rb") as f:
+    paths.write_bytes_atomic(f"gs://{gcs_bucket}/configs/grid.py", f.read())
+  paths.write_text_atomic(f"gs://{gcs_bucket}/configs/bad.py", "def get_config():\n  x = y\n")
+  # A copy made before the commands (an enclosing script's) is not theirs to remove.
+  outer = temp_root / os.path.basename(
+    os.path.dirname(paths.local_copy(f"gs://{gcs_bucket}/configs/bad.py"))
+  )
+  done = run_command(
+    "stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/grid.py", "--dry_run"
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert list(temp_root.iterdir()) == [outer]
+  failed = run_command("stori_jax.run_grid", f"--config=gs://{gcs_bucket}/configs/bad.py")
+  assert failed.returncode == 2 and f"gs://{gcs_bucket}/configs/bad.py" in failed.stderr
+  assert str(temp_root) not in failed.stderr
+  assert list(temp_root.iterdir()) == [outer]
+  # A model folder of no known layout is refused by its URL before anything is downloaded.
+  paths.write_text_atomic(f"gs://{gcs_bucket}/notes/readme.txt", "not a model\n")
+  refused = run_command(
+    "stori_jax.train", "--config=configs/demo.py", f"--workdir={tmp_path / 'run'}",
+    f"--config.model.source=gs://{gcs_bucket}/notes",
+  )  # fmt: skip
+  assert refused.returncode == 2, refused.stderr[-3000:]
+  assert f"gs://{gcs_bucket}/notes is a directory without" in refused.stderr
+  assert list(temp_root.iterdir()) == [outer]
+  # A weights file that is no weights file: named by its URL; its download removed.
+  paths.write_text_atomic(f"gs://{gcs_bucket}/broken/model.pt", "not a checkpoint\n")
+  broken = run_command(
+    "stori_jax.train", "--config=configs/demo.py", f"--workdir={tmp_path / 'run2'}",
+    f"--config.model.source=gs://{gcs_bucket}/broken/model.pt",
+  )  # fmt: skip
+  assert broken.returncode == 2, broken.stderr[-3000:]
+  assert f"gs://{gcs_bucket}/broken/model.pt" in broken.stderr
+  assert str(temp_root) not in broken.stderr
+  assert list(temp_root.iterdir()) == [outer]
+  paths.remove_local_copies()
+  assert list(temp_root.iterdir()) == []

@@ -1,8 +1,9 @@
-"""scripts/readme_figures.py: the README's marked regions are replaced and nothing else, a
-missing marker is an error naming its region, --check prints a diff and writes nothing, and the
-README holds every section's markers (the sections stubbed); a section's generator gives what
-the command beside it prints (start_block and world, on a tiny probe set); and no figure of the
-README's regenerated spans is typed by hand outside a region."""
+"""scripts/readme_figures.py: the marked regions are replaced and nothing else, a missing marker
+is an error naming its region, --check prints a diff and writes nothing, a region is found and
+rewritten in whichever of README.md and docs/*.md holds it (its image links relative to that
+page), and README + docs hold every section's region exactly once (the sections stubbed); a
+section's generator gives what the command beside it prints (start_block and world, on a tiny
+probe set); and no figure of the regenerated spans is typed by hand outside a region."""
 
 import importlib.util
 import os
@@ -104,6 +105,44 @@ def test_check_passes_when_only_a_timing_differs(figures, tmp_path, monkeypatch,
   assert figures.without_timings("about 150 s, about 11 minutes") == "about ? s, about ? s"
 
 
+def test_check_passes_a_paragraph_re_wrapped_by_a_longer_timing(
+  figures, tmp_path, monkeypatch, capsys
+):
+  """A timing that grew a digit moves a paragraph's line breaks: --check exits 0 (timings are
+  not figures, the wrapping is not either), and says only the timings differ."""
+  sentence = (
+    "The demo on the shipped tiny CLIP trains in {} and reaches 95.17% with weights within "
+    "1e-5 of one process's."
+  )
+  short, long = sentence.format("about 35 s"), sentence.format("about 110 s")
+  # A width at which the longer timing moves a line break (not only the timing's own line).
+  width = next(
+    w for w in range(30, 90) if figures.fill(short, w).replace("35", "110") != figures.fill(long, w)
+  )
+  old, new = figures.fill(short, width), figures.fill(long, width)
+  readme = tmp_path / "README.md"
+  readme.write_text(f"<!-- figures:demo -->\n{old}\n<!-- /figures:demo -->\n", encoding="utf-8")
+  for measured, code in ((new, 0), (new.replace("95.17", "95.18"), 1)):
+    stub = figures.Section(lambda: {"demo": "\n" + measured + "\n"}, ("demo",), "a stub")
+    monkeypatch.setattr(figures, "SECTIONS", {"stub": stub})
+    assert cli.run_in_process(figures, ["--readme", str(readme), "--check"]) == code
+    out = capsys.readouterr().out
+    assert ("1 of 1 regions differ, 1 of them in timings (or wrapping) only" in out) == (code == 0)
+    assert ("Only the measured timings differ" in out) == (code == 0)
+    assert ("Figures drifted in demo." in out) == (code == 1)
+  assert figures.without_timings("about 4 ms,\n  about 8 hours") == "about ? s, about ? s"
+
+
+def test_a_measured_difference_is_stated_as_its_bound(figures):
+  """Two machines of one kind measure 2.6e-6 and 3.8e-6: both state "within 1e-5"."""
+  assert [figures.bound(x) for x in (2.6e-6, 3.8e-6, 1e-5)] == ["1e-5"] * 3
+  assert [figures.bound(x) for x in (1.2e-5, 0.0, 0.4, 3.0)] == ["1e-4", "0", "1", "10"]
+  one, other = (
+    f"their weights within {figures.bound(x)} of one process's." for x in (2.6e-6, 3.8e-6)
+  )
+  assert one == other and figures.same_figures(one, other)
+
+
 def test_a_section_s_images_are_written_beside_the_readme(figures, tmp_path, monkeypatch, capsys):
   readme = tmp_path / "README.md"
   readme.write_text(TEXT, encoding="utf-8")
@@ -143,17 +182,63 @@ def test_a_readme_without_the_markers_stops_before_measuring(
   assert cli.run_in_process(figures, ["--only", "nope", "--readme", str(readme)]) == 2
 
 
-def test_the_readme_has_every_section_s_markers(figures):
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    text = f.read()
+def _pages(figures):
+  """{path: text} of README.md and docs/*.md, the files the script rewrites."""
+  return figures.read_texts(figures.figure_files(os.path.join(ROOT, "README.md")))
+
+
+def test_readme_and_docs_hold_every_section_s_region_exactly_once(figures):
+  texts = _pages(figures)
+  assert os.path.join(ROOT, "docs", "fewshot.md") in texts  # the docs pages are searched
   regions = [r for section in figures.SECTIONS.values() for r in section.regions]
   assert len(regions) == len(set(regions))
-  figures.check_regions(text, regions)
+  homes = figures.region_homes(texts, regions)  # raises unless each is in exactly one file
+  for name in regions:
+    opening, closing = figures.OPEN.format(name), figures.CLOSE.format(name)
+    assert sum(t.count(opening) + t.count(closing) for t in texts.values()) == 2, name
+  # `make test`'s figures stay on the front door.
+  assert homes["suite.default"] == homes["suite.all"] == os.path.join(ROOT, "README.md")
+  # No marker names a region that no section rewrites.
+  marked = {m for t in texts.values() for m in re.findall(r"<!-- figures:([\w.]+) -->", t)}
+  assert marked == set(regions)
   # A marker inside a paragraph must not start a line: GitHub would end the paragraph there and
   # show the rest of the line as raw HTML.
-  for line in text.splitlines():
-    if line.startswith("<!-- ") and "figures:" in line:
-      assert line.strip().endswith("-->") and line.count("-->") == 1, line
+  for text in texts.values():
+    for line in text.splitlines():
+      if line.startswith("<!-- ") and "figures:" in line:
+        assert line.strip().endswith("-->") and line.count("-->") == 1, line
+
+
+def test_a_region_is_rewritten_in_the_docs_page_that_holds_it(
+  figures, tmp_path, monkeypatch, capsys
+):
+  readme = tmp_path / "README.md"
+  readme.write_text("# Front door\n\nSee docs/page.md.\n", encoding="utf-8")
+  (tmp_path / "docs").mkdir()
+  page = tmp_path / "docs" / "page.md"
+  page.write_text(TEXT, encoding="utf-8")
+  image, png = "docs/images/measured.png", b"\x89PNG\r\n\x1a\nmeasured"
+  body = f"measured words ![a figure]({image})"
+  stub = figures.Section(lambda: {"words": body, image: png}, ("words",), "a stub", images=(image,))
+  monkeypatch.setattr(figures, "SECTIONS", {"stub": stub})
+  args = ["--readme", str(readme)]
+  assert cli.run_in_process(figures, [*args, "--check"]) == 1
+  out = capsys.readouterr().out
+  assert "docs/page.md (measured)" in out and page.read_text(encoding="utf-8") == TEXT
+  assert cli.run_in_process(figures, args) == 0
+  # The link is relative to the page (docs/), the image written beside the README.
+  want = TEXT.replace("old words", "measured words ![a figure](images/measured.png)")
+  assert page.read_text(encoding="utf-8") == want
+  assert readme.read_text(encoding="utf-8") == "# Front door\n\nSee docs/page.md.\n"
+  assert (tmp_path / image).read_bytes() == png
+  assert "rewrote " in capsys.readouterr().out
+  assert cli.run_in_process(figures, [*args, "--check"]) == 0  # now up to date
+  # The same region in the README too: refused before measuring, naming both files.
+  readme.write_text("<!-- figures:words -->x<!-- /figures:words -->\n", encoding="utf-8")
+  assert cli.run_in_process(figures, args) == 2
+  err = capsys.readouterr().err
+  assert "'words'" in err and "README.md" in err and "page.md" in err
+  assert page.read_text(encoding="utf-8") == want
 
 
 def test_about_rounds_a_noisy_time(figures):
@@ -354,15 +439,15 @@ def test_the_world_section_is_what_evaluate_world_prints(figures, run_command, t
 # ---------------------------------------------------------------------------------------------
 # Every embedded-world figure of the covered README sections is inside a generated region.
 
-#: (from, to): README spans whose figures readme_figures regenerates; every number in them
-#: outside a region must be in ALLOWED.
+#: (page, from, to): spans of README.md / docs pages whose figures readme_figures regenerates
+#: ("" to: the page's end); every number in them outside a region must be in ALLOWED.
 COVERED = (
-  ("## The embedded synthetic world", "## Preference retrieval"),  # world, start_block
-  ("The paper's ablations, on the demo's", "What matters ("),  # ablations (Fig. 10, Table 1)
-  ("### Paper tables as one command", "### One class against others"),  # grid, grid_ablations
-  ("### One class against others", "## Numerics parity"),  # contrast
-  ("### Evaluation protocols", "## Model zoo"),  # mutual_evaluate
-  ("Done: CLIP towers", "The few-shot demo beats"),  # world.status
+  ("docs/embedded_world.md", "# The embedded synthetic world", ""),  # world, start_block
+  ("docs/fewshot.md", "The paper's ablations, on the demo's", "What matters ("),  # ablations
+  ("docs/fewshot.md", "## Paper tables as one command", "## One class against others"),  # grid
+  ("docs/fewshot.md", "## One class against others", ""),  # contrast
+  ("docs/mutual.md", "## Evaluation protocols", ""),  # mutual_evaluate
+  ("docs/status.md", "Done: CLIP towers", "The few-shot demo beats"),  # world.status
 )
 #: Numbers in the covered spans that are not measurements.
 ALLOWED = {
@@ -378,28 +463,28 @@ _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?%|(?<![\w.])\d+\.\d+")
 _REGION = re.compile(r"<!-- figures:([\w.]+) -->.*?<!-- /figures:\1 -->", re.S)
 
 
-def test_every_covered_figure_of_the_readme_is_in_a_generated_region(figures):
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    text = f.read()
+def _span(text, start, end):
+  i = text.index(start)
+  return text[i : text.index(end, i) if end else len(text)]
+
+
+def test_every_covered_figure_of_the_docs_is_in_a_generated_region(figures):
   regions = {r for section in figures.SECTIONS.values() for r in section.regions}
-  outside = _REGION.sub("", text)
   used, stray = set(), []
-  for start, end in COVERED:
-    i = outside.index(start)
-    span = outside[i : outside.index(end, i)]
-    for number in _NUMBER.findall(span):
+  for page, start, end in COVERED:
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+      text = f.read()
+    for number in _NUMBER.findall(_span(_REGION.sub("", text), start, end)):
       if number in ALLOWED:
         used.add(number)
       else:
-        stray.append(f"{number!r} in the span from {start!r}")
+        stray.append(f"{number!r} in {page}'s span from {start!r}")
+    # The scan sees the regions it removes: each generated region of these spans is one of the
+    # sections' (so a figure cannot hide in a region no section rewrites).
+    for name in re.findall(r"<!-- figures:([\w.]+) -->", _span(text, start, end)):
+      assert name in regions, name
   assert not stray, "hand-typed figures outside a generated region: " + "; ".join(stray)
   assert used == set(ALLOWED), f"stale allowlist entries: {sorted(set(ALLOWED) - used)}"
-  # The scan sees the regions it removes: each generated region of these spans is one of the
-  # sections' (so a figure cannot hide in a region no section rewrites).
-  for start, end in COVERED:
-    i = text.index(start)
-    for name in re.findall(r"<!-- figures:([\w.]+) -->", text[i : text.index(end, i)]):
-      assert name in regions, name
 
 
 @pytest.mark.parametrize(
@@ -458,8 +543,8 @@ def test_check_allows_a_stated_tolerance_on_decimal_figures_only(figures):
 def test_check_passes_a_region_within_its_tolerance(figures, tmp_path, monkeypatch, capsys):
   # The bf16 shares carry the tolerance the README states beside them.
   assert figures.SECTIONS["mutual_precision"].tolerance == figures.BF16_TOLERANCE == 7.0
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    text = f.read()
+  texts = _pages(figures)
+  text = texts[figures.region_homes(texts, ["mutual_precision"])["mutual_precision"]]
   after = text[text.index("<!-- /figures:mutual_precision -->") :][:1000]
   assert "within 7 percentage points" in after
   readme = tmp_path / "README.md"

@@ -174,7 +174,7 @@ def test_cub_loader_and_prompts(tmp_path):
   for k, n in enumerate(names):
     np.testing.assert_array_equal(table[n], present[:, k])
   specs = datasets.cub_prompts(paper_config.CUB_ATTRIBUTES, paper_config.CUB_TEMPLATE)
-  assert len(specs) == 57  # the paper reports 58; see the README
+  assert len(specs) == 57  # the paper reports 58; see docs/design.md
   for spec in specs:  # no two attributes of one colour
     colours = [a[0].split("::")[1] for a in spec.attributes if "_color" in a[0]]
     assert len(colours) == len(set(colours))

@@ -870,6 +870,13 @@ def _check_config(config) -> None:
       f"unknown protocols {sorted(unknown)} in config.evaluation.protocols; known: "
       f"{protocols.PROTOCOLS}"
     )
+  missing = protocols.missing_requirements(config)
+  if missing:  # found now, not after the classes and the protocols before it
+    raise ConfigError(
+      "; ".join(missing) + ". Install it, or leave the protocol out of "
+      "config.evaluation.protocols (e.g. --config.evaluation.protocols=\"('table2',)\"). "
+      "Nothing was run."
+    )
   if config.baselines.enabled:
     baseline_lf_cbm.lf_cbm_settings(config.baselines)  # LF-CBM's recipe, before any work
   if config.baselines.enabled and int(config.baselines.n_concepts) != int(

@@ -61,6 +61,7 @@ from mutual.protocols.tables import (
   section,
   table2_markdown,
 )
+from mutual.protocols.bank import missing_requirements as _bank_quality_requirements
 from mutual.protocols.zero_shot import (
   AGGREGATES,
   PromptSums,
@@ -69,3 +70,17 @@ from mutual.protocols.zero_shot import (
   prompt_sums,
   topk_hits,
 )
+
+#: protocol -> what it lacks on this machine (its optional packages or files) for its settings
+#: (config.protocols.<name>), or None; the protocols not named need nothing beyond the install.
+REQUIREMENTS = {"bank_quality": _bank_quality_requirements}
+
+
+def missing_requirements(config) -> list[str]:
+  """What the protocols of config.evaluation.protocols lack on this machine, one sentence
+  each ("App. A.4's diversity needs ..."): checked before any work."""
+  return [
+    problem
+    for name in config.evaluation.protocols
+    if name in REQUIREMENTS and (problem := REQUIREMENTS[name](config.protocols[name]))
+  ]

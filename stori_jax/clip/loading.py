@@ -247,8 +247,40 @@ def load(
   elif not paths.exists(source):
     source = _hub_id_or_missing(source, revision)
   if paths.is_remote(source) and not native.is_native_dir(source):
-    source = paths.local_copy(source)  # gs://: other layouts are read from a local copy
+    # gs://: other layouts are read from a local copy, made once the URL is known to hold one
+    # (a folder of another kind is refused by its URL before anything is downloaded), removed
+    # as soon as the weights are in memory; errors name the URL, not the copy.
+    if paths.isdir(source) and not any(
+      paths.isfile(paths.join(source, marker)) for marker in _FOLDER_MARKERS
+    ):
+      raise _unknown_folder(source)
+    with paths.copied_locally(source) as local:
+      config, params, preprocess, weights = _load_local(local, arch, origin)
+    if isinstance(weights, str):  # the weights named by URL in messages
+      weights = weights.replace(os.path.dirname(local), paths.parent(source))
+  else:
+    config, params, preprocess, weights = _load_local(source, arch, origin)
+  validate.check_finite(params, weights)
+  return CLIPBundle(
+    config=config, params=params, dtype=dtype, preprocess_config=preprocess, source=origin
+  )
 
+
+#: The file that marks a model folder of each layout `load` reads besides this project's own.
+_FOLDER_MARKERS = ("config.json", "open_clip_config.json")
+
+
+def _unknown_folder(source: str) -> CheckpointError:
+  return CheckpointError(
+    f"{source} is a directory without {native.CONFIG_FILE} (converted), config.json "
+    "(transformers) or open_clip_config.json (open_clip); point at the weights file "
+    f"instead, or convert it with python -m stori_jax.convert."
+  )
+
+
+def _load_local(source: str, arch: Any, origin: str):
+  """(config, params, preprocess config, weights path) of a model folder or weights file
+  `source` (local, or a native gs:// folder)."""
   if paths.isdir(source):
     if native.is_native_dir(source):
       config, params, preprocess, _ = native.load(source)
@@ -258,19 +290,11 @@ def load(
     elif os.path.isfile(os.path.join(source, "open_clip_config.json")):
       config, params, preprocess, weights = _load_open_clip_dir(source)
     else:
-      raise CheckpointError(
-        f"{source} is a directory without {native.CONFIG_FILE} (converted), config.json "
-        "(transformers) or open_clip_config.json (open_clip); point at the weights file "
-        f"instead, or convert it with python -m stori_jax.convert."
-      )
+      raise _unknown_folder(source)
     if arch is not None:
       _check_arch(arch, config, origin)
-  else:
-    config, params, preprocess, weights = _load_state_dict_file(source, arch)
-  validate.check_finite(params, weights)
-  return CLIPBundle(
-    config=config, params=params, dtype=dtype, preprocess_config=preprocess, source=origin
-  )
+    return config, params, preprocess, weights
+  return _load_state_dict_file(source, arch)
 
 
 def save(

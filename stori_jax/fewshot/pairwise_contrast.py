@@ -353,7 +353,7 @@ def base_config() -> ml_collections.ConfigDict:
   # None: the model's default first reweighted block (7 of ViT-L/14's 12, the paper's).
   c.start_block = ml_collections.config_dict.placeholder(int)
   # 0: a fresh augmented view of every training image at every step, as the paper configs;
-  # N > 0: N views per image encoded once and drawn from (the fast approximation, README).
+  # N > 0: N views per image encoded once and drawn from (the fast approximation, docs/fewshot.md).
   c.views = 0
   c.image_dtype = "float32"
   c.augment_scale = (0.08, 1.0)

@@ -197,11 +197,11 @@ def fewshot_config(
   config.start_block = 7  # Blocks 7-12 of ViT-L/14's text tower.
   # 0: a fresh augmented view of every training image at every step, as Dassl's data loader
   # draws them (the crop and flip on the device, the image tower inside the step); N > 0: the
-  # fast approximation, N augmented views per image encoded once and drawn from (README).
+  # fast approximation, N augmented views per image encoded once and drawn from (docs/fewshot.md).
   config.views = 0
   # The image tower's compute dtype: "float32", or "bfloat16" (fp32 products at HIGHEST
   # precision cost several times bf16's on an accelerator, whose features keep a cosine of at
-  # least 0.999 to fp32's; README, "Loading checkpoints").
+  # least 0.999 to fp32's; docs/models.md, "Loading checkpoints").
   config.image_dtype = "float32"
   config.augment_scale = (0.08, 1.0)
   config.batch_size = 256

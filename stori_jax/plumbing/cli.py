@@ -153,6 +153,73 @@ def _missing_config_file(argv: Sequence[str], values: flags.FlagValues) -> str |
   return None
 
 
+def _config_file_path(source: str) -> str:
+  """The file of a config flag's value `source` (`file.py[:ARGUMENT]`, a URL's scheme kept)."""
+  if storage.is_url(source):
+    head, rest = source.split("://", 1)
+    return f"{head}://{rest.split(':', 1)[0]}"
+  return source.split(":", 1)[0]
+
+
+def _not_a_config_file(argv: Sequence[str], values: flags.FlagValues) -> str | None:
+  """The message for a config flag given a file that is no config file (a run record, a
+  README, a JSON file), if there is one: named before the file is read or downloaded."""
+  for flag in _config_flags(values):
+    source = _flag_argument(argv, flag.name)
+    if source is None:
+      continue
+    path = _config_file_path(source)
+    if path.endswith(".py"):
+      continue
+    if os.path.basename(path.rstrip("/")) == run_identity.RUN_FILE:
+      what = (
+        f" {path} is the record a run keeps in its workdir (what it was run with, for the "
+        "next run there to compare); to run it again, pass the config file it was started "
+        "with and the same --workdir, which resumes it."
+      )
+    else:
+      what = ""
+    return (
+      f"--{flag.name}: {path} is not a config file. A config file is a Python file (.py) "
+      f"whose get_config() returns the settings, e.g. configs/demo.py (configs/ holds one per "
+      f"experiment); values are changed with --{flag.name}.KEY=VALUE.{what} Nothing was run."
+    )
+  return None
+
+
+def _broken_config_file(
+  error: BaseException, given: Sequence[str], argv: Sequence[str], values: flags.FlagValues
+) -> str | None:
+  """The message for a config file that fails as Python (a syntax error, an unknown name)
+  while it is loaded, naming the file as the user gave it (a URL, not its local copy) and the
+  line; None when `error` was not raised by a config file's own code."""
+  files = {}
+  for flag in _config_flags(values):
+    source, loaded = _flag_argument(given, flag.name), _flag_argument(argv, flag.name)
+    if source is not None and loaded is not None:
+      files[os.path.realpath(_config_file_path(loaded))] = (flag.name, _config_file_path(source))
+  line = None
+  if isinstance(error, SyntaxError) and error.filename:
+    where = files.get(os.path.realpath(error.filename))
+    line = error.lineno
+  else:
+    where, tb = None, error.__traceback__
+    while tb is not None:  # the innermost frame in a config file
+      found = files.get(os.path.realpath(tb.tb_frame.f_code.co_filename))
+      if found:
+        where, line = found, tb.tb_lineno
+      tb = tb.tb_next
+  if where is None:
+    return None
+  name, path = where
+  text = error.msg if isinstance(error, SyntaxError) else str(error)
+  return (
+    f"--{name}: the config file {path} fails as Python at line {line} "
+    f"({type(error).__name__}: {text}). A config file is a Python file whose get_config() "
+    "returns the settings (e.g. configs/demo.py): fix that line. Nothing was run."
+  )
+
+
 def _local_config_files(argv: list[str], values: flags.FlagValues) -> list[str]:
   """`argv` with a config file given as a URL (--config=gs://.../x.py[:ARG]) replaced by a
   local copy of it: ml_collections imports config files from local paths only."""
@@ -160,10 +227,9 @@ def _local_config_files(argv: list[str], values: flags.FlagValues) -> list[str]:
     source = _flag_argument(argv, flag.name)
     if source is None or not storage.is_remote(source):
       continue
-    head, rest = source.split("://", 1)
-    path = f"{head}://{rest.split(':', 1)[0]}"
+    path = _config_file_path(source)
     try:
-      local = storage.local_copy(path) + source[len(path) :]
+      local = storage.local_copy(path, expect="file") + source[len(path) :]
     except FileNotFoundError:
       raise user_error_exit(UserError(f"--{flag.name}: no config file {path}")) from None
     except Exception as error:  # pylint: disable=broad-except  # classified, else raised
@@ -179,12 +245,21 @@ def _local_config_files(argv: list[str], values: flags.FlagValues) -> list[str]:
 def parse_flags(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> list[str]:
   """absl's flag parsing of `argv` (program name first) into `values`, returning the other
   arguments, with command-line mistakes as one paragraph on stderr and exit code 2."""
+  wrong = _not_a_config_file(argv, values)
+  if wrong:
+    raise user_error_exit(UserError(wrong))
+  given = list(argv)
   argv = _local_config_files(list(argv), values)
   missing = _missing_config_file(argv, values)
   if missing:
     raise user_error_exit(UserError(missing))
   try:
     return values(argv)
+  except (SyntaxError, NameError, TypeError, ImportError) as error:
+    message = _broken_config_file(error, given, argv, values)
+    if message is None:
+      raise
+    raise user_error_exit(UserError(message)) from None
   except flags.Error as error:
     # A config file's get_config raising (e.g. a bad `file.py:ARG`) arrives with the traceback
     # in the message: its last line names the problem.
@@ -215,7 +290,10 @@ def define_compilation_cache_flag(values: flags.FlagValues) -> None:
 
 
 def _write_compilation_record(
-  workdirs: Sequence[str], compiled: profiling.Compilations, cache_dir: str | None
+  workdirs: Sequence[str],
+  compiled: profiling.Compilations,
+  cache_dir: str | None,
+  off_reason: str | None = None,
 ) -> None:
   """compilation.json in the first workdir the command claimed (its own; a grid's cells come
   after it), on process 0 (the only one holding a claim)."""
@@ -223,7 +301,8 @@ def _write_compilation_record(
     return
   path = os.path.join(workdirs[0], COMPILATION_FILE)
   try:
-    jsonio.write_json(path, profiling.compilation_record(compiled, cache_dir), indent=1)
+    record = profiling.compilation_record(compiled, cache_dir, off_reason)
+    jsonio.write_json(path, record, indent=1)
   except OSError as error:  # a record about the run, not a result: never fails the run
     absl_logging.warning("could not write %s: %s", path, error)
 
@@ -238,15 +317,29 @@ def _call_main(
   (or off), a UserError as exit code 2, and compilation.json in the workdir it claimed."""
   if quiet:
     absl_logging.set_verbosity(absl_logging.WARNING)
+  problem = profiling.cache_env_problem()
+  if problem:
+    raise user_error_exit(UserError(problem))
   cache_dir = profiling.use_compilation_cache(compilation_cache)
+  if cache_dir is not None:
+    off_reason = None
+  elif profiling.cache_unusable_reason() is not None:
+    off_reason = f"the folder {profiling.cache_unusable_reason()}"
+  else:
+    off_reason = "turned off (--compilation_cache=false or STORI_COMPILATION_CACHE=0)"
   held = set(run_identity.held_workdirs())
+  copies = set(storage.local_copies())  # an enclosing command's (a script running commands)
   with profiling.compilations() as compiled:
     try:
       result = main(args)
     except UserError as error:
       raise user_error_exit(error) from None
+    finally:
+      # The downloads of gs:// inputs (a config file, a model in another layout): the run is
+      # over, however it ended (a kill leaves them to the system's temp cleaning).
+      storage.remove_local_copies([c for c in storage.local_copies() if c not in copies])
   _write_compilation_record(
-    [w for w in run_identity.held_workdirs() if w not in held], compiled, cache_dir
+    [w for w in run_identity.held_workdirs() if w not in held], compiled, cache_dir, off_reason
   )
   return result
 
@@ -290,6 +383,7 @@ def run_in_process(module: ModuleType, args: Sequence[str] = ()) -> int:
   flags.DEFINE_flag(copy.deepcopy(flags.FLAGS["verbosity"]), values)
   saved_argv, saved_verbosity = sys.argv, absl_logging.get_verbosity()
   held = run_identity.held_workdirs()
+  copies = set(storage.local_copies())
   sys.argv = argv
   try:
     module.define_flags(values)
@@ -307,8 +401,10 @@ def run_in_process(module: ModuleType, args: Sequence[str] = ()) -> int:
   finally:
     sys.argv = saved_argv
     absl_logging.set_verbosity(saved_verbosity)
-    # The command's run ends here, not at the process's exit: free the workdirs it claimed.
+    # The command's run ends here, not at the process's exit: free the workdirs it claimed,
+    # and remove its downloads (a flag parse that failed leaves its config file's).
     run_identity.release_workdirs(keep=held)
+    storage.remove_local_copies([c for c in storage.local_copies() if c not in copies])
   return _exit_code(code)
 
 

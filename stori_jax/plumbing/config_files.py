@@ -30,7 +30,7 @@ def load_config(path: str | os.PathLike, argument: str | None = None) -> ml_coll
   path = os.fspath(path)
   if not paths.isfile(path):
     raise FileNotFoundError(f"no config file {path}")
-  path = paths.local_copy(path)  # a URL (gs://): Python imports a local copy
+  path = paths.local_copy(path, expect="file")  # a URL (gs://): Python imports a local copy
   name = "_config_" + os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)

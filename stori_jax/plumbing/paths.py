@@ -14,8 +14,11 @@ object appears whole or not at all), an append rewrites the object, and a move c
 deletes. gcsfs's listings cache is off: several processes and hosts share a workdir, and a
 cached listing would not show the objects another one wrote.
 
-`check_location` is the one check before any work: the bucket exists, the credentials are
-there, and a write is allowed; each failure is one paragraph (`StorageError`, exit 2).
+`check_location` is the one check before any work: the URL says where its objects go
+(`check_url`: no one-slash `gs:/` typo, no `GS://`, no `..`, no `#` or `?`, which tensorstore
+would read as URL syntax and write orbax's arrays elsewhere), the bucket exists, the
+credentials are there, and a write is allowed; each failure is one paragraph (`StorageError`,
+exit 2).
 
 `read_object`, `write_object` and `delete_object` are the conditional operations a lock on
 object storage needs (`run_identity`): on gs:// they carry GCS's generation preconditions
@@ -31,8 +34,11 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import functools
 import glob as glob_module
+import logging
+import math
 import os
 import re
 import shutil
@@ -87,6 +93,88 @@ def check_scheme(path: str | os.PathLike) -> None:
     )
 
 
+# A remote scheme written with one slash (`gs:/bucket/x`, `gs:bucket`): a typo that would
+# otherwise name a local folder `gs:`.
+_ONE_SLASH = re.compile(r"^(%s):/?(?!/)" % "|".join(REMOTE_SCHEMES), re.IGNORECASE)
+
+
+def check_url(path: str | os.PathLike) -> None:
+  """Refuses, before any work, a path this project would read or write somewhere else than it
+  says (StorageError, one paragraph): a URL of an unknown scheme (`check_scheme`); a remote
+  scheme with one slash (`gs:/b/x`, a typo that would make a local folder `gs:`); a scheme in
+  capitals (`GS://`, which etils does not know); a URL without a bucket; `.` or `..` in a URL
+  (object storage has no parent folders: `gs://b/x/../y` is an object name of its own); `#` or
+  `?` in an object-storage URL (tensorstore, which writes orbax's arrays, reads them as URL
+  syntax, so checkpoints would land outside the folder named, shared with other runs)."""
+  text = os.fspath(path)
+  check_scheme(text)
+  found = scheme(text)
+  if found is None:
+    typo = _ONE_SLASH.match(text)
+    if typo:
+      fixed = f"{typo.group(1).lower()}://{text[typo.end() :]}"
+      raise StorageError(
+        f"{text}: a URL's scheme takes two slashes ({fixed}); with one this would be a local "
+        f"folder named {typo.group(1)}:. Write {fixed} for object storage, or ./{text} for a "
+        "local folder of that name. Nothing was done."
+      )
+    return
+  if found not in REMOTE_SCHEMES:
+    return
+  head = text[: len(found)]
+  rest = text[len(found) + 3 :]
+  if head != found:
+    raise StorageError(
+      f"{text}: write the URL scheme in lower case ({found}://{rest}). Nothing was done."
+    )
+  bucket, _, key = rest.partition("/")
+  if not bucket:
+    raise StorageError(
+      f"{text}: the URL names no bucket; write {found}://BUCKET/FOLDER. Nothing was done."
+    )
+  parts = key.split("/")
+  if "." in parts or ".." in parts:
+    resolved = _walk_up(parts)
+    suggestion = (
+      "this one climbs above the bucket"
+      if resolved is None
+      else f"{found}://{bucket}/{resolved}, if that is the one meant"
+    )
+    raise StorageError(
+      f"{text}: object storage has no folders, so '.' and '..' in a URL are not the current "
+      f"and parent folder but parts of an object's name, and the objects would not be where "
+      f"the path seems to point. Write the URL without them ({suggestion}). Nothing was done."
+    )
+  odd = sorted({c for c in key if c in "#?"})
+  if odd:
+    raise StorageError(
+      f"{text}: object names here may not hold {' or '.join(repr(c) for c in odd)}: "
+      "tensorstore, which writes the checkpoints' arrays, reads them as URL syntax (a fragment "
+      "or a query), so the arrays would be written outside this folder, where another run "
+      "whose name differs only after that character would share them. Name the folder "
+      "without it (e.g. with '-' or '_'). Nothing was done."
+    )
+
+
+def _walk_up(parts: list[str]) -> str | None:
+  """The key `parts` with '.' and '..' resolved ("x/../y" -> "y"); None if it climbs above
+  the bucket."""
+  kept: list[str] = []
+  for part in parts:
+    if part == "..":
+      if not kept:
+        return None
+      kept.pop()
+    elif part != ".":
+      kept.append(part)
+  return "/".join(kept)
+
+
+def is_bucket_root(path: str | os.PathLike) -> bool:
+  """Whether `path` is an object-storage URL naming a whole bucket (`gs://b`, `gs://b/`)."""
+  return is_remote(path) and not _bucket_key(os.fspath(path).rstrip("/"))[1]
+
+
 _CONFIGURED = False
 
 
@@ -103,6 +191,7 @@ def _configure() -> None:
     os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", url.rstrip("/"))
     os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+  logging.getLogger("gcsfs").addFilter(_DropRetryTracebacks())
   try:
     import fsspec.config  # lazy: only object storage needs it
   except ImportError:
@@ -123,7 +212,7 @@ def absolute(path: str | os.PathLike) -> str:
   """A local path made absolute (it then does not depend on the working folder); a URL as
   given (a URL is absolute already)."""
   path = os.fspath(path)
-  check_scheme(path)
+  check_url(path)
   return path if is_url(path) else os.path.abspath(path)
 
 
@@ -413,7 +502,7 @@ def append_text(path: str | os.PathLike, text: str) -> None:
       if not _APPENDS:
         atexit.register(flush_appends)  # now: after the client's own exit hooks, so run before
       old = read_bytes(path) if exists(path) else b""
-      entry = _APPENDS[path] = {"data": old, "written": 0.0, "pending": False}
+      entry = _APPENDS[path] = {"data": old, "written": -math.inf, "pending": False}
     entry["data"] += text.encode("utf-8")
     entry["pending"] = True
     if time.monotonic() - entry["written"] >= APPEND_INTERVAL_S:
@@ -451,33 +540,102 @@ def _forget_appends(path: str) -> None:
       del _APPENDS[path]
 
 
+#: The temporary folders of `local_copy`'s downloads still on disk (removed by
+#: `remove_local_copies`: at the end of a command, else at the process's exit).
+_LOCAL_COPIES: list[str] = []
+_LOCAL_COPIES_LOCK = threading.Lock()
+
+
 @_classified("read")
-def local_copy(path: str | os.PathLike) -> str:
+def local_copy(path: str | os.PathLike, expect: str | None = None) -> str:
   """A local file or folder with `path`'s contents: `path` itself when local, else a download
   into a new temporary folder, under the same name (for readers that take only local files:
-  a Python config file, a PyTorch checkpoint, a transformers folder).
+  a Python config file, a PyTorch checkpoint, a transformers folder). The download is removed
+  by `remove_local_copies` (the command's end: `cli`; the process's exit otherwise), or at
+  once by `copied_locally`.
+
+  Args:
+    expect: "file" or "folder": a URL of the other kind is refused before anything is
+      downloaded; None takes either.
 
   Raises:
     FileNotFoundError: there is no such object or prefix.
+    StorageError: `path` is a folder where a file is expected, or the reverse (named by URL).
   """
   path = os.fspath(path)
   if not is_remote(path):
     return path
+  folder = isdir(path)
+  if expect is not None and folder != (expect == "folder"):
+    if not folder and not exists(path):
+      raise FileNotFoundError(path)
+    found, wanted = ("a folder", "a file") if folder else ("a file", "a folder")
+    raise StorageError(
+      f"{path} is {found} in object storage where {wanted} is expected; pass the URL of "
+      f"{wanted}. Nothing was downloaded."
+    )
   name = path.rstrip("/").rsplit("/", 1)[-1]
-  target = os.path.join(tempfile.mkdtemp(prefix="stori_jax_"), name)
-  if not isdir(path):
-    data = read_bytes(path)
-    with builtins.open(target, "wb") as f:
-      f.write(data)
+  temporary = tempfile.mkdtemp(prefix="stori_jax_")
+  with _LOCAL_COPIES_LOCK:
+    if not _LOCAL_COPIES:
+      atexit.register(remove_local_copies)  # registered once the list is in use
+    _LOCAL_COPIES.append(temporary)
+  target = os.path.join(temporary, name)
+  try:
+    if not folder:
+      data = read_bytes(path)
+      with builtins.open(target, "wb") as f:
+        f.write(data)
+      return target
+    root = path.rstrip("/")
+    for where, _, names in walk(root):
+      local = os.path.join(target, *where[len(root) :].strip("/").split("/"))
+      os.makedirs(local, exist_ok=True)
+      for file_name in names:
+        with builtins.open(os.path.join(local, file_name), "wb") as f:
+          f.write(read_bytes(join(where, file_name)))
     return target
-  root = path.rstrip("/")
-  for folder, _, names in walk(root):
-    local = os.path.join(target, *folder[len(root) :].strip("/").split("/"))
-    os.makedirs(local, exist_ok=True)
-    for file_name in names:
-      with builtins.open(os.path.join(local, file_name), "wb") as f:
-        f.write(read_bytes(join(folder, file_name)))
-  return target
+  except BaseException:
+    remove_local_copies([temporary])
+    raise
+
+
+def local_copies() -> list[str]:
+  """The temporary folders of `local_copy`'s downloads still on disk."""
+  with _LOCAL_COPIES_LOCK:
+    return list(_LOCAL_COPIES)
+
+
+def remove_local_copies(folders: list[str] | None = None) -> None:
+  """Removes `local_copy`'s temporary folders (`folders` of them, default all)."""
+  with _LOCAL_COPIES_LOCK:
+    chosen = list(_LOCAL_COPIES) if folders is None else [f for f in folders if f in _LOCAL_COPIES]
+    for folder in chosen:
+      _LOCAL_COPIES.remove(folder)
+  for folder in chosen:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def copied_locally(path: str | os.PathLike, expect: str | None = None) -> Iterator[str]:
+  """`local_copy(path, expect)` for the length of a `with` block: the download is removed on
+  leaving it, and a UserError raised inside that names the local copy names `path` instead
+  (the user gave the URL, not the temporary folder)."""
+  path = os.fspath(path)
+  local = local_copy(path, expect)
+  try:
+    yield local
+  except UserError as error:
+    if local == path or local not in str(error):
+      raise
+    try:
+      renamed = type(error)(str(error).replace(local, path))
+    except Exception:  # pylint: disable=broad-except  # an error type of another signature
+      raise error from error.__cause__
+    raise renamed.with_traceback(error.__traceback__) from error.__cause__
+  finally:
+    if local != path:
+      remove_local_copies([os.path.dirname(local)])
 
 
 # ---- Conditional object operations (a lock on object storage) -------------------------------
@@ -616,6 +774,14 @@ def describe_error(path: str, error: BaseException, doing: str) -> StorageError 
         "VM give its service account access to the bucket; or set "
         "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file. Nothing was done."
       )
+    if name in _UNREACHABLE or isinstance(current, ConnectionError):
+      endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or f"the {scheme(path)}:// service"
+      return StorageError(
+        f"cannot {doing} {path}: {endpoint} cannot be reached, after the storage client's "
+        f"retries ({_first(text)}). Check the network connection (or that the emulator at "
+        "STORAGE_EMULATOR_HOST runs), then run the same command again: a run resumes from "
+        "what it had written."
+      )
     if code == 403 or isinstance(current, PermissionError):
       return StorageError(
         f"cannot {doing} {path}: the storage service refused it (403 Forbidden: "
@@ -625,6 +791,26 @@ def describe_error(path: str, error: BaseException, doing: str) -> StorageError 
       )
     current = current.__cause__ or current.__context__
   return None
+
+
+#: The client's errors (aiohttp's, under gcsfs) for a storage service that cannot be reached:
+#: raised after gcsfs's own bounded retries (about 35 s).
+_UNREACHABLE = (
+  "ClientConnectorError",
+  "ServerDisconnectedError",
+  "ClientOSError",
+  "ServerTimeoutError",
+  "ConnectionTimeoutError",
+)
+
+
+class _DropRetryTracebacks(logging.Filter):
+  """Drops gcsfs's logged tracebacks of a request out of retries: the error is raised to the
+  caller as well, and the path layer reports it as one paragraph."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (record.exc_info and ("out of retries" in message or "non-retriable" in message))
 
 
 def _first(text: str, limit: int = 160) -> str:
@@ -641,7 +827,7 @@ def check_location(path: str | os.PathLike, write: bool = True) -> None:
     StorageError: one paragraph naming what is missing and the fix.
   """
   path = os.fspath(path)
-  check_scheme(path)
+  check_url(path)
   if not is_remote(path):
     return
   bucket, key = _bucket_key(path)

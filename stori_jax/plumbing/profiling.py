@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import threading
 import time
 from typing import Iterator
@@ -199,10 +200,14 @@ def host_clock() -> Iterator[HostClock]:
 # ---------------------------------------------------------------------------------------------
 # JAX's persistent compilation cache: every command compiles a program once per machine.
 
-#: Set to 0 / false / off / no to keep the persistent compilation cache off (as
-#: --compilation_cache=false does for one command).
+#: Set to 0 / false / off / no / disabled to keep the persistent compilation cache off (as
+#: --compilation_cache=false does for one command); 1 / true / on / yes / enabled or unset: on.
 CACHE_ENV = "STORI_COMPILATION_CACHE"
-_OFF = ("0", "false", "off", "no")
+_OFF = ("0", "false", "off", "no", "disabled", "disable", "none")
+_ON = ("", "1", "true", "on", "yes", "enabled", "enable")
+#: Why the last `use_compilation_cache(True)` left the cache off (None: it is on, or was
+#: turned off by the caller).
+_unusable: str | None = None
 #: The state this module last gave JAX's cache, (on, folder), and the folders it set (to tell a
 #: user's own jax.config setting from ours).
 _applied: tuple[bool, str | None] | None = None
@@ -225,6 +230,42 @@ def compilation_cache_default() -> bool:
   )
 
 
+def cache_env_problem() -> str | None:
+  """The message for a $STORI_COMPILATION_CACHE (or $JAX_ENABLE_COMPILATION_CACHE) that says
+  neither on nor off (e.g. a typo that would otherwise leave the cache on), or None."""
+  for name in (CACHE_ENV, "JAX_ENABLE_COMPILATION_CACHE"):
+    value = os.environ.get(name, "").strip().lower()
+    if value not in _OFF + _ON:
+      return (
+        f"{name}={os.environ[name]!r} says neither on nor off; set it to 0 (or false, off, "
+        f"no, disabled) to keep JAX's persistent compilation cache off, to 1 (or true, on, "
+        "yes) or leave it unset to use it. Nothing was run."
+      )
+  return None
+
+
+def cache_unusable_reason() -> str | None:
+  """Why the last `use_compilation_cache(True)` found its folder unusable and left the cache
+  off (the folder and the system's words), or None."""
+  return _unusable
+
+
+def _folder_problem(directory: str) -> str | None:
+  """Why `directory` cannot hold the cache (it cannot be made, or a file cannot be written in
+  it), or None. A URL (a gs:// cache) is JAX's to reach and is not checked here."""
+  if "://" in directory:
+    return None
+  try:
+    os.makedirs(directory, exist_ok=True)
+    probe = os.path.join(directory, f".stori-write-probe-{os.getpid()}")
+    with open(probe, "wb") as f:
+      f.write(b"probe")
+    os.remove(probe)
+  except OSError as error:
+    return f"{directory} cannot be written ({error.strerror or error})"
+  return None
+
+
 def use_compilation_cache(enabled: bool = True) -> str | None:
   """Turns JAX's persistent compilation cache on (or off) for what this process compiles next,
   and returns its folder (None when off).
@@ -240,8 +281,9 @@ def use_compilation_cache(enabled: bool = True) -> str | None:
   process, so a change of the folder or of on / off resets JAX's cache state (a process that
   runs several commands, e.g. tests).
   """
-  global _applied
+  global _applied, _unusable
   directory = None
+  _unusable = None
   if enabled:
     configured = jax.config.jax_compilation_cache_dir
     directory = os.environ.get("JAX_COMPILATION_CACHE_DIR")
@@ -250,11 +292,24 @@ def use_compilation_cache(enabled: bool = True) -> str | None:
     else:
       directory = directory or default_cache_dir()
       _ours.add(directory)
-    jax.config.update("jax_compilation_cache_dir", directory)
-    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
-      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    if "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES" not in os.environ:
-      jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    _unusable = _folder_problem(directory)
+    if _unusable is not None:
+      # JAX would only log a warning per program and compile each again: the run goes on
+      # without the cache, and says so once (on screen and in compilation.json).
+      print(
+        f"warning: the compilation cache folder {_unusable}; this run compiles without the "
+        "cache. Point JAX_COMPILATION_CACHE_DIR at a writable folder, or set "
+        f"{CACHE_ENV}=0 to keep it off.",
+        file=sys.stderr,
+        flush=True,
+      )
+      enabled, directory = False, None
+    else:
+      jax.config.update("jax_compilation_cache_dir", directory)
+      if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+      if "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
   jax.config.update("jax_enable_compilation_cache", bool(enabled))
   state = (bool(enabled), directory)
   if state != _applied:
@@ -263,12 +318,15 @@ def use_compilation_cache(enabled: bool = True) -> str | None:
   return directory
 
 
-def compilation_record(compiled: Compilations, cache_dir: str | None) -> dict:
+def compilation_record(
+  compiled: Compilations, cache_dir: str | None, cache_off_reason: str | None = None
+) -> dict:
   """What a command's `compilation.json` holds: `programs` (the XLA programs the run needed:
   compiled or read from the persistent cache; one the process had compiled already is none),
   `programs_from_cache`, `programs_compiled`, `compile_seconds` (backend compilations) and
-  `cache_read_seconds`, the lowering and tracing seconds, the cache's folder (null: off) and
-  the compiled programs by name (the most compiled first)."""
+  `cache_read_seconds`, the lowering and tracing seconds, the cache's folder (null: off), why
+  it is off (`cache_off_reason`: turned off, or its folder unusable; null when on) and the
+  compiled programs by name (the most compiled first)."""
   return dict(
     programs=compiled.count + compiled.from_cache,
     programs_from_cache=compiled.from_cache,
@@ -278,6 +336,7 @@ def compilation_record(compiled: Compilations, cache_dir: str | None) -> dict:
     lowering_seconds=round(compiled.lowering_seconds, 3),
     tracing_seconds=round(compiled.tracing_seconds, 3),
     cache_dir=cache_dir,
+    cache_off_reason=None if cache_dir is not None else cache_off_reason or "turned off",
     compiled_programs=compiled.by_name(),
   )
 

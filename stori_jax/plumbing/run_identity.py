@@ -486,6 +486,13 @@ def claim_workdir(
   ignored = tuple(ignore)
   # A gs:// workdir: its bucket, the credentials and a write are checked before anything else.
   paths.check_location(workdir)
+  if restart and paths.is_bucket_root(workdir):
+    # Moving a bucket's whole contents aside would mean another bucket (gs://b.old-<time>).
+    raise WorkdirMismatchError(
+      f"--restart cannot move {workdir} aside: it is a whole bucket, and the old run would have "
+      f"to go to another bucket. Name a folder in it as the workdir (e.g. "
+      f"{workdir.rstrip('/')}/run1), or leave out --restart. Nothing was done."
+    )
   path = paths.join(workdir, RUN_FILE)
   # paths.isfile, not "exists and no folder": on object storage a prefix can exist and then not
   # list as a folder while another process's write probe comes and goes.

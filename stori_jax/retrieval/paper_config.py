@@ -105,7 +105,10 @@ def celeba_prompt_dicts(prompts) -> list[dict]:
 
 
 def cub_prompt_dicts() -> list[dict]:
-
+  """Table 3's CUB prompts as config dicts: 57, where the paper reports 58. App. A.2's rule
+  (three of Table 10's attributes sharing no colour) gives 13 combinations with both colourless
+  attributes and 44 with one of them, a blue and a yellow one; the paper lists none, so the
+  58th is unknown (a deviation listed in docs/design.md)."""
   return [
     {"template": p.template, "attributes": [list(a) for a in p.attributes]}
     for p in cub_prompts(CUB_ATTRIBUTES, CUB_TEMPLATE)

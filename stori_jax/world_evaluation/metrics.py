@@ -16,7 +16,7 @@ Three measurements, each on freshly generated held-out images, deterministic giv
    should raise AP, de-emphasis (w < 1) lower it. The same is computed with the paper's
    prompt-weighting baseline (App. C.1).
 
-`markdown_tables` formats the results for the README; `evaluate` runs all three.
+`markdown_tables` formats the results for docs/embedded_world.md; `evaluate` runs all three.
 
 Seeds. Pretraining draws its batches with seeds (config.seed, step), step < 10**6, and its quick
 evaluation (config.seed, 10**9); with config.seed = 0 these are (0, k). The defaults here live in a
