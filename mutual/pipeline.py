@@ -48,7 +48,8 @@ class TextBank:
 
   Attributes:
     descriptors: the D unique descriptors (index = descriptor id).
-    descriptor_embeddings: float32 [D, E], unit rows (descriptors encoded with no template).
+    descriptor_embeddings: float32 [D, E], unit rows (each descriptor encoded in the bank
+      template, App. L's "a photo showing {d}" by default: `bank_prompts`).
     class_names: C names; class_embeddings: float32 [C, E], unit rows.
   """
 
@@ -79,6 +80,12 @@ def class_prompts(
   raise ValueError(f"class prompt mode must be 'descriptors' or 'templates', got {mode!r}.")
 
 
+def bank_prompts(bank: Sequence[str], bank_template: str = paper_config.BANK_TEMPLATE) -> list[str]:
+  """The prompts the descriptor bank's rows encode: `bank_template` filled with each descriptor
+  (App. L: "a photo showing [DES]"; "{d}": the descriptors as they are)."""
+  return [bank_template.format(d=d) for d in bank]
+
+
 def encode_bank(
   bundle,
   class_names: Sequence[str],
@@ -88,15 +95,19 @@ def encode_bank(
   mode: str = "descriptors",
   templates: Sequence[str] = ("a photo of a {c}.",),
   descriptor_template: str = "{c}, which has {d}.",
+  bank_template: str = paper_config.BANK_TEMPLATE,
   batch_size: int = 256,
   progress: bool = True,
 ) -> TextBank:
-  """Encodes the descriptor bank (no template) and the class embeddings (mean of unit prompt
-  embeddings, re-normalised)."""
+  """Encodes the descriptor bank (each descriptor in `bank_template`, `bank_prompts`; the rows
+  keep the descriptors' order) and the class embeddings (mean of unit prompt embeddings,
+  re-normalised)."""
   if len(class_names) != len(per_class_descriptors):
     raise ValueError("one descriptor list per class is needed")
   desc = "encode descriptors" if progress else None
-  bank_embeddings = encode_texts(bundle, list(bank), batch_size=batch_size, desc=desc)
+  bank_embeddings = encode_texts(
+    bundle, bank_prompts(bank, bank_template), batch_size=batch_size, desc=desc
+  )
   prompts = [
     class_prompts(n, d, mode, templates, descriptor_template)
     for n, d in zip(class_names, per_class_descriptors)
@@ -119,8 +130,9 @@ def bank_descriptors(config, per_class: Mapping[str, Sequence[str]]) -> list[str
 
 
 def encode_config_bank(bundle, config, dataset, progress: bool = True) -> TextBank:
-  """`encode_bank` for a run's config (config.analysis's class prompts, config.batch_size) on a
-  mutual.data.Dataset: its classes in label order and the config's descriptor bank."""
+  """`encode_bank` for a run's config (config.analysis's class prompts and bank template,
+  config.batch_size) on a mutual.data.Dataset: its classes in label order and the config's
+  descriptor bank."""
   a = config.analysis
   return encode_bank(
     bundle,
@@ -130,6 +142,7 @@ def encode_config_bank(bundle, config, dataset, progress: bool = True) -> TextBa
     mode=a.class_prompts,
     templates=tuple(a.templates),
     descriptor_template=a.descriptor_template,
+    bank_template=paper_config.check_bank_template(a),
     batch_size=config.batch_size,
     progress=progress,
   )

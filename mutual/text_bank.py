@@ -4,21 +4,29 @@ bank D and the zero-shot text classifiers, written by `python -m mutual.export` 
 
 Two files in the output folder:
   text_bank.safetensors   float32 arrays, unit rows:
-                            descriptor_embeddings         [D, E]  each descriptor, no template
+                            descriptor_embeddings         [D, E]  each descriptor in the bank
+                                                                  template (App. L: "a photo
+                                                                  showing {d}")
                             class_embeddings_descriptors  [C, E]  Menon & Vondrick's classifier:
                                                                   mean of "{c}, which has {d}."
                             class_embeddings_templates    [C, E]  the template ensemble (Table 8)
   text_bank.json          what the rows are: the D descriptors and C class names in row order,
                           each class's descriptors, the model, the prompt settings
-                          (descriptor_template, templates), which classifier the config's
-                          analysis uses (config.analysis.class_prompts), dtype and shapes, and
-                          `arrays_sha256`, the digest of the arrays (`arrays_digest`).
+                          (bank_template, descriptor_template, templates), which classifier the
+                          config's analysis uses (config.analysis.class_prompts), dtype and
+                          shapes, and `arrays_sha256`, the digest of the arrays
+                          (`arrays_digest`).
 
 The two files are one unit. The arrays are written first (aside, then renamed) and carry in
 their metadata the digest of the row names (`names_digest`: descriptors, class names, each
-class's descriptors); the names file is written last, atomically, with the digest of the
+class's descriptors) and one digest per setting the arrays were computed with (`SETTINGS`: the
+model, the data, the prompts, the classifiers and which one the analysis uses;
+`settings_digests`); the names file is written last, atomically, with the digest of the
 arrays. An export killed between the two writes, or arrays copied from another export, leave a
-pair whose digests disagree, and `load_text_bank` refuses it. It also refuses a names file
+pair whose digests disagree, and `load_text_bank` refuses it; a setting edited in the names file
+since (another model or template, a classifier dropped) is refused by its name.
+`load_text_bank(DIR, expect=config.analysis)` also refuses a bank whose prompts are not the
+config's (a bank exported with another bank_template), naming the setting. It also refuses a names file
 with a missing or mistyped entry (class names that are not strings, a shape that is not
 [rows, width]), arrays that are not float32, hold a NaN or an infinity, or whose rows are not
 unit (|norm - 1| above `unit_tolerance`, 1,000 units in the last place of the dtype: 1.2e-4
@@ -55,11 +63,22 @@ ARRAYS_FILE = "text_bank.safetensors"
 NAMES_FILE = "text_bank.json"
 FILES = (ARRAYS_FILE, NAMES_FILE)
 FORMAT = "stori-jax mutual-knowledge text bank"
-#: 2: the digests (`arrays_sha256` in the names file, `names_sha256` in the arrays' metadata).
-FORMAT_VERSION = 2
+#: 2: the digests (`arrays_sha256` in the names file, `names_sha256` in the arrays' metadata);
+#: 3: the descriptors in config.analysis.bank_template, and the settings' digests.
+FORMAT_VERSION = 3
 #: The class-embedding modes of mutual.pipeline.class_prompts, each exported as one classifier.
 CLASSIFIERS = ("descriptors", "templates")
 DESCRIPTOR_ARRAY = "descriptor_embeddings"
+#: The names file's entries that the arrays depend on besides the rows (what the export computed
+#: them with): each has its digest in the arrays' metadata (`settings_digests`).
+SETTINGS = ("model", "data", "bank_template", "classifiers", "analysis_classifier", "embeddings")
+#: The config.analysis settings a run expecting an exported bank compares with it
+#: (`check_expected`): {setting: where the names file records it}.
+EXPECTED_PROMPTS = {
+  "bank_template": ("bank_template",),
+  "descriptor_template": ("classifiers", "descriptors", "descriptor_template"),
+  "templates": ("classifiers", "templates", "templates"),
+}
 
 
 def classifier_array(mode: str) -> str:
@@ -145,6 +164,7 @@ def _check_prompts(analysis) -> None:
       f"config.analysis.descriptor_template {analysis.descriptor_template!r} cannot be filled "
       f"({type(error).__name__}: {error}); write the class as {{c}} and the descriptor as {{d}}."
     ) from None
+  paper_config.check_bank_template(analysis)
 
 
 def config_classes(config) -> tuple[list[str], list[list[str]], dict[str, Any]]:
@@ -184,6 +204,7 @@ def export_text_bank(config, output: str, *, overwrite: bool = False, progress: 
   names, per_class, where = config_classes(config)
   bank = pipeline.bank_descriptors(config, dict(zip(names, per_class)))
   a = config.analysis
+  bank_template = paper_config.check_bank_template(a)
   bundle = stori_jax.load(config.model.source)
   encoded = {
     mode: pipeline.encode_bank(
@@ -194,6 +215,7 @@ def export_text_bank(config, output: str, *, overwrite: bool = False, progress: 
       mode=mode,
       templates=tuple(a.templates),
       descriptor_template=a.descriptor_template,
+      bank_template=bank_template,
       batch_size=int(config.get("batch_size", 256)),
       progress=progress,
     )
@@ -212,9 +234,11 @@ def export_text_bank(config, output: str, *, overwrite: bool = False, progress: 
     dtype="float32",
     shapes={k: list(v.shape) for k, v in arrays.items()},
     embeddings=(
-      "unit rows; descriptors are encoded with no template; a class embedding is the "
-      "re-normalised mean of its prompts' unit embeddings (mutual.pipeline.encode_bank)"
+      "unit rows; each descriptor is encoded as bank_template filled with it; a class "
+      "embedding is the re-normalised mean of its prompts' unit embeddings "
+      "(mutual.pipeline.encode_bank)"
     ),
+    bank_template=bank_template,
     descriptors=list(bank),
     class_names=list(names),
     class_descriptors=[list(d) for d in per_class],
@@ -235,9 +259,30 @@ def export_text_bank(config, output: str, *, overwrite: bool = False, progress: 
     )
   paths.makedirs(path, exist_ok=True)
   # The arrays first, the names last: the names file, with the arrays' digest, completes the pair.
-  _write_arrays(os.path.join(path, ARRAYS_FILE), arrays, names_digest(record))
+  _write_arrays(
+    os.path.join(path, ARRAYS_FILE), arrays, names_digest(record), settings_digests(record)
+  )
   jsonio.write_json(os.path.join(path, NAMES_FILE), record, indent=1)
   return path, load_text_bank(path)
+
+
+def check_expected(record: Mapping[str, Any], analysis, names_path: str) -> None:
+  """Refuses (InputError naming the setting) a bank whose prompts (EXPECTED_PROMPTS) are not
+  config.analysis's: its rows would not be what the run computes."""
+  for setting, where in EXPECTED_PROMPTS.items():
+    value: Any = record
+    for key in where:
+      value = value.get(key) if isinstance(value, dict) else None
+    wanted = paper_config.analysis_value(analysis, setting)
+    wanted = list(wanted) if setting == "templates" else wanted
+    if value is not None or where[0] == "bank_template":
+      if value != wanted:
+        raise InputError(
+          f"{names_path} was exported with {setting} {value!r}, but this run's "
+          f"config.analysis.{setting} is {wanted!r}: its rows are not what the run computes. "
+          "Export the bank again with this config (python -m mutual.export --config=... "
+          f"--output=DIR --overwrite), or set --config.analysis.{setting} to the bank's."
+        )
 
 
 def arrays_digest(arrays: Mapping[str, np.ndarray]) -> str:
@@ -259,17 +304,33 @@ def names_digest(record: Mapping[str, Any]) -> str:
   return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
 
 
+def settings_digests(record: Mapping[str, Any]) -> dict[str, str]:
+  """{setting: sha256 of its JSON} for each of SETTINGS in a names record (a missing entry
+  digests as null): what the arrays' metadata `settings_sha256` records."""
+  return {
+    key: hashlib.sha256(json.dumps(record.get(key), sort_keys=True).encode()).hexdigest()
+    for key in SETTINGS
+  }
+
+
 def unit_tolerance(dtype) -> float:
   """How far from 1 a unit row's norm may be: 1,000 units in the last place of `dtype`."""
   return 1000 * float(np.finfo(dtype).eps)
 
 
-def _write_arrays(target: str, arrays: Mapping[str, np.ndarray], names_sha256: str) -> None:
+def _write_arrays(
+  target: str, arrays: Mapping[str, np.ndarray], names_sha256: str, settings: Mapping[str, str]
+) -> None:
   """The arrays file, serialised in memory and written whole or not at all (a kill mid-write
   leaves no half file under the final name; on gs:// one upload), readable as a plain open()
   makes files (the umask's mode, not safetensors' private 0600); a full disk is the user's
   DiskFullError."""
-  metadata = {"format": FORMAT, "names": NAMES_FILE, "names_sha256": names_sha256}
+  metadata = {
+    "format": FORMAT,
+    "names": NAMES_FILE,
+    "names_sha256": names_sha256,
+    "settings_sha256": json.dumps(dict(settings), sort_keys=True),
+  }
   data = safetensors.numpy.save(dict(arrays), metadata=metadata)
   jsonio.write_bytes_atomic(target, data)
 
@@ -361,13 +422,19 @@ def _shape_problem(arrays: Mapping[str, np.ndarray], record: Mapping[str, Any]) 
   return None
 
 
-def load_text_bank(directory: str | os.PathLike) -> ExportedTextBank:
+def load_text_bank(directory: str | os.PathLike, expect=None) -> ExportedTextBank:
   """Reads a folder `python -m mutual.export` wrote.
+
+  Args:
+    directory: the export's folder.
+    expect: the config.analysis of the run that will use the bank, or None; given, the bank's
+      prompts must be this config's (`check_expected`).
 
   Raises:
     InputError: a file is missing, unreadable, of another format, has a missing or mistyped
-      entry, the arrays are not finite unit rows, or the two files are not one export (their
-      digests disagree); the message names the file and says to export again.
+      entry, the arrays are not finite unit rows, the two files are not one export (their
+      digests disagree), a setting was edited since the export (named), or the bank's prompts
+      are not `expect`'s (named); the message names the file and says to export again.
   """
   directory = paths.absolute(os.fspath(directory))
   again = "Export it again with python -m mutual.export --config=... --output=DIR --overwrite."
@@ -410,6 +477,20 @@ def load_text_bank(directory: str | os.PathLike) -> ExportedTextBank:
       f"{names_path}: its descriptors, class names or class descriptors are not the rows "
       f"{arrays_path} was exported with (reordered or edited since). {again}"
     )
+  try:
+    stored = json.loads(metadata.get("settings_sha256", "null")) or {}
+  except ValueError:
+    stored = {}
+  edited = [key for key, digest in settings_digests(record).items() if stored.get(key) != digest]
+  if edited:
+    raise InputError(
+      f"{names_path}: {', '.join(repr(k) for k in edited)} "
+      f"{'is' if len(edited) == 1 else 'are'} not what {arrays_path} was exported with "
+      "(edited since the export, or the arrays hold no record of it): the bank would claim "
+      f"settings its arrays were not computed with. {again}"
+    )
+  if expect is not None:
+    check_expected(record, expect, names_path)
   return ExportedTextBank(
     descriptors=tuple(record["descriptors"]),
     descriptor_embeddings=arrays[DESCRIPTOR_ARRAY],

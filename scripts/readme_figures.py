@@ -629,6 +629,58 @@ def mutual_analyze_figures() -> dict[str, str]:
   return {"mutual_analyze": text}
 
 
+def reference_agreement(
+  bundle, model, images, bank, analysis, methods, use_crf: bool, ours=None
+) -> dict:
+  """Whether reference mode's MI and AUC equal mutual/reference.py's, image by image, with the
+  CRF on both sides (SimpleCRF's, `use_crf`) or off on both sides.
+
+  Args:
+    bundle: the model; model: its open_clip copy (`mutual.reference.open_clip_from_bundle`).
+    images: uint8 [B, S, S, 3], one class's; bank: the pipeline's TextBank.
+    analysis: config.analysis in reference mode; methods: the concept methods compared.
+    use_crf: the CRF on both sides (SimpleCRF installed and config.analysis.crf on).
+    ours: `pipeline.analyze_class(bundle, images, bank, analysis, methods)` already computed,
+      reused when its CRF setting is `use_crf`; otherwise the project's side runs again with
+      config.analysis.crf set to `use_crf` (its own CRF would else face a reference without).
+
+  Returns:
+    {method: bool [B]}, MI and AUC both within 1e-5.
+  """
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from mutual import concept_methods, paper_config, pipeline  # pylint: disable=import-outside-toplevel
+  from mutual import reference as torch_reference  # pylint: disable=import-outside-toplevel
+
+  if ours is None or bool(analysis.crf) != use_crf:
+    analysis = analysis.copy_and_resolve_references()
+    analysis.crf = use_crf
+    ours = pipeline.analyze_class(bundle, images, bank, analysis, methods)
+  theirs = torch_reference.analyze_class(
+    model,
+    images,
+    bundle.preprocess_config.mean,
+    bundle.preprocess_config.std,
+    bank.descriptor_embeddings,
+    bank.class_embeddings,
+    int(analysis.top_k),
+    int(analysis.u),
+    methods=concept_methods.reference_labelers(
+      torch_reference, methods, paper_config.concept_settings(analysis)
+    ),
+    joint=bool(analysis.joint_foreground),
+    crf=use_crf,
+    ellipse_seed=int(analysis.ellipse_seed),
+  )
+  agree = {}
+  for m in methods:
+    mine = pipeline.summarise(ours, m)
+    agree[m] = np.isclose(mine["mi"], theirs[m]["mi"], rtol=1e-5, atol=1e-5) & np.isclose(
+      mine["auc"], theirs[m]["auc"], rtol=1e-5, atol=1e-5
+    )
+  return agree
+
+
 EXPLAIN_INPUT = "docs/images/explain_input.png"
 EXPLAIN_IMAGE = "docs/images/mutual_explain.png"
 #: The embedded world's image the docs explain: class 2 (an orange striped circle), drawn by rule.
@@ -685,7 +737,7 @@ def mutual_modes_figures() -> dict[str, str]:
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   import stori_jax  # pylint: disable=import-outside-toplevel
-  from mutual import concept_methods, data, paper_config, pipeline, report  # pylint: disable=import-outside-toplevel
+  from mutual import concept_methods, data, pipeline, report  # pylint: disable=import-outside-toplevel
   from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
 
   config = load_config(os.path.join(CONFIGS, "mutual_synthetic.py"))
@@ -712,28 +764,9 @@ def mutual_modes_figures() -> dict[str, str]:
       result = pipeline.analyze_class(bundle, cls.images, bank, a, methods)
       records += report.image_records(cls, result, bank.descriptors, names, methods)
       if mode == "reference" and model is not None:
-        theirs = torch_reference.analyze_class(
-          model,
-          cls.images,
-          bundle.preprocess_config.mean,
-          bundle.preprocess_config.std,
-          bank.descriptor_embeddings,
-          bank.class_embeddings,
-          int(a.top_k),
-          int(a.u),
-          methods=concept_methods.reference_labelers(
-            torch_reference, methods, paper_config.concept_settings(a)
-          ),
-          joint=bool(a.joint_foreground),
-          crf=use_crf,
-          ellipse_seed=int(a.ellipse_seed),
-        )
+        agree = reference_agreement(bundle, model, cls.images, bank, a, methods, use_crf, result)
         for m in methods:
-          ours = pipeline.summarise(result, m)
-          same[m].append(
-            np.isclose(ours["mi"], theirs[m]["mi"], rtol=1e-5, atol=1e-5)
-            & np.isclose(ours["auc"], theirs[m]["auc"], rtol=1e-5, atol=1e-5)
-          )
+          same[m].append(agree[m])
     rows[mode] = report.aggregate(records, methods)["dataset"]
   head = ["mode", "Top-1 (%)"] + [f"MI {concept_methods.title(m)}" for m in methods]
   head += [f"AUC {concept_methods.title(m)}" for m in methods]

@@ -35,6 +35,21 @@ def test_nesting_a_hundred_thousand_deep_is_a_clear_error(tmp_path):
   assert str(path) in str(error.value)
 
 
+def test_an_integer_of_five_thousand_digits_is_an_input_error_naming_the_file(tmp_path):
+  """Issue 44 row 11: json.loads raises a plain ValueError (Python's 4,300-digit limit on int
+  conversion), which was a traceback from every reader of a user's JSON."""
+  path = tmp_path / "descriptors.json"
+  path.write_text('{"cat": ["whiskers"], "count": ' + "7" * 5000 + "}", encoding="utf-8")
+  with pytest.raises(InputError) as error:
+    read_json(path, "descriptor file")
+  message = str(error.value)
+  assert message.startswith(f"The descriptor file {path} cannot be read as JSON (")
+  assert "4300" in message and "\n" not in message
+  assert "Check that it is the file meant" in message
+  path.write_text('{"count": ' + "7" * 4000 + "}", encoding="utf-8")
+  assert read_json(path)["count"] == int("7" * 4000)  # under the limit: read as written
+
+
 def test_text_lines_drop_a_byte_order_mark_and_name_a_bad_line(tmp_path):
   path = tmp_path / "names.txt"
   path.write_bytes("\ufeffa\r\nb\n".encode())

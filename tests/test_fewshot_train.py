@@ -330,3 +330,33 @@ def test_fresh_views_train_and_resume_to_the_same_weights(tmp_path, tiny_random_
   history = [json.loads(line) for line in (tmp_path / "straight" / "history.jsonl").open()]
   assert [r["step"] for r in history] == [1, 2, 3, 4]
   assert all(np.isfinite(r["loss"]) for r in history)
+
+
+def test_every_epochs_rate_is_in_the_history_whatever_log_every_is(
+  tmp_path, tiny_random_model, run_command
+):
+  """Issue 41 item 5: TaskRes on 12 classes x 4 shots in batches of 24, 2 steps per epoch, and
+  log_every 10: the history still has each epoch's first step, with its exact rate (1e-5 in the
+  warm-up epoch, then Dassl's cosine restarted after it, T_max = 4 epochs)."""
+  result = run_command(
+    train,
+    *short_demo_flags(
+      tmp_path,
+      tiny_random_model,
+      "--config.method=taskres",
+      "--config.epochs=4",
+      "--config.batch_size=24",
+      "--config.log_every=10",
+      "--config.eval_every=100",
+      "--config.checkpoint_every=100",
+      schedule=False,
+    ),
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  history = [json.loads(line) for line in (tmp_path / "history.jsonl").open()]
+  # Each epoch's first step, and the last step (always logged).
+  assert [(r["step"], r["epoch"]) for r in history] == [(1, 1), (3, 2), (5, 3), (7, 4), (8, 4)]
+  lr = 2e-4  # configs/demo.py's taskres.lr
+  expected = [1e-5] + [lr * (1 + np.cos(np.pi * (e - 2) / 4)) / 2 for e in (2, 3, 4)]
+  np.testing.assert_allclose([r["lr"] for r in history[:4]], expected, rtol=1e-6)
+  assert history[4]["lr"] == history[3]["lr"]  # one rate per epoch

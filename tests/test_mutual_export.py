@@ -58,6 +58,7 @@ def test_exported_arrays_equal_the_pipeline_and_names_keep_their_order(tmp_path,
   names = json.loads((tmp_path / "bank" / text_bank.NAMES_FILE).read_text())
   assert names["class_descriptors"] == dataset.lists()
   assert names["classifiers"]["descriptors"]["descriptor_template"] == "{c}, which has {d}."
+  assert names["bank_template"] == "a photo showing {d}"  # App. L
   assert names["classifiers"]["templates"]["templates"] == list(a.templates)
   assert names["model"] == {"source": "tiny-synthetic", "name": "tiny-synthetic"}
   assert names["shapes"] == {
@@ -300,3 +301,81 @@ def test_an_export_stopped_before_the_names_file_leaves_a_refused_pair(
   monkeypatch.undo()
   with pytest.raises(InputError, match="does not hold the arrays"):
     text_bank.load_text_bank(output)
+
+
+# Issue 44 row 11: every setting the arrays depend on is covered by a digest; issue 41 item 1: a
+# run expecting a bank refuses one exported with another bank template.
+
+
+@pytest.mark.parametrize(
+  "change, named",
+  [
+    (lambda r: r.update(analysis_classifier="templates"), "'analysis_classifier'"),
+    (lambda r: r["model"].update(source="openai/ViT-B-16"), "'model'"),
+    (lambda r: r.pop("model"), "'model'"),
+    (lambda r: r["classifiers"]["templates"].update(templates=["a {c}."]), "'classifiers'"),
+    (
+      lambda r: r["classifiers"]["descriptors"].update(descriptor_template="{c} has {d}."),
+      "'classifiers'",
+    ),
+    (lambda r: r.update(bank_template="{d}"), "'bank_template'"),
+    (lambda r: r["classifiers"].pop("templates"), "'classifiers'"),
+    (lambda r: r["data"].update(source="folder"), "'data'"),
+  ],
+  ids=[
+    "analysis_classifier",
+    "model_changed",
+    "model_removed",
+    "templates",
+    "descriptor_template",
+    "bank_template",
+    "classifier_dropped",
+    "data",
+  ],
+)
+def test_a_setting_edited_in_the_names_file_is_refused_by_name(
+  tmp_path, run_command, change, named
+):
+  output = _export_pair(tmp_path, run_command, "bank")
+  _rewrite_names(output, change)
+  with pytest.raises(InputError) as error:
+    text_bank.load_text_bank(output)
+  message = str(error.value)
+  assert f"text_bank.json: {named} is not what " in message
+  assert "text_bank.safetensors was exported with" in message and "--overwrite" in message
+  assert "\n" not in message  # one paragraph
+
+
+def test_a_bank_of_another_bank_template_is_refused_where_a_run_expects_this_one(
+  tmp_path, run_command
+):
+  raw = _export_pair(tmp_path, run_command, "raw", "--config.analysis.bank_template={d}")
+  config = _config()
+  read = text_bank.load_text_bank(raw)  # a consistent pair reads back on its own
+  assert read.names["bank_template"] == "{d}"
+  with pytest.raises(InputError) as error:
+    text_bank.load_text_bank(raw, expect=config.analysis)
+  message = str(error.value)
+  assert "was exported with bank_template '{d}'" in message
+  assert "config.analysis.bank_template is 'a photo showing {d}'" in message
+  assert "--config.analysis.bank_template" in message and "\n" not in message
+  assert isinstance(error.value, UserError)  # a command prints it as one paragraph, exit 2
+  with config.unlocked():
+    config.analysis.bank_template = "{d}"
+  assert text_bank.load_text_bank(raw, expect=config.analysis).names["bank_template"] == "{d}"
+  with config.unlocked():
+    config.analysis.templates = ("a {c}.",)
+  with pytest.raises(InputError, match=r"exported with templates \['a photo of a \{c\}.'\]"):
+    text_bank.load_text_bank(raw, expect=config.analysis)
+
+
+def test_a_huge_integer_in_the_names_file_is_one_paragraph_naming_it(tmp_path, run_command):
+  """Issue 44 row 11: a 5,000-digit integer was a ValueError traceback from read_json."""
+  output = _export_pair(tmp_path, run_command, "bank")
+  path = output / text_bank.NAMES_FILE
+  text = path.read_text()
+  path.write_text(text.replace('"format_version": 3', '"format_version": ' + "9" * 5000))
+  with pytest.raises(InputError) as error:
+    text_bank.load_text_bank(output)
+  assert f"The text bank names file {path} cannot be read as JSON" in str(error.value)
+  assert "\n" not in str(error.value)

@@ -590,3 +590,70 @@ def test_vision_side_takes_defaults_from_the_one_home_and_checks_nothing_again(
   bank = pipeline.TextBank(("a",), np.ones((1, e), np.float32), ("x", "y"), np.eye(2, e))
   pipeline.vision_side(bundle, images, bank, ml_collections.ConfigDict(values))
   assert seen == dict(dtype=jnp.bfloat16, chunk=8, seed=3)
+
+
+# Issue 41 item 1: App. L's descriptor prompt, "a photo showing [DES]".
+
+
+def test_a_bank_row_is_the_text_encoders_a_photo_showing_descriptor(tiny_synthetic):
+  """Each row of D is the text encoder's unit output for "a photo showing <descriptor>" (the
+  MK paper configs' default bank_template), not the raw descriptor's."""
+  from stori_jax.clip.encoding import l2_normalize  # pylint: disable=import-outside-toplevel
+
+  config = _config()
+  assert config.analysis.bank_template == "a photo showing {d}"
+  dataset = data.prepare(config)
+  bank = pipeline.encode_config_bank(tiny_synthetic, config, dataset, progress=False)
+  for row in (0, 17, len(bank.descriptors) - 1):
+    tokens = tiny_synthetic.tokenize([f"a photo showing {bank.descriptors[row]}"])
+    direct = l2_normalize(np.asarray(tiny_synthetic.encode_text(tokens), np.float32))[0]
+    np.testing.assert_allclose(bank.descriptor_embeddings[row], direct, atol=1e-6)
+  with config.unlocked():
+    config.analysis.bank_template = "{d}"  # the descriptors encoded as they are
+  raw = pipeline.encode_config_bank(tiny_synthetic, config, dataset, progress=False)
+  assert raw.descriptors == bank.descriptors
+  cosine = np.sum(bank.descriptor_embeddings * raw.descriptor_embeddings, axis=1)
+  # Measured on the tiny model: cosines 0.863 to 0.9992, mean 0.958; every row moves.
+  assert np.all(cosine < 0.9995) and cosine.min() < 0.9
+  assert 0.93 < cosine.mean() < 0.98
+  # The class embeddings do not use the bank's template.
+  np.testing.assert_array_equal(raw.class_embeddings, bank.class_embeddings)
+
+
+@pytest.mark.parametrize(
+  "template, message",
+  [
+    ("a photo showing", r"has no \{d\} field"),
+    ("a photo of a {c} showing {d}", r"has the fields \['c'\] besides \{d\}"),
+    ("a photo showing {}", r"has the fields \[''\] and no \{d\}"),
+    ("a photo showing {d", r"cannot be filled with a descriptor"),
+    ("a photo showing {d!x}", r"cannot be filled with a descriptor \(ValueError"),
+  ],
+  ids=["no_field", "class_field", "positional", "unclosed", "conversion"],
+)
+def test_a_bad_bank_template_is_refused_before_any_work(tmp_path, run_command, template, message):
+  workdir = tmp_path / "run"
+  done = run_command(
+    "mutual.analyze",
+    "--config=configs/mutual_synthetic.py:smoke",
+    f"--config.analysis.bank_template={template}",
+    f"--workdir={workdir}",
+  )
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert "Traceback" not in done.stderr
+  import re  # pylint: disable=import-outside-toplevel
+
+  assert re.search(r"config.analysis.bank_template .*" + message, done.stderr), done.stderr
+  assert "a photo showing {d}" in done.stderr  # the fix names the paper's template
+  assert not workdir.exists()
+
+
+def test_every_mk_config_encodes_the_bank_in_app_l_prompt():
+  """Every configs/mutual_*.py (the paper's and the embedded world's) sets App. L's template."""
+  import glob  # pylint: disable=import-outside-toplevel
+
+  found = sorted(glob.glob(os.path.join(ROOT, "configs", "mutual_*.py")))
+  assert len(found) >= 9
+  for path in found:
+    config = load_config(path)
+    assert config.analysis.bank_template == "a photo showing {d}", path

@@ -607,3 +607,37 @@ def test_the_figure_scripts_set_the_cpu_up_before_numpy_and_jax():
       if s in source
     )
     assert source.index("reproducible_cpu.apply()") < first, name
+
+
+@pytest.mark.slow
+def test_mutual_modes_compares_with_the_crf_off_on_both_sides(figures, tiny_synthetic):
+  """Issue 44 row 14: without SimpleCRF the mutual_modes section said "CRF off on both sides"
+  while the project's side kept its own CRF. The comparison it runs, with the CRF off on both
+  sides (two classes of the embedded world, 4 images each, reference mode, the section's
+  config otherwise): MI and AUC equal image for image, for PCA and K-means."""
+  pytest.importorskip("kmeans_pytorch")
+  from mutual import data, pipeline  # pylint: disable=import-outside-toplevel
+  from mutual import reference as torch_reference  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing.config_files import load_config  # pylint: disable=import-outside-toplevel
+
+  config = load_config(os.path.join(ROOT, "configs", "mutual_synthetic.py"))
+  config.data.classes, config.data.images_per_class = (2, 7), 4
+  a = config.analysis
+  a.mode = "reference"
+  assert a.crf  # the config's CRF is on: the comparison must turn the project's side off
+  dataset = data.prepare(config)
+  bank = pipeline.encode_config_bank(tiny_synthetic, config, dataset, progress=False)
+  model = torch_reference.open_clip_from_bundle(tiny_synthetic)
+  methods = tuple(a.methods)
+  images = 0
+  for cls in dataset.classes(int(tiny_synthetic.config.vision.image_size)):
+    with_crf = pipeline.analyze_class(tiny_synthetic, cls.images, bank, a, methods)
+    agree = figures.reference_agreement(
+      tiny_synthetic, model, cls.images, bank, a, methods, False, with_crf
+    )
+    assert set(agree) == {"pca", "kmeans"}
+    for method in methods:
+      assert agree[method].shape == (4,) and agree[method].all(), (cls.label, method, agree)
+    images += len(cls.images)
+  assert images == 8
+  assert a.crf  # the section's config is left as it was

@@ -435,8 +435,8 @@ def train_lf_cbm(
 
   Args:
     cached: the training images (their `embeddings` and labels).
-    descriptor_embeddings: float [D, E], the bank's unit descriptor embeddings (no template,
-      as LF-CBM encodes its concepts).
+    descriptor_embeddings: float [D, E], the bank's unit descriptor embeddings (each
+      descriptor in config.analysis.bank_template, as every baseline and the analysis use it).
     settings: `lf_cbm_settings`' keys (default: paper_config.LF_CBM_DEFAULTS).
     workdir: the finished model is kept in <workdir>/lf_cbm.npz and a rerun with the same
       settings and data sizes loads it (`stori_jax.plumbing.finished`: a damaged file is said

@@ -36,8 +36,9 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", error: type = In
 
   Raises:
     `error`: the file cannot be read, is not UTF-8, is not valid JSON, names a key twice in
-      one object, or nests too deeply; the message names the path and, for a syntax error,
-      the line and column.
+      one object, nests too deeply, or holds a value json cannot convert (an integer of
+      thousands of digits); the message names the path and, for a syntax error, the line and
+      column.
   """
   path = os.fspath(path)
   try:
@@ -71,6 +72,12 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", error: type = In
     raise error(
       f"The {what} {path} nests its lists or objects too deeply to be read (thousands of "
       "levels); none of the project's files nests more than a few."
+    ) from None
+  except ValueError as e:  # after JSONDecodeError, its subclass: what json.loads refuses else
+    # (an integer of more than sys.get_int_max_str_digits() digits, 4,300 by default).
+    raise error(
+      f"The {what} {path} cannot be read as JSON ({e}); none of the project's files holds such "
+      "a value. Check that it is the file meant, or write it again."
     ) from None
 
 

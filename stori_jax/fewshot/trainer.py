@@ -630,6 +630,9 @@ def train_method(
       f"to 0.1): lower it.",
     ),
     log_every=config.log_every,
+    # Each epoch's first step too: its learning rate ("lr") is in the history whatever
+    # log_every is (1-shot DTD or the demo has fewer steps per epoch than log_every).
+    log_also=lambda done: (done - 1) % steps_per_epoch == 0,
     checkpoint_every=config.checkpoint_every,
     eval_every=config.eval_every,
     # Fresh views: the next batches' images are gathered (and sent) while the step runs.

@@ -44,6 +44,9 @@ class LoopSpec:
     watch: the run's non-finite watch.
     log_every, checkpoint_every, eval_every: the intervals, in steps (eval_every None: only
       at the last step, and only with an `evaluate`); the last step always has all three.
+    log_also: done (1-based) -> whether that step is logged too, whatever log_every says (the
+      few-shot trainer's: the first step of each epoch, so that every epoch's learning rate is
+      in the history even when an epoch has fewer than log_every steps); None: none.
     prefetch: make batches this many steps ahead on a background thread (0: in the loop).
     desc: the progress bar's label.
     postfix: record keys shown on the progress bar.
@@ -56,6 +59,7 @@ class LoopSpec:
   log_every: int
   checkpoint_every: int
   eval_every: int | None = None
+  log_also: Callable[[int], bool] | None = None
   prefetch: int = 0
   desc: str = "train"
   postfix: Sequence[str] = ("loss",)
@@ -156,7 +160,7 @@ def train_loop(
   """Runs steps first_step..spec.total_steps-1 of a run; returns the final state.
 
   After step `done` (1-based), at the spec's intervals and always at the last step:
-  - log (every `log_every`) or evaluate (every `eval_every`, with `evaluate`): a record
+  - log (every `log_every`, and where `spec.log_also` says) or evaluate (every `eval_every`, with `evaluate`): a record
     {"step": done, **metrics as floats, **evaluate(state, done)} is passed to `log`;
   - checkpoint (every `checkpoint_every`): `spec.checkpointer.save(done, state)`.
   Each of them first reads the non-finite codes of the steps since the last read (one int32
@@ -205,7 +209,10 @@ def train_loop(
       metrics = dict(metrics)
       watch.add(done, metrics.pop("nonfinite"))
       evaluating = evaluate is not None and is_due(done, spec.eval_every, total_steps)
-      if evaluating or is_due(done, spec.log_every, total_steps):
+      logging = is_due(done, spec.log_every, total_steps) or (
+        spec.log_also is not None and spec.log_also(done)
+      )
+      if evaluating or logging:
         watch.check(total_steps, workdir)  # nothing non-finite reaches the log
         record = {"step": done, **{k: float(v) for k, v in metrics.items()}}
         if evaluating:
