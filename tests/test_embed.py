@@ -126,4 +126,7 @@ def test_huge_layer_count_in_the_checkpoint_config_stops_at_once(tmp_path, measu
   code, stderr, seconds, rss = measure_command("stori_jax.embed", f"--source={directory}", "a cat")
   assert code == 2 and "Traceback" not in stderr, stderr
   assert "text.layers is 1000000000; at most 1024 is accepted" in stderr
-  assert seconds < 5 and rss < 1 << 30, (seconds, rss)
+  # The memory bound is the check (the bug grew 40 MB/s without end); the time bound only says
+  # it returned rather than hung, and allows a loaded machine's start-up (JAX's import alone
+  # takes several seconds on 2 busy cores).
+  assert seconds < 60 and rss < 1 << 30, (seconds, rss)

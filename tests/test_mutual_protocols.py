@@ -564,7 +564,7 @@ def test_appa4_rows_equal_the_protocol_on_each_set(tmp_path, bundle, run_command
   )
   assert done.returncode == 0, done.stderr[-3000:]
   config = load_config(os.path.join(ROOT, "configs/mutual_appa4.py"), "smoke")
-  written = json.loads((tmp_path / "protocols" / "bank_quality.json").read_text())["result"]
+  written = json.loads((tmp_path / "protocols" / "bank_quality.json").read_text())["payload"]
   assert [(r["prompt"], r["llm"]) for r in written["sets"]] == [
     ("attributes", "embedded world"),
     ("sentences", "embedded world"),

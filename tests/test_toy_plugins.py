@@ -134,7 +134,7 @@ def test_the_toy_protocol_runs_through_the_evaluation(tmp_path, toy_plugins, run
   assert (toy["k"], toy["images"]) == (2, 8)
   assert 0 <= toy["accuracy"] <= 100 and (toy["accuracy"] / 12.5).is_integer()
   kept = json.loads((workdir / "protocols" / "zero_shot_topk.json").read_text())
-  assert kept["result"] == toy
+  assert kept["payload"] == toy  # the protocol's record of finished work holds its result
   text = (workdir / "protocols.md").read_text()
   assert text.startswith("## Toy: zero-shot top-k (%)")
   assert f"| 8 | 2 | {toy['accuracy']:.2f} |" in text

@@ -497,6 +497,11 @@ class AtomicWrite:
     try:
       if kind is not None:
         self._file.close()
+        # A write inside the block that met a full disk is the same paragraph as one at the
+        # flush or rename below (the writer, e.g. PIL, raises the bare OSError).
+        full = self._disk_full(error) if isinstance(error, OSError) else None
+        if full is not None:
+          raise full from None
         return False
       try:
         self._file.flush()
