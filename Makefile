@@ -9,6 +9,10 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 # Locally `make test` skips tests marked slow; CI (CI=true) runs them all.
 PYTEST_MARK := $(if $(filter true 1,$(CI)),,-m "not slow")
+# Tests run on two worker processes (pytest-xdist; each test file's tests may land on either):
+# on 2 CPU cores the suite is mostly XLA compiles, one core each. PYTEST_WORKERS=0 runs one.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS := -n $(PYTEST_WORKERS) --dist worksteal --durations=10
 
 .PHONY: test test-all demo readme-figures install clean
 
@@ -30,12 +34,12 @@ $(STAMP): $(CORE_STAMP) setup.py
 
 install: $(STAMP)
 
-# One line per test file with its progress, then the ten slowest tests.
+# Progress, then the ten slowest tests and every skip reason.
 test: $(STAMP)
-	$(PY) -m pytest --durations=10 $(PYTEST_MARK)
+	$(PY) -m pytest $(PYTEST_ARGS) $(PYTEST_MARK)
 
 test-all: $(STAMP)
-	$(PY) -m pytest --durations=10
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The main job on the embedded default: few-shot SToRI on the synthetic world (offline).
 demo: $(CORE_STAMP)

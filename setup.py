@@ -61,6 +61,7 @@ EXTRAS = {
   # is the local GCS that the gs:// tests start.
   "test": [
     "pytest>=7.4",
+    "pytest-xdist>=3.5",
     "ruff>=0.6",
     "playwright>=1.40",
     "hypothesis>=6.100",

@@ -1348,7 +1348,9 @@ def suite_run(marks: str | None) -> tuple[dict[str, int], float]:
   env = {k: v for k, v in os.environ.items() if k != "CI"}
   if "reproducible_cpu" in sys.modules:  # the suite runs as `make test` does, not with our flags
     env = sys.modules["reproducible_cpu"].original_env(env)
-  args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+  # As the Makefile runs it: two worker processes (PYTEST_ARGS).
+  args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"]
+  args += ["--dist", "worksteal"]
   args += ["-m", marks] if marks else []
   done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
   last = [line for line in done.stdout.splitlines() if _SUMMARY.match(line)]
