@@ -247,24 +247,12 @@ def plot(path: str, explanation: Explanation, methods: Sequence[str], model: str
     ax = fig.add_subplot(grid[row, 1])
     ax.set_axis_off()
     ax.set_title("their descriptors (optimal transport)", fontsize=9)
-    y = 0.97
-    for concept in m["concepts"]:
-      if not concept["descriptors"]:
-        continue
-      ax.text(
-        0.0,
-        y,
-        str(concept["concept"]),
-        fontsize=7,
-        fontweight="bold",
-        va="top",
-        bbox=report.concept_label_box(concept["concept"]),
-        transform=ax.transAxes,
-      )
-      for line in report.wrapped(", ".join(concept["descriptors"]), 38):
-        ax.text(0.1, y, line, fontsize=7, va="top", transform=ax.transAxes)
-        y -= 0.065
-      y -= 0.02
+    caption = [
+      (c["concept"], report.wrapped(", ".join(c["descriptors"]), 38))
+      for c in m["concepts"]
+      if c["descriptors"]
+    ]
+    report.draw_captions(ax, caption, step=0.065, indent=0.1, gap=0.02)
     mutual = set(m["mutual_descriptors"])
     columns = [
       ("vision only", [d for d in m["visual_descriptors"] if d not in mutual], "tab:blue"),

@@ -255,6 +255,28 @@ def draw_concepts(ax, image: np.ndarray, pixels: np.ndarray) -> None:
   ax.set_axis_off()
 
 
+def draw_captions(ax, caption, step: float, indent: float, gap: float = 0.0) -> None:
+  """Each concept's number in a box of its colour, then its text lines beside it, top down in
+  axes coordinates (`caption`: [(concept id, [line, ...])]; `step` per line, `gap` after each
+  concept). Black on the white page; the numbered box ties the lines to the concept's outline."""
+  y = 1.0
+  for concept, lines in caption:
+    ax.text(
+      0.0,
+      y,
+      str(concept),
+      fontsize=7,
+      fontweight="bold",
+      va="top",
+      bbox=concept_label_box(concept),
+      transform=ax.transAxes,
+    )
+    for line in lines:
+      ax.text(indent, y, line, fontsize=7, color="black", va="top", transform=ax.transAxes)
+      y -= step
+    y -= gap
+
+
 def wrapped(text: str, width: int) -> list[str]:
 
   return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
@@ -310,25 +332,7 @@ def plot_concepts(
     ax.set_title(f"true: {record['class_name']}\npred: {record['predicted_name']}", fontsize=8)
     text_ax = fig.add_subplot(grid[1, k])
     text_ax.set_axis_off()
-    y = 1.0
-    step = line_h / text_h
-    for concept, caption_lines in caption:
-      text_ax.text(
-        0.0,
-        y,
-        str(concept),
-        fontsize=7,
-        fontweight="bold",
-        va="top",
-        bbox=concept_label_box(concept),
-        transform=text_ax.transAxes,
-      )
-      for line in caption_lines:
-        # Black on the white page; the numbered box ties the line to its outline.
-        text_ax.text(
-          0.09, y, line, fontsize=7, color="black", va="top", transform=text_ax.transAxes
-        )
-        y -= step
+    draw_captions(text_ax, caption, step=line_h / text_h, indent=0.09)
   fig.suptitle(
     _suptitle(model, f"visual concepts ({concept_methods.title(method)}) and their descriptors"),
     fontsize=9,
@@ -443,21 +447,7 @@ def plot_ot_diversity(
     ax.set_title(f"{title}\nentropy {entropy:.2f} nats", fontsize=8)
     text_ax = fig.add_subplot(grid[1, k])
     text_ax.set_axis_off()
-    y, step = 1.0, line_h / text_h
-    for concept, caption_lines in caption:
-      text_ax.text(
-        0.0,
-        y,
-        str(concept),
-        fontsize=7,
-        fontweight="bold",
-        va="top",
-        bbox=concept_label_box(concept),
-        transform=text_ax.transAxes,
-      )
-      for line in caption_lines:
-        text_ax.text(0.1, y, line, fontsize=7, color="black", va="top", transform=text_ax.transAxes)
-        y -= step
+    draw_captions(text_ax, caption, step=line_h / text_h, indent=0.1)
   fig.suptitle(
     _suptitle(
       model,
