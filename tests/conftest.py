@@ -5,10 +5,14 @@ JAX's compiled programs released after each test file."""
 import gc
 import importlib
 import importlib.util
+import json
 import os
 import re
+import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -16,20 +20,102 @@ import pytest
 
 from stori_jax.plumbing import profiling, run_identity
 
-# Commands keep JAX's persistent compilation cache off in tests (in-process runs and the
-# subprocesses that inherit this environment): no test writes to ~/.cache, and a test compiles
-# what it runs. The tests of the cache turn it on in a folder of their own.
-os.environ[profiling.CACHE_ENV] = "0"
+#: The test run's own persistent compilation cache: a fresh folder made for the run (by the
+#: process pytest starts; its xdist workers inherit the variable, so both share it) and removed
+#: when the run ends. Commands rebuild their jitted functions on every run, so a file whose tests
+#: run a command several times (resume, damage, reruns) compiled each program again in every
+#: test (tests/test_checkpointing.py's three slow tests: 161 programs compiled, 100 with the
+#: cache). Nothing is written to ~/.cache and nothing outlives the run, so every program a test
+#: needs is compiled once in the run. STORI_TEST_COMPILATION_CACHE=<folder> keeps a folder of
+#: your own (warm across runs: a developer's machine), =0 turns it off (every test compiles what
+#: it runs). The tests of the cache itself point it at folders of their own.
+TEST_CACHE_ENV = "STORI_TEST_COMPILATION_CACHE"
+_made_test_cache = False
+if TEST_CACHE_ENV not in os.environ:
+  os.environ[TEST_CACHE_ENV] = tempfile.mkdtemp(prefix="stori-jax-test-compilation-cache-")
+  _made_test_cache = True
+TEST_CACHE = os.environ[TEST_CACHE_ENV]
+if TEST_CACHE.strip().lower() in ("0", "false", "off", "no", "disabled", ""):
+  TEST_CACHE = None
+  os.environ[profiling.CACHE_ENV] = "0"
+else:
+  # Commands (in-process and the subprocesses that inherit this environment) use this folder.
+  os.environ[profiling.CACHE_ENV] = "1"
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = TEST_CACHE
+
+
+def _use_test_cache():
+  """JAX's persistent cache on, in the run's folder, for what this process compiles next (a
+  command run in-process may have turned it off, or pointed it elsewhere)."""
+  if TEST_CACHE and (
+    not jax.config.jax_enable_compilation_cache
+    or jax.config.jax_compilation_cache_dir != TEST_CACHE
+  ):
+    profiling.use_compilation_cache(True)  # reads JAX_COMPILATION_CACHE_DIR
+
+
+_use_test_cache()
+
+
+def pytest_unconfigure(config):
+  del config
+  if _made_test_cache and os.environ.get("PYTEST_XDIST_WORKER") is None:
+    shutil.rmtree(os.environ[TEST_CACHE_ENV], ignore_errors=True)
 from stori_jax.explorer.app import create_app
 from stori_jax.explorer.index import build_explorer
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+    "--time-breakdown",
+    metavar="PATH",
+    default=None,
+    help="append one JSON line per test to PATH (one file per xdist worker: PATH.<worker>): "
+    "its wall seconds (set-up, call and tear-down), the XLA compiles' seconds and count, the "
+    "tracing and lowering seconds, and the CPU seconds of subprocesses it waited for; "
+    "scripts/suite_profile.py sums them",
+  )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """With --time-breakdown: where each test's time went (compiles, subprocesses, the rest)."""
+  del nextitem
+  path = item.config.getoption("--time-breakdown")
+  if not path:
+    yield
+    return
+  worker = os.environ.get("PYTEST_XDIST_WORKER")
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  start = time.perf_counter()
+  with profiling.compilations() as compiled:
+    yield
+  wall = time.perf_counter() - start
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  record = dict(
+    test=item.nodeid,
+    slow=item.get_closest_marker("slow") is not None,
+    wall=round(wall, 3),
+    compile=round(compiled.seconds, 3),
+    compiles=compiled.count,
+    from_cache=compiled.from_cache,
+    trace_lower=round(compiled.tracing_seconds + compiled.lowering_seconds, 3),
+    children_cpu=round(
+      (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime), 3
+    ),
+  )
+  with open(f"{path}.{worker}" if worker else path, "a", encoding="utf-8") as out:
+    out.write(json.dumps(record) + "\n")
 
 
 @pytest.fixture(autouse=True)
 def release_workdir_locks():
   """A test's in-process runs end with the test: the workdirs they claimed are free for the
-  next test's processes (a real command's lock lasts until its process exits)."""
+  next test's processes (a real command's lock lasts until its process exits). The run's
+  compilation cache back on for the next test, wherever this one pointed it."""
   yield
   run_identity.release_workdirs()
+  _use_test_cache()
 
 
 @pytest.fixture(scope="session", autouse=True)
