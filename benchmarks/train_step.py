@@ -157,6 +157,13 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_bool(
     "naive", False, "Also time the naive JAX step (77 tokens, every block).", flag_values=values
   )
+  flags.DEFINE_bool(
+    "one_pass",
+    False,
+    "Fresh views: also time ours with the image tower on the whole batch in one pass "
+    "(ours_one_pass; ours takes the trainer's views per pass, `fresh_view_passes`).",
+    flag_values=values,
+  )
   flags.DEFINE_enum(
     "image_dtype",
     "float32",
@@ -608,7 +615,8 @@ def expected_flops(
 
 def step_flops(flops: dict, row: str, implementation: str) -> dict[str, float]:
   """{part: FLOPs} of one implementation's step in one row (`expected_flops`' parts)."""
-  parts = {"text": flops["ours"] if implementation == "ours" else flops["naive_text"]}
+  ours = implementation.startswith("ours")
+  parts = {"text": flops["ours"] if ours else flops["naive_text"]}
   if row == "fresh_views":
     parts["image_tower"] = flops["image"]
     if implementation != "torch":  # torchvision's resize is a few taps per pixel: not counted
@@ -733,7 +741,12 @@ def fresh_config(opts) -> ml_collections.ConfigDict:
 
 
 def ours_runner(
-  s: Setup, check: bool = True, on_phase=None, compile_ahead: bool = True, fresh: bool = False
+  s: Setup,
+  check: bool = True,
+  on_phase=None,
+  compile_ahead: bool = True,
+  fresh: bool = False,
+  per_pass="device",
 ) -> dict:
   """This implementation's step, ready to run: run() takes one step (blocked on) and returns its
   metrics; first_call_s (the first step), prefix_s and image_s (the one-time prefix cache and
@@ -751,7 +764,8 @@ def ours_runner(
   the image tower inside the step; the image phase places the images (and makes the encoder)
   instead of computing features, and each run() is the next step (its views seeded by it).
   Otherwise the image features of s.pixels are computed once (the image phase) and every step
-  reads them; features (float32 [B, E], unit rows, on the host) is returned then.
+  reads them; features (float32 [B, E], unit rows, on the host) is returned then. per_pass:
+  fresh_view_encoder's views per image-tower pass ("device": the trainer's rule).
 
   compile_ahead: the set-up that does not depend on the weights' values runs while the device
   computes what does. The prefix cache and the image features are dispatched (JAX runs them
@@ -784,7 +798,7 @@ def ours_runner(
     if fresh:
       # The trainer's fresh-view encoder and a step's inputs (images, sizes, indices), placed
       # as train_method's batch_for_step places them.
-      encode, encoder = fresh_view_encoder(bundle, fresh_config(opts), classifier)
+      encode, encoder = fresh_view_encoder(bundle, fresh_config(opts), classifier, per_pass)
       place = classifier.place_batch
       fresh_inputs = (
         place(s.canvas.pixels),
@@ -993,6 +1007,8 @@ def benchmark(opts):
     fresh = row == "fresh_views"
     ours = ours_runner(s, check=not fresh, fresh=fresh)
     implementations[row] = {"ours": ours}
+    if fresh and opts.one_pass:
+      implementations[row]["ours_one_pass"] = ours_runner(s, check=False, fresh=True, per_pass=None)
     if opts.naive:
       implementations[row]["naive_jax"] = naive_runner(s, ours)
     if with_torch:
@@ -1051,6 +1067,8 @@ def benchmark(opts):
       if rate is not None:
         timed["matmul"] = rate.measure(1)
       rounds.append(timed)
+      shown = {f"{row}/{n}": round(t, 2) for row in implementations for n, t in timed[row].items()}
+      print(f"round {len(rounds)}: seconds {shown}", flush=True)
   if timed_compiles.count:
     print(
       f"WARNING: {timed_compiles.count} programs compiled during the timed rounds "
