@@ -1439,8 +1439,15 @@ def machine_limit_table(rows: Sequence[LimitRow]) -> str:
       f"{r.rate_gflop_per_s:.1f} GFLOP/s | {r.reference} | {r.reference_seconds:.2f} | "
       f"{100 * r.reference_fraction:.1f}% | **{r.ratio:.2f}x** |"
     )
-  sizes = list(dict.fromkeys(f"{r.what}: {r.sizes}" for r in rows))
-  lines += ["", fill(f"On {machine()}, one run; " + "; ".join(sizes) + ".")]
+  # Rows of one benchmark share its sizes: each set of sizes once, with the rows it belongs to.
+  groups: dict[str, list[str]] = {}
+  for r in rows:
+    groups.setdefault(r.sizes, []).append(r.what)
+  if len(groups) == 1:
+    said = next(iter(groups))
+  else:
+    said = "; ".join(f"{', '.join(whats)}: {sizes}" for sizes, whats in groups.items())
+  lines += ["", fill(f"On {machine()}, one run: {said}.")]
   return "\n".join(lines)
 
 

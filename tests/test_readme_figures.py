@@ -670,7 +670,7 @@ def test_the_machine_limit_table_takes_rows_from_every_producer(figures, monkeyp
   assert lines[2].startswith("| step A | 2.00 per step | 12.5 | 25.0% of 100.0 GFLOP/s |")
   assert lines[2].endswith("| a reference | 3.00 | 10.0% | **1.50x** |")
   assert [line.split("|")[1].strip() for line in lines[2:5]] == ["step A", "analysis B", "C"]
-  assert lines[-1].startswith("On 2 CPU cores, one run; step A: tiny")
+  assert lines[-1] == "On 2 CPU cores, one run: tiny."
 
 
 def test_check_passes_a_timed_region_whose_timings_moved(figures, tmp_path, monkeypatch, capsys):
