@@ -69,8 +69,13 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `python benchmarks/mutual_throughput.py` puts only benchmarks/ there
+  sys.path.insert(0, ROOT)
 
 import jax
 import numpy as np
@@ -90,6 +95,7 @@ from mutual.paper_config import analysis_config
 from stori_jax.data import synthetic
 from stori_jax.clip.encoding import l2_normalize
 from stori_jax.reference.parity_report import random_pair
+from benchmarks.machine_rate import matmul_rate  # the machine's rate, shared with train_step
 
 flags.DEFINE_string("arch", "", "open_clip architecture; empty: the tiny-synthetic model's config.")
 flags.DEFINE_integer("images", 16, "B, the images of the class.")
@@ -410,36 +416,6 @@ def print_profile(rows, total_seconds):
       line += f" {r['tower_rows'] or '-':>6} {analytic:>9s}"
     print(line)
   print(f"{'total':36s} {total_seconds:8.3f}")
-
-
-def matmul_rate(side: int, dtype: str = "float32", repeats: int = 3, device="cpu") -> dict:
-  """GFLOP/s of a dense [side, side] @ [side, side] product in `dtype`, best of `repeats`, in
-  JAX (XLA, this pipeline's backend) and PyTorch (on `device`)."""
-  flops = 2.0 * side**3
-  a = jax.random.normal(jax.random.PRNGKey(0), (side, side), jax.numpy.float32).astype(dtype)
-  product = jax.jit(lambda x, y: x @ y)
-  jax.block_until_ready(product(a, a))
-  best = np.inf
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(product(a, a))
-    best = min(best, time.perf_counter() - start)
-  t = torch.randn(side, side).to(device, getattr(torch, dtype))
-  sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-  torch.mm(t, t)
-  sync()
-  best_torch = np.inf
-  for _ in range(repeats):
-    start = time.perf_counter()
-    torch.mm(t, t)
-    sync()
-    best_torch = min(best_torch, time.perf_counter() - start)
-  return dict(
-    side=side,
-    dtype=dtype,
-    jax_gflop_per_s=round(flops / best / 1e9, 2),
-    torch_gflop_per_s=round(flops / best_torch / 1e9, 2),
-  )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-r"""Steps per second of one SToRI training step: this implementation vs naive JAX vs PyTorch.
+r"""Seconds per SToRI training step at the paper's setting: this implementation vs PyTorch eager.
 
-  python benchmarks/train_step.py      # ViT-B-16, 80 prompts, 16 images: ~2 min on 2 CPU cores
+  python benchmarks/train_step.py      # ViT-B-16, 160 prompts, 32 images: a few minutes, 2 cores
+  python benchmarks/train_step.py --json F --naive      # also the naive JAX step
   python benchmarks/train_step.py --num_classes 100 --prompts_per_class 10 --batch 256 \
       --repeats 10 --cupl_path ../shared/data/cupl/imagenet_prompts_base.json   # GPU, real size
   python benchmarks/train_step.py --memory \
@@ -9,30 +10,49 @@ r"""Steps per second of one SToRI training step: this implementation vs naive JA
 (--memory sets XLA_FLAGS=--xla_force_host_platform_device_count=8 itself unless XLA_FLAGS
 already names a device count.)
 
-One training step = forward and backward over every weighted prompt, the cross-entropy
-on a batch of images, and an Adam update of the per-token log-weights. Three
-implementations of that step run on the same weights, prompts, images and labels, in
-one process, alternating (ours, naive, torch, ours, ...) so drifts in machine load hit
-all three; figures are medians and the ratios are medians of per-round ratios:
+One training step = forward and backward over every weighted prompt, the cross-entropy on a
+batch of images, and an Adam update of the per-token log-weights. Two rows, each timed for every
+implementation on the same weights, prompts, images and labels, at equal work:
 
-1. ours: `WeightedTextClassifier` (prefix cache up to the start block, causal
-   truncation to length buckets, EOT-only last block, chunked `jax.checkpoint`,
-   prompts sharded over the devices) with the trainer's `make_train_step`; image
-   features are cached (computed once, outside the timed step, as in training).
-2. naive JAX: every prompt at full context (77 tokens), every text block recomputed
-   each step, no chunking, and the image tower run on the image batch each step;
-   jitted, same loss and optimizer.
-3. PyTorch eager: transformers' `CLIPModel` with the same weights, its text layers
-   called one by one with an additive 4-D mask (causal + log w from the start block
-   on, i.e. softmax(q k^T / sqrt(d) + mask + log w)), the image tower each step,
-   torch.optim.Adam on log-weights [P, 77].
+* fresh_views, the paper configs' setting (`config.views = 0`): every step draws a new view of
+  each image (RandomResizedCrop at scale (0.08, 1), bicubic, a flip with p = 0.5) from the
+  images themselves (random uint8 images of 224-448 px, on the trainer's canvas) and runs the
+  frozen image tower on the views, inside the step;
+* cached_features, the `config.views = N` approximation: the image features are computed once,
+  outside the timed step, and every implementation's step reads them.
 
-The class embedding of class c is the normalised mean of the normalised features of
-its prompts (no fixed Base prompts here); the loss is the mean cross-entropy of
-logit_scale * image . class on normalised image features; Adam with a cosine
-schedule (optax.adam + cosine_decay_schedule; torch Adam + CosineAnnealingLR). Before
-timing, the losses, class embeddings and log-weight gradients of the three are
-compared at the same random log-weights.
+Implementations:
+
+1. ours: `WeightedTextClassifier` (prefix cache up to the start block, causal truncation to
+   length buckets, EOT-only last block, chunked `jax.checkpoint`, prompts sharded over the
+   devices) with the trainer's `make_train_step`; for fresh views with the trainer's own
+   `fresh_view_encoder` (`augment.device_views` and the image tower in config.image_dtype,
+   compiled into the step), as `trainer.train_method` builds it.
+2. PyTorch eager: transformers' `CLIPModel` with the same weights, its text layers called one by
+   one with an additive 4-D mask (causal + log w from the start block on, i.e.
+   softmax(q k^T / sqrt(d) + mask + log w)), torch.optim.Adam on log-weights [P, 77]; for fresh
+   views torchvision's RandomResizedCrop box and bicubic antialiased resize of each uint8 image
+   and its flip, then the image tower under torch.no_grad().
+3. naive JAX (--naive): every prompt at full context (77 tokens), every text block recomputed
+   each step, no chunking; the same image side as ours; jitted, same loss and optimizer.
+
+The class embedding of class c is the normalised mean of the normalised features of its prompts
+(no fixed Base prompts here); the loss is the mean cross-entropy of logit_scale * image . class
+on normalised image features; Adam with a cosine schedule (optax.adam + cosine_decay_schedule;
+torch Adam + CosineAnnealingLR). Before timing, the losses, class embeddings and log-weight
+gradients are compared at the same random log-weights on the cached features (the fresh views'
+crops are random, so their losses differ by design; `augment.device_views` is checked against
+torchvision's transform in tests/test_fewshot_data.py).
+
+Timed rounds alternate: one step of every row's every implementation per round (ours, torch,
+..., then the next row), and one fp32 [--matmul]^2 product in JAX and in PyTorch
+(benchmarks/machine_rate.py), so drifts in machine load hit all of them. Figures are medians
+of rounds; ratios are medians of per-round ratios. Per row and implementation the JSON holds
+seconds per step, FLOPs per step counted from the shapes (`expected_flops`: the text blocks'
+matmuls, forward, recomputed forward and backward as each runs them; the image tower's forward;
+ours' resampling products), XLA's own count (`cost_analysis()` of the compiled step: lax.map
+and loop bodies are counted once, so a bucket of several chunks is undercounted), and the
+fraction of the machine's measured matmul rate (the faster framework's product, per round).
 
 Prompts: CuPL-like synthetic sentences (the synthetic world's, varied to the requested
 count), or the first classes of a real CuPL file with --cupl_path (never copied here).
@@ -68,6 +88,11 @@ def _prepare_environment():
 
 _prepare_environment()
 
+# The repository root, for `benchmarks.*` when run as a script (which puts only benchmarks/ there).
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
 import contextlib
 import dataclasses
 import json
@@ -82,9 +107,11 @@ import optax
 from absl import app, flags
 from jax.sharding import NamedSharding, PartitionSpec
 
+from benchmarks.machine_rate import MatmulRate, machine_gflop_per_s
 from stori_jax.plumbing import profiling
 from stori_jax.clip.bundle import CLIPBundle
 from stori_jax.clip.encoding import l2_normalize, l2_normalize_jax
+from stori_jax.fewshot import augment
 from stori_jax.fewshot import prompts as prompt_lib
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
 from stori_jax.fewshot.text_classifier import (
@@ -93,7 +120,12 @@ from stori_jax.fewshot.text_classifier import (
   cross_entropy_loss,
   prompt_mesh,
 )
-from stori_jax.fewshot.trainer import init_train_state, make_train_step, stori_method
+from stori_jax.fewshot.trainer import (
+  fresh_view_encoder,
+  init_train_state,
+  make_train_step,
+  stori_method,
+)
 from stori_jax.models import (
   CLIP,
   get_architecture,
@@ -109,11 +141,41 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string(
     "arch", "ViT-B-16", "Architecture (both towers; the text tower is trained).", flag_values=values
   )
-  flags.DEFINE_integer("num_classes", 10, "Classes.", flag_values=values)
+  flags.DEFINE_integer("num_classes", 20, "Classes.", flag_values=values)
   flags.DEFINE_integer("prompts_per_class", 8, "Weighted prompts per class.", flag_values=values)
-  flags.DEFINE_integer("batch", 16, "Images per step.", flag_values=values)
+  flags.DEFINE_integer("batch", 32, "Images per step.", flag_values=values)
   flags.DEFINE_integer(
-    "repeats", 3, "Timed rounds (one step of each implementation per round).", flag_values=values
+    "repeats", 5, "Timed rounds (one step of each implementation per round).", flag_values=values
+  )
+  flags.DEFINE_list(
+    "rows",
+    list(ROWS),
+    "The rows timed: fresh_views (the paper configs' views = 0: crop, flip and image tower in "
+    "the step) and cached_features (the image features computed once, outside the step).",
+    flag_values=values,
+  )
+  flags.DEFINE_bool(
+    "naive", False, "Also time the naive JAX step (77 tokens, every block).", flag_values=values
+  )
+  flags.DEFINE_bool(
+    "one_pass",
+    False,
+    "Fresh views: also time ours with the image tower on the whole batch in one pass "
+    "(ours_one_pass; ours takes the trainer's views per pass, `fresh_view_passes`).",
+    flag_values=values,
+  )
+  flags.DEFINE_enum(
+    "image_dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "Fresh views: our image tower's compute dtype (config.image_dtype; PyTorch's stays fp32).",
+    flag_values=values,
+  )
+  flags.DEFINE_integer(
+    "matmul",
+    4096,
+    "Side of the square fp32 product timed in each round for the machine's rate (0: none).",
+    flag_values=values,
   )
   flags.DEFINE_integer(
     "start_block", None, "First reweighted block (1-indexed); default: half.", flag_values=values
@@ -199,6 +261,8 @@ def options(**overrides) -> types.SimpleNamespace:
 
 
 CONTEXT = 77
+#: The timed rows: the paper configs' fresh view per step, and features cached once.
+ROWS = ("fresh_views", "cached_features")
 
 # Prompts -----------------------------------------------------------------------------------
 
@@ -309,24 +373,29 @@ def _schedule(lr: float, total_steps: int):
 # Naive JAX ---------------------------------------------------------------------------------
 
 
-def make_naive_step(model: CLIP, blocks, num_classes: int, logit_scale: float, optimizer):
-  """Full 77-token prompts, all blocks, image tower every step; returns grads for checks."""
+def make_naive_step(
+  model: CLIP, blocks, num_classes: int, logit_scale: float, optimizer, encode=None
+):
+  """Full 77-token prompts, all blocks; returns grads for checks. The step's `features`: unit
+  image features [B, E] (cached), or with `encode` the fresh-view inputs it encodes with the
+  step's last argument (as make_train_step's)."""
 
-  def loss_fn(log_w, params, ids, trainable, text_class, pixels, labels):
+  def loss_fn(log_w, params, ids, trainable, text_class, image, labels):
     log_w = jnp.where(trainable, log_w, 0.0)
     text = model.apply({"params": params}, ids, log_w, blocks, method=CLIP.encode_text)
     text = l2_normalize_jax(text)
     sums = jax.ops.segment_sum(text, text_class, num_segments=num_classes)
     counts = jax.ops.segment_sum(jnp.ones(len(ids)), text_class, num_segments=num_classes)
     embeddings = l2_normalize_jax(sums / counts[:, None])
-    image = l2_normalize_jax(model.apply({"params": params}, pixels, method=CLIP.encode_image))
     loss, _ = cross_entropy_loss(embeddings, image, labels, logit_scale)
     return loss, embeddings
 
   @jax.jit
-  def step(state, params, ids, trainable, text_class, pixels, labels):
+  def step(state, params, ids, trainable, text_class, features, labels, encoder=None):
+    if encode is not None:
+      features = jax.lax.stop_gradient(encode(encoder, features))
     (loss, embeddings), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-      state["params"], params, ids, trainable, text_class, pixels, labels
+      state["params"], params, ids, trainable, text_class, features, labels
     )
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
@@ -339,9 +408,29 @@ def make_naive_step(model: CLIP, blocks, num_classes: int, logit_scale: float, o
 
 
 class TorchReference:
-  """transformers CLIPModel, text layers called one by one with log w in the additive mask."""
+  """transformers CLIPModel, text layers called one by one with log w in the additive mask.
 
-  def __init__(self, model, ids, trainable, text_class, pixels_nhwc, labels, num_classes, first):
+  canvas None: the image features of `pixels_nhwc` (float32 [B, S, S, 3], normalised) are
+  computed once, by this model's image tower, and every step reads them (cached_features);
+  an `augment.ImageCanvas`: every step draws a view of each of its images as torchvision's
+  RandomResizedCrop(S, scale, bicubic, antialiased) and a flip with p = 0.5 do, normalises it
+  with (mean, std) and runs the image tower on the views under torch.no_grad() (fresh_views).
+  """
+
+  def __init__(
+    self,
+    model,
+    ids,
+    trainable,
+    text_class,
+    pixels_nhwc,
+    labels,
+    num_classes,
+    first,
+    canvas: augment.ImageCanvas | None = None,
+    preprocess=None,
+    scale=augment.CROP_SCALE,
+  ):
     import torch  # pylint: disable=import-outside-toplevel
 
     self.torch = torch
@@ -356,9 +445,21 @@ class TorchReference:
     self.trainable = to(trainable)
     self.text_class = to(text_class, torch.int64)
     self.counts = torch.bincount(self.text_class, minlength=num_classes).float()
-    self.pixels = to(pixels_nhwc.transpose(0, 3, 1, 2))
     self.labels = to(labels, torch.int64)
     self.num_classes, self.first = num_classes, first
+    self.size = pixels_nhwc.shape[1]
+    if canvas is None:
+      with torch.no_grad():
+        self.cached = self.encode_images(to(pixels_nhwc.transpose(0, 3, 1, 2)))
+    else:
+      self.cached = None
+      # Each image alone (uint8 [3, h, w]), as a data loader holds them.
+      self.images = [
+        to(pixels[:h, :w].transpose(2, 0, 1)) for pixels, (h, w) in zip(canvas.pixels, canvas.sizes)
+      ]
+      self.mean = to(np.asarray(preprocess.mean, np.float32).reshape(1, 3, 1, 1))
+      self.std = to(np.asarray(preprocess.std, np.float32).reshape(1, 3, 1, 1))
+      self.scale = tuple(scale)
     length = ids.shape[1]
     causal = torch.full((length, length), torch.finfo(torch.float32).min, device=self.device)
     self.causal = causal.triu(1)[None, None]  # [1, 1, L, L]
@@ -369,6 +470,41 @@ class TorchReference:
     torch = self.torch
     self.optimizer = torch.optim.Adam([self.log_weights], lr=lr)
     self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, total_steps)
+
+  def encode_images(self, pixels):
+    """Unit image features [B, E] of normalised pixels [B, 3, S, S]."""
+    vision = self.model.vision_model(pixel_values=pixels).pooler_output
+    return self.torch.nn.functional.normalize(self.model.visual_projection(vision), dim=-1)
+
+  def fresh_views(self):
+    """One augmented view of every image: float32 [B, 3, S, S], normalised."""
+    # pylint: disable=import-outside-toplevel
+    from torchvision.transforms import InterpolationMode, RandomResizedCrop
+    from torchvision.transforms import functional as tf
+
+    views = []
+    for image in self.images:
+      top, left, height, width = RandomResizedCrop.get_params(image, self.scale, augment.CROP_RATIO)
+      view = tf.resized_crop(
+        image,
+        top,
+        left,
+        height,
+        width,
+        [self.size, self.size],
+        InterpolationMode.BICUBIC,
+        antialias=True,
+      )
+      if self.torch.rand(1).item() < 0.5:
+        view = tf.hflip(view)
+      views.append(view)
+    return (self.torch.stack(views).float() / 255.0 - self.mean) / self.std
+
+  def image_features(self):
+    if self.cached is not None:
+      return self.cached
+    with self.torch.no_grad():
+      return self.encode_images(self.fresh_views())
 
   def class_embeddings(self):
     torch, text = self.torch, self.model.text_model
@@ -387,9 +523,8 @@ class TorchReference:
   def step(self, details: bool = False):
     torch = self.torch
     self.optimizer.zero_grad(set_to_none=True)
+    image = self.image_features()
     embeddings = self.class_embeddings()
-    vision = self.model.vision_model(pixel_values=self.pixels).pooler_output
-    image = torch.nn.functional.normalize(self.model.visual_projection(vision), dim=-1)
     logits = self.logit_scale * image @ embeddings.T
     loss = torch.nn.functional.cross_entropy(logits, self.labels)
     loss.backward()
@@ -439,9 +574,19 @@ def _block_flops(rows: int, length: int, width: int, mlp: int, queries: int | No
   return keys_values + rest + attention
 
 
-def expected_flops(config, bank, blocks, num_prompts: int, batch: int) -> dict[str, float]:
-  """Matmul FLOPs per step. No parameter gradients are taken, so a block's backward costs
-  about its forward; ours runs each reweighted block forward twice (jax.checkpoint)."""
+def expected_flops(
+  config, bank, blocks, num_prompts: int, batch: int, canvas_shape=None
+) -> dict[str, float]:
+  """Matmul FLOPs per step (2 per multiply-add), by part. No parameter gradients are taken, so
+  a block's backward costs about its forward; ours runs each reweighted block forward twice
+  (jax.checkpoint).
+
+  ours: our text side (bucketed prompts from the start block, EOT-only last block), forward,
+  recomputed forward and backward; naive_text: every prompt at 77 tokens through every block
+  forward, the reweighted ones backward too (the naive JAX and PyTorch text sides); image: the
+  image tower's forward on `batch` views (patch embedding, blocks, projection); augment: ours'
+  fresh-view resampling of a canvas of `canvas_shape` (B, H, W, 3), two dense products per
+  image (across, then down; 0 without a canvas). naive: naive_text + image (the old key)."""
   t, v = config.text, config.vision
   ours = 0.0
   for b in bank.buckets:
@@ -452,7 +597,43 @@ def expected_flops(config, bank, blocks, num_prompts: int, batch: int) -> dict[s
   naive_text = full * (t.layers + len(blocks))
   patches = batch * v.grid_size**2 * 2 * 3 * v.patch_size**2 * v.width
   image = patches + v.layers * _block_flops(batch, v.num_tokens, v.width, v.mlp_width)
-  return {"ours": ours, "naive_text": naive_text, "naive_image": image, "naive": naive_text + image}
+  image += batch * 2 * v.width * config.embed_dim
+  augment_flops = 0.0
+  if canvas_shape is not None:
+    count, height, width = canvas_shape[:3]
+    size = v.image_size
+    augment_flops = count * 2.0 * 3 * (size * width * height + size * size * height)
+  return {
+    "ours": ours,
+    "naive_text": naive_text,
+    "naive_image": image,
+    "image": image,
+    "augment": augment_flops,
+    "naive": naive_text + image,
+  }
+
+
+def step_flops(flops: dict, row: str, implementation: str) -> dict[str, float]:
+  """{part: FLOPs} of one implementation's step in one row (`expected_flops`' parts)."""
+  ours = implementation.startswith("ours")
+  parts = {"text": flops["ours"] if ours else flops["naive_text"]}
+  if row == "fresh_views":
+    parts["image_tower"] = flops["image"]
+    if implementation != "torch":  # torchvision's resize is a few taps per pixel: not counted
+      parts["augment"] = flops["augment"]
+  return parts
+
+
+def xla_flops(compiled) -> float | None:
+  """FLOPs of a compiled program by XLA's cost analysis (None where the backend gives none)."""
+  try:
+    analysis = compiled.cost_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else None
+  flops = None if analysis is None else analysis.get("flops")
+  return None if flops is None or flops < 0 else float(flops)
 
 
 def _errors(ours, other) -> dict[str, float]:
@@ -474,7 +655,9 @@ class Setup:
 
   pixels: float32 [batch, S, S, 3] normalised images; labels: int32 [batch]; ids int32
   [P, 77], trainable bool [P, 77], text_class int32 [P] (full_layout); check_full: float32
-  [P, 77] random log-weights on the words (the agreement check's point)."""
+  [P, 77] random log-weights on the words (the agreement check's point); canvas: the batch's
+  images for fresh views (`augment.ImageCanvas`: uint8, 224 to 448 px a side, on a canvas of
+  twice the model's input side, as `trainer.encode_split` holds a run's)."""
 
   opts: types.SimpleNamespace
   config: object
@@ -492,6 +675,7 @@ class Setup:
   text_class: np.ndarray
   check_full: np.ndarray
   blocks: tuple
+  canvas: augment.ImageCanvas
   total_steps: int = 1000
 
 
@@ -517,6 +701,11 @@ def setup(opts, with_torch: bool) -> Setup:
   pixels = rng.standard_normal((opts.batch, size, size, 3), dtype=np.float32)
   labels = rng.integers(0, opts.num_classes, opts.batch).astype(np.int32)
   ids, trainable, text_class = full_layout(tokenizer, bank)
+  sides = rng.integers(size, augment.CANVAS_SIDE * size + 1, (opts.batch, 2))
+  canvas = augment.image_canvas(
+    [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sides],
+    augment.CANVAS_SIDE * size,
+  )
   # The check point: random log-weights on the words (w in [0.6, 1.6]).
   check_full = np.where(trainable, rng.uniform(-0.5, 0.5, ids.shape), 0.0).astype(np.float32)
   return Setup(
@@ -536,19 +725,47 @@ def setup(opts, with_torch: bool) -> Setup:
     text_class=text_class,
     check_full=check_full,
     blocks=tuple(reweighted_block_indices(config.text, opts.start_block)),
+    canvas=canvas,
   )
 
 
-def ours_runner(s: Setup, check: bool = True, on_phase=None, compile_ahead: bool = True) -> dict:
+def fresh_config(opts) -> ml_collections.ConfigDict:
+  """The config keys `trainer.fresh_view_encoder` reads, as the paper configs set them."""
+  return ml_collections.ConfigDict(
+    {
+      "seed": opts.seed,
+      "augment_scale": augment.CROP_SCALE,
+      "image_dtype": getattr(opts, "image_dtype", "float32"),
+    }
+  )
+
+
+def ours_runner(
+  s: Setup,
+  check: bool = True,
+  on_phase=None,
+  compile_ahead: bool = True,
+  fresh: bool = False,
+  per_pass="device",
+) -> dict:
   """This implementation's step, ready to run: run() takes one step (blocked on) and returns its
   metrics; first_call_s (the first step), prefix_s and image_s (the one-time prefix cache and
-  image features, both with their compilation), the step-0 loss; with `check`, check_loss,
-  embeddings float32 [C, E] and grads float32 [P, 77] at the check point (a value_and_grad
-  program of its own, compiled before the first step: leave it out where only the step is
-  timed); phases: {phase: {"seconds", "compiles": profiling.Compilations.as_dict(programs=True)}}
-  for prefix, image, state, step_compile and wait (with `compile_ahead`), check (with `check`)
-  and first_call, each also passed to on_phase(name, figures) as it ends (a caller that may be
+  image stage, both with their compilation), the step-0 loss; xla_flops (the compiled step's
+  cost analysis, with `compile_ahead`); with `check`, check_loss, embeddings float32 [C, E] and
+  grads float32 [P, 77] at the check point on the cached features (a value_and_grad program of
+  its own, compiled before the first step: leave it out where only the step is timed); phases:
+  {phase: {"seconds", "compiles": profiling.Compilations.as_dict(programs=True)}} for prefix,
+  image, state, step_compile and wait (with `compile_ahead`), check (with `check`) and
+  first_call, each also passed to on_phase(name, figures) as it ends (a caller that may be
   stopped keeps what it got).
+
+  fresh: the paper configs' step (config.views = 0), built as `trainer.train_method` builds it:
+  `trainer.fresh_view_encoder` draws a view of each of s.canvas's images on the device and runs
+  the image tower inside the step; the image phase places the images (and makes the encoder)
+  instead of computing features, and each run() is the next step (its views seeded by it).
+  Otherwise the image features of s.pixels are computed once (the image phase) and every step
+  reads them; features (float32 [B, E], unit rows, on the host) is returned then. per_pass:
+  fresh_view_encoder's views per image-tower pass ("device": the trainer's rule).
 
   compile_ahead: the set-up that does not depend on the weights' values runs while the device
   computes what does. The prefix cache and the image features are dispatched (JAX runs them
@@ -570,41 +787,71 @@ def ours_runner(s: Setup, check: bool = True, on_phase=None, compile_ahead: bool
     if on_phase is not None:
       on_phase(name, phases[name])
 
-  # 1. Ours: the prefix cache and image features are computed once, before the steps.
+  # 1. Ours: the prefix cache (and the image features, unless fresh) are computed once, before
+  # the steps.
   with phase("prefix"):
     classifier = WeightedTextClassifier(bundle, bank, opts.start_block, s.mesh)
     if not compile_ahead:
       jax.block_until_ready(classifier.prefix)
+  image = encode = encoder = fresh_inputs = None
   with phase("image"):
-    image = bundle.encode_image(s.pixels)
-    if not compile_ahead:
-      image = jax.block_until_ready(image)
+    if fresh:
+      # The trainer's fresh-view encoder and a step's inputs (images, sizes, indices), placed
+      # as train_method's batch_for_step places them.
+      encode, encoder = fresh_view_encoder(bundle, fresh_config(opts), classifier, per_pass)
+      place = classifier.place_batch
+      fresh_inputs = (
+        place(s.canvas.pixels),
+        place(s.canvas.sizes),
+        place(np.arange(len(s.canvas), dtype=np.int32)),
+      )
+      if not compile_ahead:
+        jax.block_until_ready((encoder, fresh_inputs))
+    else:
+      image = bundle.encode_image(s.pixels)
+      if not compile_ahead:
+        image = jax.block_until_ready(image)
   opt_config = ml_collections.ConfigDict({"optim": {"lr": opts.lr}})
   method = stori_method(opt_config, classifier, s.total_steps)
-  train_step = make_train_step(method, bundle.logit_scale)
+  train_step = make_train_step(method, bundle.logit_scale, encode)
   check_parts = [classifier._shard(p) for p in to_buckets(bank, s.check_full)]
   replicated = NamedSharding(s.mesh, PartitionSpec())
+  labels_d = classifier.replicate(s.labels)
+  # Fresh views: the step number seeds the views; a few, placed ahead, cycled.
+  step_numbers = [classifier.replicate(np.int32(i)) for i in range(16)] if fresh else []
   with phase("state"):
     # Placed as the step's outputs are: the step compiles once (trainer.init_train_state).
     state = init_train_state(method, check_parts, replicated)
+  figures = {"xla_flops": None}
   if compile_ahead:
     with phase("step_compile"):
       # The step's program from shapes and shardings alone (the prefix cache's arrays are still
       # being computed; lowering reads only their shapes); the first call reuses it.
-      embed = int(s.config.embed_dim)
-      train_step.lower(
-        state,
-        method.context,
-        jax.ShapeDtypeStruct((opts.batch, embed), jnp.float32, sharding=replicated),
-        jax.ShapeDtypeStruct((opts.batch,), jnp.int32, sharding=replicated),
-      ).compile()
+      if fresh:
+        lowered = train_step.lower(
+          state, method.context, (*fresh_inputs, step_numbers[0]), labels_d, encoder
+        )
+      else:
+        embed = int(s.config.embed_dim)
+        lowered = train_step.lower(
+          state,
+          method.context,
+          jax.ShapeDtypeStruct((opts.batch, embed), jnp.float32, sharding=replicated),
+          jax.ShapeDtypeStruct((opts.batch,), jnp.int32, sharding=replicated),
+        )
+      figures["xla_flops"] = xla_flops(lowered.compile())
     with phase("wait"):
       jax.block_until_ready((classifier.prefix, image))
-  # Normalised on the host: eager jnp ops would compile a program each.
-  features = l2_normalize(np.asarray(image))
-  features_d, labels_d = classifier.replicate(features), classifier.replicate(s.labels)
-  figures = {}
+  features_d = None
+  if not fresh:
+    # Normalised on the host: eager jnp ops would compile a program each.
+    figures["features"] = l2_normalize(np.asarray(image))
+    features_d = classifier.replicate(figures["features"])
   if check:
+    if features_d is None:
+      check_features = classifier.replicate(l2_normalize(np.asarray(bundle.encode_image(s.pixels))))
+    else:
+      check_features = features_d
 
     def ours_loss(log_w, context, features, labels):
       embeddings = classifier.class_embeddings(log_w, context)
@@ -614,17 +861,23 @@ def ours_runner(s: Setup, check: bool = True, on_phase=None, compile_ahead: bool
     with phase("check"):
       ours_check = jax.jit(jax.value_and_grad(ours_loss, has_aux=True))
       (check_loss, embeddings), grads = ours_check(
-        check_parts, method.context, features_d, labels_d
+        check_parts, method.context, check_features, labels_d
       )
       figures.update(
         check_loss=float(check_loss),
         embeddings=np.asarray(embeddings),
         grads=from_buckets(bank, [np.asarray(g) for g in grads]),
       )
+  taken = 0
 
   def run():
-    nonlocal state
-    state, metrics = train_step(state, method.context, features_d, labels_d)
+    nonlocal state, taken
+    if fresh:
+      inputs = (*fresh_inputs, step_numbers[taken % len(step_numbers)])
+      state, metrics = train_step(state, method.context, inputs, labels_d, encoder)
+    else:
+      state, metrics = train_step(state, method.context, features_d, labels_d)
+    taken += 1
     jax.block_until_ready(state)
     return metrics
 
@@ -637,41 +890,61 @@ def ours_runner(s: Setup, check: bool = True, on_phase=None, compile_ahead: bool
     image_s=phases["image"]["seconds"],
     loss=loss,
     phases=phases,
+    fresh=(encode, encoder, fresh_inputs, step_numbers) if fresh else None,
     **figures,
   )
 
 
-def naive_runner(s: Setup) -> dict:
+def naive_runner(s: Setup, ours: dict) -> dict:
   """The naive JAX step at the check point, ready to run: run(details) takes one step; also
-  first_call_s, the step-0 loss, embeddings and grads (as ours_runner)."""
+  first_call_s, xla_flops, the step-0 loss, embeddings and grads (as ours_runner). Its image
+  side is `ours`' (an ours_runner's result): the same fresh-view encoder and inputs, or the same
+  cached features."""
   naive_optimizer = optax.adam(_schedule(s.opts.lr, s.total_steps))
+  encode, encoder, fresh_inputs, step_numbers = ours["fresh"] or (None, None, None, [])
   naive_step = make_naive_step(
-    s.bundle.model, s.blocks, s.opts.num_classes, s.bundle.logit_scale, naive_optimizer
+    s.bundle.model, s.blocks, s.opts.num_classes, s.bundle.logit_scale, naive_optimizer, encode
   )
-  args = jax.device_put((s.params, s.ids, s.trainable, s.text_class, s.pixels, s.labels))
+  args = jax.device_put((s.params, s.ids, s.trainable, s.text_class))
+  labels = jax.device_put(s.labels)
+  features = None if encode else jax.device_put(ours["features"])
   state = {"params": jnp.asarray(s.check_full)}
   state["opt_state"] = naive_optimizer.init(state["params"])
+  taken = 0
+
+  def inputs():
+    if encode is None:
+      return (features, labels)
+    return ((*fresh_inputs, step_numbers[taken % len(step_numbers)]), labels, encoder)
 
   def run(details=False):
-    nonlocal state
-    state, metrics = naive_step(state, *args)
+    nonlocal state, taken
+    state, metrics = naive_step(state, *args, *inputs())
+    taken += 1
     jax.block_until_ready(state)
     return metrics if details else None
 
+  compiled = naive_step.lower(state, *args, *inputs()).compile()
   naive = {}
   first_call_s = _timed(lambda: naive.update(run(details=True)))
+  # The state made by optax's init is placed otherwise than the step's outputs: the second call
+  # compiles again (ours avoids it with init_train_state); here before the timed rounds.
+  run()
   return dict(
     run=run,
     first_call_s=first_call_s,
+    xla_flops=xla_flops(compiled),
     loss=float(naive["loss"]),
     embeddings=np.asarray(naive["embeddings"]),
     grads=np.asarray(naive["grads"]) * s.trainable,
   )
 
 
-def torch_runner(s: Setup) -> dict:
+def torch_runner(s: Setup, fresh: bool = False) -> dict:
   """The PyTorch eager step (on CUDA when there is one) at the check point, ready to run: run()
-  takes one step (synchronised); also first_call_s, the step-0 loss, embeddings and grads."""
+  takes one step (synchronised); also first_call_s, the step-0 loss, embeddings and grads.
+  fresh: a view of each of s.canvas's images drawn and encoded in every step (TorchReference);
+  otherwise the image features of s.pixels, computed once."""
   import torch  # pylint: disable=import-outside-toplevel
 
   reference = TorchReference(
@@ -683,6 +956,8 @@ def torch_runner(s: Setup) -> dict:
     s.labels,
     s.opts.num_classes,
     s.blocks[0],
+    canvas=s.canvas if fresh else None,
+    preprocess=s.bundle.preprocess_config,
   )
   with torch.no_grad():
     reference.log_weights.copy_(torch.from_numpy(s.check_full))
@@ -699,8 +974,19 @@ def torch_runner(s: Setup) -> dict:
   )
 
 
+ROW_TITLES = {
+  "fresh_views": "fresh views (the paper configs' views = 0: crop, flip and image tower in the "
+  "step)",
+  "cached_features": "cached features (views = N: image features computed once, outside the step)",
+}
+
+
 def benchmark(opts):
   with_torch = not opts.skip_torch
+  unknown = [r for r in opts.rows if r not in ROWS]
+  if unknown or not opts.rows:
+    raise SystemExit(f"--rows: {opts.rows} is not a list of {', '.join(ROWS)}.")
+  rows = [r for r in ROWS if r in opts.rows]
   s = setup(opts, with_torch)
   config, bank, stats = s.config, s.bank, s.stats
   mesh = s.mesh
@@ -709,62 +995,126 @@ def benchmark(opts):
     f"{opts.arch}: {len(bank.texts)} prompts ({opts.num_classes} classes x "
     f"{opts.prompts_per_class}, {s.source}; tokens median {stats['median_tokens']:.0f}, p99 "
     f"{stats['p99_tokens']:.0f}, max {stats['max_tokens']}, mean bucket length "
-    f"{stats['mean_bucket_tokens']:.1f}), {opts.batch} images/step, {device.platform}:"
-    f"{device.device_kind} x {mesh.size}, fp32 matmul precision {opts.precision}",
+    f"{stats['mean_bucket_tokens']:.1f}), {opts.batch} images/step (fresh views from a canvas "
+    f"of {s.canvas.pixels.shape[1]}x{s.canvas.pixels.shape[2]}), {device.platform}:"
+    f"{device.device_kind} x {mesh.size}, fp32 matmul precision {opts.precision}, rows "
+    f"{', '.join(rows)}",
     flush=True,
   )
-  implementations = {"ours": ours_runner(s), "naive_jax": naive_runner(s)}
-  if with_torch:
-    implementations["torch"] = torch_runner(s)
-  ours = implementations["ours"]
-  compile_s = {name: impl["first_call_s"] for name, impl in implementations.items()}
-  losses = {name: impl["loss"] for name, impl in implementations.items()}
-  checks = {
-    name: {
-      "loss": abs(losses[name] - ours["check_loss"]),
-      "class_embeddings": _errors(ours["embeddings"], impl["embeddings"]),
-      "grads": _errors(ours["grads"], impl["grads"]),
+  # {row: {implementation: runner}}; the agreement check runs on the cached features.
+  implementations = {}
+  for row in rows:
+    fresh = row == "fresh_views"
+    ours = ours_runner(s, check=not fresh, fresh=fresh)
+    implementations[row] = {"ours": ours}
+    if fresh and opts.one_pass:
+      implementations[row]["ours_one_pass"] = ours_runner(s, check=False, fresh=True, per_pass=None)
+    if opts.naive:
+      implementations[row]["naive_jax"] = naive_runner(s, ours)
+    if with_torch:
+      implementations[row]["torch"] = torch_runner(s, fresh=fresh)
+  check_row = "cached_features" if "cached_features" in rows else None
+  checks, losses, agree = {}, {}, None
+  if check_row:
+    ours = implementations[check_row]["ours"]
+    losses = {name: impl["loss"] for name, impl in implementations[check_row].items()}
+    checks = {
+      name: {
+        "loss": abs(losses[name] - ours["check_loss"]),
+        "class_embeddings": _errors(ours["embeddings"], impl["embeddings"]),
+        "grads": _errors(ours["grads"], impl["grads"]),
+      }
+      for name, impl in implementations[check_row].items()
+      if name != "ours"
     }
-    for name, impl in implementations.items()
-    if name != "ours"
-  }
-  runners = {name: impl["run"] for name, impl in implementations.items()}
-
-  print(
-    f"check at random log-weights (step 0): loss ours {ours['check_loss']:.6f} "
-    f"(train step: {losses['ours']:.6f})",
-    flush=True,
-  )
-  worst = 0.0
-  for name, check in checks.items():
     print(
-      f"  {name:<10} loss {losses[name]:.6f}  |dloss| {check['loss']:.2e}  class embeddings "
-      f"max |diff| {check['class_embeddings']['max_abs']:.2e}  grads max rel "
-      f"{check['grads']['max_rel']:.2e}"
+      f"check at random log-weights (step 0, cached features): loss ours "
+      f"{ours['check_loss']:.6f} (train step: {losses['ours']:.6f})",
+      flush=True,
     )
-    worst = max(worst, check["loss"], check["class_embeddings"]["max_abs"])
-  agree = worst < 1e-4
-  print(f"  agreement within 1e-4 (loss and class embeddings): {'yes' if agree else 'NO'}")
+    worst = 0.0
+    for name, check in checks.items():
+      print(
+        f"  {name:<10} loss {losses[name]:.6f}  |dloss| {check['loss']:.2e}  class embeddings "
+        f"max |diff| {check['class_embeddings']['max_abs']:.2e}  grads max rel "
+        f"{check['grads']['max_rel']:.2e}"
+      )
+      worst = max(worst, check["loss"], check["class_embeddings"]["max_abs"])
+    agree = worst < 1e-4
+    print(f"  agreement within 1e-4 (loss and class embeddings): {'yes' if agree else 'NO'}")
 
-  # Timed rounds: one step of each implementation per round, alternating.
+  import_torch = with_torch and opts.matmul
+  if import_torch:
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+  rate = (
+    MatmulRate(opts.matmul, "float32", torch_device if import_torch else None)
+    if opts.matmul
+    else None
+  )
+  # Timed rounds: one step of each row's each implementation per round, alternating, and the
+  # machine's matmul rate in the same round.
   # Compilations during the timed rounds: none once each step has run (JAX's dispatch cache
   # may add an entry for the outputs' equivalent shardings, which compiles nothing).
   with profiling.compilations() as timed_compiles:
     rounds = []
     for _ in range(opts.repeats):
-      rounds.append({name: _timed(run) for name, run in runners.items()})
+      timed = {
+        row: {name: _timed(impl["run"]) for name, impl in impls.items()}
+        for row, impls in implementations.items()
+      }
+      if rate is not None:
+        timed["matmul"] = rate.measure(1)
+      rounds.append(timed)
+      shown = {f"{row}/{n}": round(t, 2) for row in implementations for n, t in timed[row].items()}
+      print(f"round {len(rounds)}: seconds {shown}", flush=True)
   if timed_compiles.count:
     print(
       f"WARNING: {timed_compiles.count} programs compiled during the timed rounds "
       f"({', '.join(timed_compiles.by_name())}); the figures include them."
     )
-  median = {name: float(np.median([r[name] for r in rounds])) for name in runners}
-  flops = expected_flops(config, bank, s.blocks, len(bank.texts), opts.batch)
-  speedup = {
-    name: float(np.median([r[name] / r["ours"] for r in rounds]))
-    for name in runners
-    if name != "ours"
-  }
+  flops = expected_flops(config, bank, s.blocks, len(bank.texts), opts.batch, s.canvas.pixels.shape)
+  machine = None
+  if rate is not None:
+    per_round = [machine_gflop_per_s(r["matmul"]) for r in rounds]
+    machine = {
+      "side": opts.matmul,
+      "dtype": "float32",
+      "rounds": [r["matmul"] for r in rounds],
+      "gflop_per_s": float(np.median(per_round)),
+      "what": "the faster framework's [side]^2 fp32 product in each round, median of rounds",
+    }
+  table = {}
+  for row, impls in implementations.items():
+    figures = {}
+    for name, impl in impls.items():
+      times = [r[row][name] for r in rounds]
+      parts = step_flops(flops, row, name)
+      total = sum(parts.values())
+      median = float(np.median(times))
+      figures[name] = {
+        "seconds_per_step": median,
+        "rounds_s": times,
+        "first_call_s": impl["first_call_s"],
+        "gflop_per_step": total / 1e9,
+        "gflop_parts": {k: v / 1e9 for k, v in parts.items()},
+        "xla_gflop_per_step": None if impl.get("xla_flops") is None else impl["xla_flops"] / 1e9,
+        "gflop_per_s": total / median / 1e9,
+        # Per round: the step's FLOP/s over the machine's rate in the same round.
+        "fraction_of_matmul_rate": None
+        if rate is None
+        else float(
+          np.median([total / r[row][name] / 1e9 / machine_gflop_per_s(r["matmul"]) for r in rounds])
+        ),
+      }
+    ratios = {
+      f"{name}_over_ours": float(np.median([r[row][name] / r[row]["ours"] for r in rounds]))
+      for name in impls
+      if name != "ours"
+    }
+    table[row] = {"what": ROW_TITLES[row], "implementations": figures, "ratios": ratios}
+  ours_phases = {row: implementations[row]["ours"]["phases"] for row in rows}
   result = {
     "arch": opts.arch,
     "device": f"{device.platform}:{device.device_kind}",
@@ -775,41 +1125,36 @@ def benchmark(opts):
     "prompt_source": s.source,
     "token_lengths": stats,
     "batch": opts.batch,
+    "canvas": list(s.canvas.pixels.shape),
+    "image_dtype": opts.image_dtype,
     "start_block": s.blocks[0] + 1,
     "chunk": opts.chunk,
     "precision": opts.precision,
     "torch_attention": opts.torch_attention if with_torch else None,
     "repeats": opts.repeats,
-    "seconds_per_step": median,
-    "rounds_s": rounds,
-    "steps_per_s": {name: 1.0 / t for name, t in median.items()},
-    "speedup_of_ours": speedup,
+    "rows": table,
+    "matmul": machine,
     "expected_matmul_flops": flops,
-    "expected_speedup_from_flops": flops["naive"] / flops["ours"],
-    "first_call_s": compile_s,
-    "ours_one_time_s": {"prefix_cache": ours["prefix_s"], "image_features": ours["image_s"]},
-    # Seconds and XLA compilations of ours by phase (the step: one program), with names.
-    "ours_phases": ours["phases"],
     "compiles_in_timed_rounds": timed_compiles.count,
+    # Seconds and XLA compilations of ours by phase (the step: one program), with names.
+    "ours_phases": ours_phases,
     "step0_losses": losses,
     "checks_vs_ours": checks,
     "agree_1e-4": agree,
   }
-  print("steps/s (median of rounds):")
-  for name, t in median.items():
-    print(f"  {name:<10} {1 / t:10.3f} steps/s  ({t * 1e3:9.1f} ms/step)")
-  for name, ratio in speedup.items():
-    print(f"  ours vs {name}: {ratio:.2f}x faster (median of per-round time ratios)")
-  print(
-    f"matmul FLOPs per step (estimate): ours {flops['ours'] / 1e9:.1f} G, naive "
-    f"{flops['naive'] / 1e9:.1f} G (image tower {flops['naive_image'] / 1e9:.1f} G): "
-    f"{flops['naive'] / flops['ours']:.2f}x fewer"
-  )
-  print(
-    f"one-time setup of ours (not in the step): prefix cache {ours['prefix_s']:.1f} s, image "
-    f"features {ours['image_s']:.1f} s (both include compilation); first calls "
-    + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items())
-  )
+  rate_text = "" if machine is None else f" of the {machine['gflop_per_s']:.1f} GFLOP/s matmul"
+  for row, figures in table.items():
+    print(f"{figures['what']}:")
+    for name, f in figures["implementations"].items():
+      xla = f["xla_gflop_per_step"]
+      share = f["fraction_of_matmul_rate"]
+      print(
+        f"  {name:<10} {f['seconds_per_step']:8.3f} s/step  {f['gflop_per_step']:8.1f} GFLOP "
+        f"(XLA: {'-' if xla is None else f'{xla:.1f}'})  {f['gflop_per_s']:7.1f} GFLOP/s"
+        + ("" if share is None else f" = {100 * share:.1f}%{rate_text}")
+      )
+    for name, ratio in figures["ratios"].items():
+      print(f"  {name}: {ratio:.2f} (median of per-round time ratios)")
   return result
 
 

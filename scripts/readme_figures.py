@@ -50,6 +50,12 @@ Sections:
                    A.2-A.4, Table 2)
   gcs              the README's gs:// commands (the demo on gs://demo/one twice, then on two
                    processes on gs://demo/two) against tests/gcs_emulator.py's local GCS
+  machine_limit    `python benchmarks/train_step.py` at its default size (a subprocess with the
+                   user's environment): the step at the paper's setting (fresh views) and on
+                   cached features, seconds, GFLOP, the share of the matmul rate measured in the
+                   same run and the ratio against PyTorch eager at equal work, in
+                   docs/benchmarks.md; other paths add rows (MACHINE_LIMIT_ROWS). Timed: --check
+                   compares its words, not its figures
   suite            `make test`'s suite (pytest -m "not slow"): its time, passed and skipped
   suite_all        `make test-all`'s suite (slow tests too; tens of minutes): the same
 
@@ -1051,6 +1057,9 @@ class Section:
   what: str
   images: tuple[str, ...] = ()
   tolerance: float = 0.0
+  #: Every decimal figure of the regions is one run's timing (seconds, rates, shares, ratios on
+  #: a noisy machine): --check compares their words and whole numbers, not those figures.
+  timed: bool = False
 
 
 def grid_figures() -> dict[str, str]:
@@ -1332,6 +1341,125 @@ def gcs_figures() -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# The machine's limit: each path's seconds, FLOPs and share of the measured matmul rate.
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitRow:
+  """One row of the machine_limit table: a path of ours, its reference at equal work, both
+  timed in one run beside the machine's matmul rate (GFLOP/s, measured in the same run).
+
+  seconds / reference_seconds: per unit (a step, an image); gflop: our FLOPs per unit;
+  fraction / reference_fraction: FLOP/s over the matmul rate (0-1); ratio: reference seconds
+  over ours (medians of per-round ratios where the benchmark alternates rounds)."""
+
+  what: str
+  unit: str
+  seconds: float
+  gflop: float
+  fraction: float
+  reference: str
+  reference_seconds: float
+  reference_fraction: float
+  ratio: float
+  rate_gflop_per_s: float
+  sizes: str
+
+
+def _benchmark_json(script: str, args: Sequence[str] = ()) -> dict[str, Any]:
+  """benchmarks/<script> with --json, in a subprocess with the user's environment (not this
+  script's reproducible-CPU flags, which cap XLA's code at AVX2 but not PyTorch's: a ratio
+  against PyTorch must see both at their defaults); its JSON."""
+  import json  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  env = dict(os.environ)
+  if "reproducible_cpu" in sys.modules:
+    env = sys.modules["reproducible_cpu"].original_env(env)
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "figures.json")
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", script), "--json", out, *args]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode:
+      raise AssertionError(f"{script} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    with open(out, encoding="utf-8") as f:
+      return json.load(f)
+
+
+#: The train step's rows: (train_step.py's row, what the table calls it).
+TRAIN_STEP_ROWS = (
+  ("fresh_views", "SToRI train step, fresh views (the paper's setting)"),
+  ("cached_features", "SToRI train step, cached image features"),
+)
+
+
+def train_step_rows(result: Mapping[str, Any] | None = None) -> list[LimitRow]:
+  """`python benchmarks/train_step.py` at its default size (or its JSON `result`): the step at
+  the paper's setting (fresh views) and on cached features, against PyTorch eager."""
+  result = result or _benchmark_json("train_step.py")
+  rate = result["matmul"]["gflop_per_s"]
+  sizes = f"{result['arch']}, {result['num_prompts']} prompts, {result['batch']} images per step"
+  rows = []
+  for key, what in TRAIN_STEP_ROWS:
+    row = result["rows"][key]
+    ours, torch = row["implementations"]["ours"], row["implementations"]["torch"]
+    rows.append(
+      LimitRow(
+        what=what,
+        unit="step",
+        seconds=ours["seconds_per_step"],
+        gflop=ours["gflop_per_step"],
+        fraction=ours["fraction_of_matmul_rate"],
+        reference="PyTorch eager",
+        reference_seconds=torch["seconds_per_step"],
+        reference_fraction=torch["fraction_of_matmul_rate"],
+        ratio=row["ratios"]["torch_over_ours"],
+        rate_gflop_per_s=rate,
+        sizes=sizes,
+      )
+    )
+  return rows
+
+
+#: The producers of the machine_limit table's rows, each measuring once (in order).
+MACHINE_LIMIT_ROWS: list[Callable[[], list[LimitRow]]] = [train_step_rows]
+
+
+def machine_limit_table(rows: Sequence[LimitRow]) -> str:
+  """The markdown table of `rows` (LimitRow), then a line per row's sizes and rate."""
+  lines = [
+    "| path | seconds | GFLOP | share of the matmul rate | reference at equal work | its "
+    "seconds | its share | reference / ours |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r.what} | {r.seconds:.2f} per {r.unit} | {r.gflop:.1f} | {100 * r.fraction:.1f}% of "
+      f"{r.rate_gflop_per_s:.1f} GFLOP/s | {r.reference} | {r.reference_seconds:.2f} | "
+      f"{100 * r.reference_fraction:.1f}% | **{r.ratio:.2f}x** |"
+    )
+  # Rows of one benchmark share its sizes: each set of sizes once, with the rows it belongs to.
+  groups: dict[str, list[str]] = {}
+  for r in rows:
+    groups.setdefault(r.sizes, []).append(r.what)
+  if len(groups) == 1:
+    said = next(iter(groups))
+  else:
+    said = "; ".join(f"{', '.join(whats)}: {sizes}" for sizes, whats in groups.items())
+  lines += ["", fill(f"On {machine()}, one run: {said}.")]
+  return "\n".join(lines)
+
+
+def machine_limit_figures(
+  producers: Sequence[Callable[[], list[LimitRow]]] | None = None,
+) -> dict[str, str]:
+  """The machine_limit table: every producer's rows (MACHINE_LIMIT_ROWS by default)."""
+  rows = [row for produce in (producers or MACHINE_LIMIT_ROWS) for row in produce()]
+  return {"machine_limit": machine_limit_table(rows)}
+
+
+# ---------------------------------------------------------------------------------------------
 # The test suite: its time and counts, as `make test` and `make test-all` run it.
 
 # pytest's last line: "=== 5 passed, 1 skipped in 3.2s ===", or under -q (as run here) bare.
@@ -1452,6 +1580,13 @@ SECTIONS: dict[str, Section] = {
     ("gcs",),
     "the demo on gs://demo/one twice and on two processes, against the tests' local GCS",
   ),
+  "machine_limit": Section(
+    machine_limit_figures,
+    ("machine_limit",),
+    "benchmarks/train_step.py at its default size: seconds, FLOPs, share of the matmul rate, "
+    "ratio against PyTorch eager",
+    timed=True,
+  ),
   "suite": Section(
     suite_figures,
     ("suite.default",),
@@ -1570,11 +1705,15 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
   changed = [
     r for r, b in bodies.items() if replace_region(texts[homes[r]], r, b) != texts[homes[r]]
   ]
+  # A timed section's decimal figures are its timings (Section.timed): only its words count.
+  timed_regions = {r for n in names if SECTIONS[n].timed for r in SECTIONS[n].regions}
   timed = [
     r
     for r in changed
     if same_figures(
-      texts[homes[r]][slice(*region_span(texts[homes[r]], r))].strip(), bodies[r].strip()
+      texts[homes[r]][slice(*region_span(texts[homes[r]], r))].strip(),
+      bodies[r].strip(),
+      math.inf if r in timed_regions else 0.0,
     )
   ]
   summary = (
@@ -1592,7 +1731,11 @@ def main(argv: list[str], values: flags.FlagValues = flags.FLAGS) -> None:
     print(f"{summary}; --check: nothing written.")
     tolerance = {r: SECTIONS[n].tolerance for n in names for r in SECTIONS[n].regions}
     now = {r: texts[homes[r]][slice(*region_span(texts[homes[r]], r))].strip() for r in bodies}
-    drifted = [r for r, body in bodies.items() if not same_figures(now[r], body.strip())]
+    drifted = [
+      r
+      for r, body in bodies.items()
+      if not same_figures(now[r], body.strip(), math.inf if r in timed_regions else 0.0)
+    ]
     beyond = [r for r in drifted if not same_figures(now[r], bodies[r].strip(), tolerance[r])]
     for r in drifted:
       if r not in beyond:

@@ -360,3 +360,30 @@ def test_every_epochs_rate_is_in_the_history_whatever_log_every_is(
   expected = [1e-5] + [lr * (1 + np.cos(np.pi * (e - 2) / 4)) / 2 for e in (2, 3, 4)]
   np.testing.assert_allclose([r["lr"] for r in history[:4]], expected, rtol=1e-6)
   assert history[4]["lr"] == history[3]["lr"]  # one rate per epoch
+
+
+def test_fresh_views_pass_the_image_tower_a_few_views_at_a_time_on_a_cpu():
+  """fresh_view_passes: a CPU's passes keep the tower's largest activation within
+  CPU_PASS_BYTES (6 views of ViT-B/16), other devices one pass; in_passes gives every view the
+  features one call gives it, whether the passes divide the batch or not."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  from stori_jax.clip.bundle import CLIPBundle  # pylint: disable=import-outside-toplevel
+  from stori_jax.models import get_architecture, init_params  # pylint: disable=import-outside-toplevel
+
+  vit_b = CLIPBundle(config=get_architecture("ViT-B-16"), params={})
+  assert trainer.fresh_view_passes(vit_b, "cpu") == trainer.CPU_PASS_BYTES // (197 * 3072 * 4)
+  assert trainer.fresh_view_passes(vit_b, "cpu") == 6
+  assert trainer.fresh_view_passes(vit_b.with_dtype(jnp.bfloat16), "cpu") == 13
+  assert trainer.fresh_view_passes(vit_b, "gpu") is None
+  config = get_architecture("test-tiny")
+  bundle = CLIPBundle(config=config, params=init_params(config, seed=0))
+  size = config.vision.image_size
+  views = jax.random.normal(jax.random.PRNGKey(1), (7, size, size, 3))
+  tower = lambda v: bundle.image_function(bundle.params, v, False)  # noqa: E731
+  whole = np.asarray(tower(views))
+  for per_pass in (1, 3, 7, None):
+    np.testing.assert_allclose(
+      np.asarray(trainer.in_passes(tower, views, per_pass)), whole, rtol=1e-6, atol=1e-6
+    )

@@ -641,3 +641,46 @@ def test_mutual_modes_compares_with_the_crf_off_on_both_sides(figures, tiny_synt
     images += len(cls.images)
   assert images == 8
   assert a.crf  # the section's config is left as it was
+
+
+def _limit_row(figures, what, seconds, ratio):
+  return figures.LimitRow(
+    what=what,
+    unit="step",
+    seconds=seconds,
+    gflop=12.5,
+    fraction=0.25,
+    reference="a reference",
+    reference_seconds=seconds * ratio,
+    reference_fraction=0.1,
+    ratio=ratio,
+    rate_gflop_per_s=100.0,
+    sizes="tiny",
+  )
+
+
+def test_the_machine_limit_table_takes_rows_from_every_producer(figures, monkeypatch):
+  monkeypatch.setattr(figures, "machine", lambda: "2 CPU cores")
+  producers = [
+    lambda: [_limit_row(figures, "step A", 2.0, 1.5)],
+    lambda: [_limit_row(figures, "analysis B", 0.5, 3.0), _limit_row(figures, "C", 1.0, 1.0)],
+  ]
+  table = figures.machine_limit_figures(producers)["machine_limit"]
+  lines = table.splitlines()
+  assert lines[2].startswith("| step A | 2.00 per step | 12.5 | 25.0% of 100.0 GFLOP/s |")
+  assert lines[2].endswith("| a reference | 3.00 | 10.0% | **1.50x** |")
+  assert [line.split("|")[1].strip() for line in lines[2:5]] == ["step A", "analysis B", "C"]
+  assert lines[-1] == "On 2 CPU cores, one run: tiny."
+
+
+def test_check_passes_a_timed_region_whose_timings_moved(figures, tmp_path, monkeypatch, capsys):
+  readme = tmp_path / "README.md"
+  readme.write_text(
+    "Step: <!-- figures:limit -->2.00 s, 25.0%, 12 prompts<!-- /figures:limit -->\n"
+  )
+  for measured, code in (("3.10 s, 19.5%, 12 prompts", 0), ("3.10 s, 19.5%, 13 prompts", 1)):
+    stub = figures.Section(lambda: {"limit": measured}, ("limit",), "a stub", timed=True)
+    monkeypatch.setattr(figures, "SECTIONS", {"stub": stub})
+    assert cli.run_in_process(figures, ["--readme", str(readme), "--check"]) == code
+    out = capsys.readouterr().out
+    assert ("Only the measured timings differ" in out) == (code == 0)

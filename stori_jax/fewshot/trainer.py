@@ -44,6 +44,7 @@ from stori_jax.fewshot import (
   world_scoring,
 )
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
+from stori_jax.models import tower_kinds
 from stori_jax.fewshot.text_classifier import (
   WeightedTextClassifier,
   cross_entropy_loss,
@@ -502,8 +503,43 @@ def accuracy_report(
   return {"accuracy": float(np.mean(predicted == labels)), "per_class": per_class}
 
 
+#: Fresh views on a CPU: the image tower runs on at most as many views per pass as keep its
+#: largest activation within this many bytes (6 for ViT-B/16 at 224 px), as the mutual-knowledge
+#: analysis sizes its passes: XLA:CPU's tower slows once a pass's activations leave the cache.
+CPU_PASS_BYTES = 16 * 2**20
+
+
+def fresh_view_passes(bundle: CLIPBundle, platform: str | None = None) -> int | None:
+  """Views per image-tower pass in the fresh-view step: on a CPU as many as keep the tower's
+  largest activation (in the bundle's compute dtype) within CPU_PASS_BYTES, at least 1; None
+  elsewhere (the whole batch in one pass: GPUs and TPUs run large batches fastest)."""
+  if (platform or jax.default_backend()) != "cpu":
+    return None
+  vision = bundle.config.vision
+  per_view = tower_kinds.of(vision).activation_elements(vision) * jnp.dtype(bundle.dtype).itemsize
+  return max(1, CPU_PASS_BYTES // per_view)
+
+
+def in_passes(tower: Callable, views: jax.Array, per_pass: int | None) -> jax.Array:
+  """tower(views) [B, ...] computed `per_pass` views at a time (lax.map over the whole passes,
+  then the rest in one call); per_pass None or >= B: one call."""
+  count = views.shape[0]
+  if per_pass is None or per_pass >= count:
+    return tower(views)
+  whole = count // per_pass * per_pass
+  passes = views[:whole].reshape(count // per_pass, per_pass, *views.shape[1:])
+  out = jax.lax.map(tower, passes)
+  out = out.reshape(whole, *out.shape[2:])
+  if whole < count:
+    out = jnp.concatenate([out, tower(views[whole:])])
+  return out
+
+
 def fresh_view_encoder(
-  bundle: CLIPBundle, config, classifier: WeightedTextClassifier
+  bundle: CLIPBundle,
+  config,
+  classifier: WeightedTextClassifier,
+  per_pass: int | None | str = "device",
 ) -> tuple[Callable, Any]:
   """(encode, encoder) of `make_train_step` for fresh views (config.views = 0).
 
@@ -512,9 +548,13 @@ def fresh_view_encoder(
   seeded by (config.seed, step, image index), so a resumed run draws the same views), runs the
   frozen image tower on them in config.image_dtype (`image_bundle`) and returns their unit
   features [B, E]. encoder: the image tower's params and the seed, replicated on the prompt
-  mesh (arguments of the step, never constants of its program).
+  mesh (arguments of the step, never constants of its program). per_pass: views per image-tower
+  pass ("device": `fresh_view_passes`' rule; None: the whole batch in one pass); a view's
+  features do not depend on the others in its pass.
   """
   images = image_bundle(bundle, config)
+  if per_pass == "device":
+    per_pass = fresh_view_passes(images)
   tower = images.image_function
   size = images.config.vision.image_size
   mean, std = images.preprocess_config.mean, images.preprocess_config.std
@@ -526,7 +566,8 @@ def fresh_view_encoder(
     base = jax.random.fold_in(jax.random.key(seed), step)
     keys = jax.vmap(lambda index: jax.random.fold_in(base, index))(indices)
     views = augment.device_views(pixels, sizes, keys, size, mean, std, scale=scale)
-    return encoding.l2_normalize_jax(tower(params, views, False))
+    features = in_passes(lambda v: tower(params, v, False), views, per_pass)
+    return encoding.l2_normalize_jax(features)
 
   # The image tower reads its own params and the logit scale (the text tower's are not sent).
   params = {key: bundle.params[key] for key in ("vision", "logit_scale")}
