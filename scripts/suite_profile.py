@@ -36,6 +36,11 @@ def summary(records: list[dict], top: int) -> str:
     f"  tracing+lowering {trace:8.0f} s  {100 * trace / wall:5.1f}%",
     f"  subprocess CPU   {children:8.0f} s  {100 * children / wall:5.1f}%",
     f"  the rest         {rest:8.0f} s  {100 * rest / wall:5.1f}%  (compute, Python, waits)",
+  ]
+  failed = [r["test"] for r in records if r.get("outcome") == "failed"]
+  if failed:
+    lines += [f"  failed: {len(failed)}"] + [f"    {name}" for name in failed]
+  lines += [
     "",
     "files (s, compile s, subprocess s, tests):",
   ]

@@ -61,6 +61,8 @@ def pytest_unconfigure(config):
   del config
   if _made_test_cache and os.environ.get("PYTEST_XDIST_WORKER") is None:
     shutil.rmtree(os.environ[TEST_CACHE_ENV], ignore_errors=True)
+
+
 from stori_jax.explorer.app import create_app
 from stori_jax.explorer.index import build_explorer
 
@@ -75,6 +77,20 @@ def pytest_addoption(parser):
     "tracing and lowering seconds, and the CPU seconds of subprocesses it waited for; "
     "scripts/suite_profile.py sums them",
   )
+
+
+_OUTCOME = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """The test's outcome for --time-breakdown: failed if a phase failed, else skipped if one
+  skipped, else passed."""
+  del call
+  report = (yield).get_result()
+  seen = item.stash.get(_OUTCOME, "passed")
+  if report.failed or (report.skipped and seen != "failed"):
+    item.stash[_OUTCOME] = report.outcome
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -94,6 +110,8 @@ def pytest_runtest_protocol(item, nextitem):
   after = resource.getrusage(resource.RUSAGE_CHILDREN)
   record = dict(
     test=item.nodeid,
+    outcome=item.stash.get(_OUTCOME, "passed"),
+    end=round(time.time(), 1),
     slow=item.get_closest_marker("slow") is not None,
     wall=round(wall, 3),
     compile=round(compiled.seconds, 3),
