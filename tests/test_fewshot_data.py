@@ -772,11 +772,15 @@ def test_device_crop_boxes_follow_torchvisions_algorithm():
   """`augment.crop_boxes` (JAX random numbers) against `random_resized_crop_box` (torchvision's
   algorithm, tested draw for draw above): boxes inside the image, the same distributions of area
   fraction and aspect ratio, the same central-crop fallback and how often it is taken."""
+  import jax  # noqa: PLC0415
+
   n = 3000
   rng = np.random.default_rng(0)
+  # Jitted, as the train step runs it (eager, its ops compiled one by one: 89 programs).
+  crop_boxes = jax.jit(augment.crop_boxes)
   for height, width, fallback_box in ((300, 400, (0, 0, 300, 400)), (30, 400, (0, 180, 30, 40))):
     sizes = np.tile(np.asarray([[height, width]], np.int32), (n, 1))
-    ours = np.asarray(augment.crop_boxes(_keys(n), sizes), np.float64)
+    ours = np.asarray(crop_boxes(_keys(n), sizes), np.float64)
     host = np.array(
       [augment.random_resized_crop_box(height, width, rng) for _ in range(n)], np.float64
     )
@@ -792,7 +796,7 @@ def test_device_crop_boxes_follow_torchvisions_algorithm():
     fallback = lambda boxes: np.mean(np.all(boxes == fallback_box, axis=1))
     assert abs(fallback(ours) - fallback(host)) < 0.03
   # A box that cannot hold any attempt: the central crop, its aspect ratio clamped.
-  tall = augment.crop_boxes(_keys(4), np.tile(np.asarray([[400, 30]], np.int32), (4, 1)))
+  tall = crop_boxes(_keys(4), np.tile(np.asarray([[400, 30]], np.int32), (4, 1)))
   np.testing.assert_array_equal(
     np.asarray(tall), [augment.random_resized_crop_box(400, 30, _NeverFits())] * 4
   )
@@ -812,8 +816,11 @@ def test_device_resize_is_pillows_bicubic_resize_of_the_crop():
   """`augment.resample_weights`, as `device_views` applies it, against Pillow's
   `crop(box).resize(size, BICUBIC)` (what `train_view` does) on the world's images and random
   boxes: all but a few pixels in 100,000 within a level (Pillow's fixed-point weights)."""
+  import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
+  # Jitted, as device_views runs it inside the train step (eager: 85 programs).
+  resample_weights = jax.jit(augment.resample_weights, static_argnums=(2, 3))
   data = datasets.load_synthetic(1, 1, 1, image_size=64)
   images = [np.asarray(datasets.open_image(i.source).convert("RGB")) for i in data.train[:4]]
   smooth = np.asarray(
@@ -840,8 +847,8 @@ def test_device_resize_is_pillows_bicubic_resize_of_the_crop():
         .resize((size, size), Image.BICUBIC),
         np.float64,
       )
-      rows = np.asarray(augment.resample_weights(jnp.int32(top), jnp.int32(crop_h), size, 128))
-      cols = np.asarray(augment.resample_weights(jnp.int32(left), jnp.int32(crop_w), size, 128))
+      rows = np.asarray(resample_weights(jnp.int32(top), jnp.int32(crop_h), size, 128))
+      cols = np.asarray(resample_weights(jnp.int32(left), jnp.int32(crop_w), size, 128))
       across = np.clip(np.round(np.einsum("pw,hwc->hpc", cols, canvas.astype(np.float64))), 0, 255)
       ours = np.clip(np.round(np.einsum("oh,hpc->opc", rows, across)), 0, 255)
       # A few levels at most: Pillow rounds each of its two passes to 8 bits, and the installed
@@ -856,6 +863,7 @@ def test_device_views_crop_resize_flip_and_normalise():
   """A full-image box is the image itself, flipped for about half the keys, normalised as
   `preprocess` normalises; images of other sizes share one canvas (`image_canvas`), the larger
   ones shrunk to its side."""
+  import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
   rng = np.random.default_rng(0)
@@ -869,8 +877,10 @@ def test_device_views_crop_resize_flip_and_normalise():
   config = PreprocessConfig(image_size=16)
   n = 200
   rows = np.arange(n) % 2
+  # Jitted, as the train step runs it (eager, its ops compiled one by one: 111 programs).
+  device_views = jax.jit(augment.device_views, static_argnums=(3, 4, 5), static_argnames="scale")
   views = np.asarray(
-    augment.device_views(
+    device_views(
       jnp.asarray(canvas.pixels[rows]),
       jnp.asarray(canvas.sizes[rows]),
       _keys(n),
