@@ -43,8 +43,12 @@ One run also prints (and `--json` writes):
     `compiles_after_warmup` and `compile_seconds_after_warmup`, the XLA backend compilations
     counted from jax.monitoring events (0 when every shape the classes meet was compiled by the
     warm-up class), and `timed_classes_images_per_s`;
-  * vision-tower passes per image on each side (images through the tower / B), and the
-    reference's text-tower passes per image as written;
+  * vision-tower passes per image on each side (images through the tower / B): ours as run
+    (`jax`: the passes of the prompt calls that hold real regions; inside a call the passes
+    past its real regions are skipped), of which real (`jax_real`: not padding) and the rows
+    of the compiled call shapes (`jax_compiled_shapes`), and the reference's (as written and
+    at equal work); `padding_rows` (run, skipped); the reference's text-tower passes per
+    image as written;
   * a per-stage profile of `pipeline.analyze_class` (a second timed run, on the same images,
     with the stage functions wrapped in place and their outputs blocked on; the compilations
     for the FLOP counts are left out): exclusive wall time per stage, calls, FLOPs and bytes
@@ -59,7 +63,18 @@ One run also prints (and `--json` writes):
     count and reads the programs back from this run's own persistent compilation cache, a
     temporary folder), and `device_calls_by_program`;
   * the machine's dense fp32 matmul rate (a 4096 x 4096 product, best of 3, in JAX and in
-    PyTorch, measured in the same run) and the pipeline's achieved FLOP/s as a fraction of it.
+    PyTorch, measured in the same run) and the pipeline's achieved FLOP/s as a fraction of it;
+    the towers' FLOPs counted by hand over the rows that ran, over the tower stages' time
+    (the features pass and the fused render + tower program, timed apart from the reference
+    ellipses fitted before it) and over the whole analysis's time; the same for the per-image
+    reference at equal work (its towers timed by hooks on model.visual);
+  * `tower_isolation`: the tower alone (the jitted image function, embeddings only) at the
+    `--isolation` batch sizes (the pipeline's pass size first), its fraction of the matmul
+    rate: what XLA:CPU's tower code reaches apart from how the pipeline calls it.
+
+`machine_limit_rows(figures)` turns the JSON into the rows of the README's machine-limit table
+(per image: seconds, GFLOP, fraction of the matmul rate, ratio against the per-image reference
+at equal work).
 """
 
 from __future__ import annotations
