@@ -43,8 +43,12 @@ One run also prints (and `--json` writes):
     `compiles_after_warmup` and `compile_seconds_after_warmup`, the XLA backend compilations
     counted from jax.monitoring events (0 when every shape the classes meet was compiled by the
     warm-up class), and `timed_classes_images_per_s`;
-  * vision-tower passes per image on each side (images through the tower / B), and the
-    reference's text-tower passes per image as written;
+  * vision-tower passes per image on each side (images through the tower / B): ours as run
+    (`jax`: the passes of the prompt calls that hold real regions; inside a call the passes
+    past its real regions are skipped), of which real (`jax_real`: not padding) and the rows
+    of the compiled call shapes (`jax_compiled_shapes`), and the reference's (as written and
+    at equal work); `padding_rows` (run, skipped); the reference's text-tower passes per
+    image as written;
   * a per-stage profile of `pipeline.analyze_class` (a second timed run, on the same images,
     with the stage functions wrapped in place and their outputs blocked on; the compilations
     for the FLOP counts are left out): exclusive wall time per stage, calls, FLOPs and bytes
@@ -59,7 +63,18 @@ One run also prints (and `--json` writes):
     count and reads the programs back from this run's own persistent compilation cache, a
     temporary folder), and `device_calls_by_program`;
   * the machine's dense fp32 matmul rate (a 4096 x 4096 product, best of 3, in JAX and in
-    PyTorch, measured in the same run) and the pipeline's achieved FLOP/s as a fraction of it.
+    PyTorch, measured in the same run) and the pipeline's achieved FLOP/s as a fraction of it;
+    the towers' FLOPs counted by hand over the rows that ran, over the tower stages' time
+    (the features pass and the fused render + tower program, timed apart from the reference
+    ellipses fitted before it) and over the whole analysis's time; the same for the per-image
+    reference at equal work (its towers timed by hooks on model.visual);
+  * `tower_isolation`: the tower alone (the jitted image function, embeddings only) at the
+    `--isolation` batch sizes (the pipeline's pass size first), its fraction of the matmul
+    rate: what XLA:CPU's tower code reaches apart from how the pipeline calls it.
+
+`machine_limit_rows(figures)` turns the JSON into the rows of the README's machine-limit table
+(per image: seconds, GFLOP, fraction of the matmul rate, ratio against the per-image reference
+at equal work).
 """
 
 from __future__ import annotations
@@ -91,6 +106,7 @@ from mutual import visual_prompts
 from mutual.concept_methods import kmeans as kmeans_method
 from mutual.ellipse import contours as ellipse_contours
 from mutual.ellipse import pixels as ellipse_pixels
+from mutual.ellipse import prompts as ellipse_prompts
 from mutual.paper_config import analysis_config
 from stori_jax.data import synthetic
 from stori_jax.clip.encoding import l2_normalize
@@ -126,6 +142,18 @@ flags.DEFINE_bool(
   True,
   "Count the device calls (compiled-program executions) of a steady-state class at the end.",
 )
+flags.DEFINE_list(
+  "isolation",
+  ["6", "48"],
+  "Batch sizes at which the tower alone (bundle.image_function, jitted, embeddings only) is "
+  "timed beside the matmul rate (tower_isolation in the JSON); empty: not timed.",
+)
+flags.DEFINE_bool(
+  "as_written",
+  True,
+  "Also time the per-image side as the reference's code is written (its scores encode the "
+  "image and descriptors again: slow); false: at equal work only.",
+)
 flags.DEFINE_bool(
   "crf", False, "The dense CRF on both sides (the reference's needs SimpleCRF: else it runs off)."
 )
@@ -151,7 +179,8 @@ STAGES = (
   (crf, "refine", "CRF"),
   (pipeline, "concept_maps", "concepts (PCA, K-means)"),
   (pipeline, "pixel_concepts", "masks: pixel concept maps"),
-  (visual_prompts, "concept_embeddings_of_maps", "visual prompts: render + tower (fused)"),
+  (visual_prompts, "concept_embeddings_of_maps", "visual prompts: regions, tables"),
+  (ellipse_prompts, "padded_ellipses", "visual prompts: reference ellipses"),
   (pipeline, "language_stages", "language stages"),
 )
 #: Jitted functions called from Python inside the stages; their XLA cost counts to the stage
@@ -171,10 +200,24 @@ JITTED = (
 #: The vision tower called from Python inside a stage gets its own stage there (the visual
 #: prompts' tower runs inside their fused program, whose cost is the stage's).
 TOWER_STAGES = {}
-#: Jitted stages that run the tower inside: the rows they put through it, from their arguments.
-FUSED_TOWER_ROWS = {
-  "_region_embeddings": lambda args: len(visual_prompts.VARIANTS) * args[5].shape[0]
-}
+#: The name of the stage of the fused render + tower program (timed on its own, its output
+#: blocked on: the ellipses and the tables around it are other stages).
+FUSED_STAGE = "visual prompts: render + tower (fused)"
+
+
+def _prompt_rows(args, kwargs) -> dict:
+  """Tower rows of one visual_prompts._region_embeddings call: `padded` (3 x the call's regions,
+  the shape it is compiled for), `run` (the passes that execute: passes past the call's `real`
+  regions are skipped inside the program) and `real` (3 x the regions that are not padding)."""
+  variants = len(visual_prompts.VARIANTS)
+  chunk, real = int(args[5].shape[0]), int(args[7])
+  per_pass = kwargs.get("regions_per_pass")
+  run = chunk if per_pass is None else min(chunk, -(-real // per_pass) * per_pass)
+  return dict(padded=variants * chunk, run=variants * run, real=variants * real)
+
+
+#: Jitted stages that run the tower inside: their tower rows, from their arguments.
+FUSED_TOWER_ROWS = {"_region_embeddings": _prompt_rows}
 
 
 class _SameAs:
@@ -212,14 +255,17 @@ class Profile:
     self.calls = collections.Counter()
     self.flops = collections.defaultdict(float)
     self.bytes = collections.defaultdict(float)
-    self.tower_rows = collections.Counter()
+    self.tower_rows = collections.Counter()  # rows that run through the tower
+    self.real_rows = collections.Counter()  # of which not padding
+    self.padded_rows = collections.Counter()  # rows of the compiled shapes (skipped passes too)
     self.analytic_flops = collections.defaultdict(float)
     self.excluded = 0.0  # seconds spent compiling for cost_analysis, out of every stage
     self._stack: list[list] = []  # [name, start, time spent in nested stages]
     self._costs: dict = {}
 
   def reset(self):
-    for table in (self.seconds, self.calls, self.flops, self.bytes, self.tower_rows):
+    tables = (self.seconds, self.calls, self.flops, self.bytes, self.tower_rows)
+    for table in tables + (self.real_rows, self.padded_rows):
       table.clear()
     self.analytic_flops.clear()
 
@@ -241,9 +287,9 @@ class Profile:
   def current(self) -> str:
     return self._stack[-1][0] if self._stack else "other"
 
-  def add_cost(self, fn, args, kwargs):
-    """Adds fn's XLA cost_analysis (flops, bytes accessed) for these arguments to the current
-    stage (compiled once per argument signature)."""
+  def add_cost(self, fn, args, kwargs, scale: float = 1.0):
+    """Adds fn's XLA cost_analysis (flops, bytes accessed) for these arguments, times `scale`,
+    to the current stage (compiled once per argument signature)."""
     # XLA counts a loop's body once: the cost of passes of a few regions (a loop in the
     # program) is that of the same call in one pass.
     kwargs = dict(kwargs, regions_per_pass=None) if "regions_per_pass" in kwargs else kwargs
@@ -259,8 +305,8 @@ class Profile:
       if self._stack:
         self._stack[-1][2] += elapsed
     flops, moved = self._costs[key]
-    self.flops[self.current] += flops
-    self.bytes[self.current] += moved
+    self.flops[self.current] += scale * flops
+    self.bytes[self.current] += scale * moved
 
   def timed(self, name, fn, jitted=False):
     def wrapper(*args, **kwargs):
@@ -275,15 +321,32 @@ class Profile:
 
   def costed(self, fn, config):
     rows_of = FUSED_TOWER_ROWS.get(getattr(fn, "__name__", ""))
+    if rows_of is not None:
+      return self.fused(fn, config, rows_of)
 
     def wrapper(*args, **kwargs):
       if not _is_traced((args, kwargs)):
         self.add_cost(fn, args, kwargs)
-        if rows_of is not None:
-          rows = rows_of(args)
-          self.tower_rows[self.current] += rows
-          self.analytic_flops[self.current] += vit_flops(config, rows)
       return fn(*args, **kwargs)
+
+    return wrapper
+
+  def fused(self, fn, config, rows_of):
+    """A jitted program with the tower inside (FUSED_STAGE): timed on its own with its output
+    blocked on; its rows, and its XLA cost scaled to the passes that run (the cost is that of
+    the whole call in one pass: skipped passes would count)."""
+
+    def wrapper(*args, **kwargs):
+      if _is_traced((args, kwargs)):
+        return fn(*args, **kwargs)
+      rows = rows_of(args, kwargs)
+      with self.stage(FUSED_STAGE):
+        self.add_cost(fn, args, kwargs, scale=rows["run"] / rows["padded"])
+        self.tower_rows[FUSED_STAGE] += rows["run"]
+        self.real_rows[FUSED_STAGE] += rows["real"]
+        self.padded_rows[FUSED_STAGE] += rows["padded"]
+        self.analytic_flops[FUSED_STAGE] += vit_flops(config, rows["run"])
+        return jax.block_until_ready(fn(*args, **kwargs))
 
     return wrapper
 
@@ -297,6 +360,8 @@ class Profile:
       with self.stage(name) if name != self.current else contextlib.nullcontext():
         self.add_cost(fn, (params, images, return_hidden), {})
         self.tower_rows[name] += int(images.shape[0])
+        self.real_rows[name] += int(images.shape[0])
+        self.padded_rows[name] += int(images.shape[0])
         self.analytic_flops[name] += vit_flops(config, int(images.shape[0]))
         return jax.block_until_ready(fn(params, images, return_hidden))
 
@@ -346,6 +411,8 @@ class Profile:
           gbytes=round(self.bytes.get(name, 0.0) / 1e9, 4),
           gflop_per_s=round(flops / seconds / 1e9, 2) if seconds > 0 else None,
           tower_rows=int(self.tower_rows.get(name, 0)),
+          tower_rows_real=int(self.real_rows.get(name, 0)),
+          tower_rows_compiled=int(self.padded_rows.get(name, 0)),
           analytic_gflop=round(self.analytic_flops[name] / 1e9, 4)
           if name in self.analytic_flops
           else None,
@@ -416,6 +483,75 @@ def print_profile(rows, total_seconds):
       line += f" {r['tower_rows'] or '-':>6} {analytic:>9s}"
     print(line)
   print(f"{'total':36s} {total_seconds:8.3f}")
+
+
+def _rate(flops: float, seconds: float):
+  """GFLOP/s, rounded; None without time."""
+  return round(flops / seconds / 1e9, 2) if seconds else None
+
+
+def _fraction(flops: float, seconds: float, rate: float):
+  """The share of `rate` GFLOP/s that `flops` in `seconds` achieve; None without time."""
+  return round(flops / seconds / 1e9 / rate, 4) if seconds and rate else None
+
+
+def tower_isolation(bundle, batches, rate: float, repeats: int = 2) -> dict:
+  """The vision tower alone (the jitted image function the pipeline calls, embeddings only,
+  random normalised inputs) at each batch size of `batches`: seconds (best of `repeats`, after
+  a compiling call), images/s, analytic GFLOP/s and its fraction of `rate` (GFLOP/s)."""
+  fn = jax.jit(bundle.image_function, static_argnums=2)
+  size = int(bundle.config.vision.image_size)
+  out = {}
+  for batch in (int(b) for b in batches):
+    x = jax.random.normal(jax.random.PRNGKey(batch), (batch, size, size, 3), jax.numpy.float32)
+    jax.block_until_ready(fn(bundle.params, x, False))
+    best = np.inf
+    for _ in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(fn(bundle.params, x, False))
+      best = min(best, time.perf_counter() - start)
+    flops = vit_flops(bundle.config, batch)
+    out[str(batch)] = dict(
+      seconds=round(best, 4),
+      images_per_s=round(batch / best, 3),
+      gflop_per_s=_rate(flops, best),
+      fraction_of_matmul=_fraction(flops, best, rate),
+    )
+  return out
+
+
+def machine_limit_rows(figures: dict) -> list[dict]:
+  """Rows of the README's machine-limit table for the analysis, from this benchmark's JSON
+  (`figures`, as --json writes it): one row per side, per image.
+
+  Each row: what (str), seconds per image, GFLOP per image (the vision towers counted by hand,
+  the rows that ran: 99%+ of the analysis's FLOPs), fraction of the measured matmul rate (the
+  towers' FLOPs over the whole analysis's time, so glue, rendering and ellipses count against
+  it), towers_fraction (the same FLOPs over the tower stages' time alone) and ratio (the
+  per-image reference's seconds at equal work over this side's; 1.0 for the reference).
+  Empty when the JSON predates these fields.
+  """
+  achieved, images = figures.get("achieved", {}), figures["images"]
+  if "towers_analytic_gflop" not in achieved:
+    return []
+  reference_seconds = achieved["reference_equal_work_seconds"]
+  ours = dict(
+    what=f"MK analysis per image, this pipeline ({figures['compute_dtype']} towers)",
+    seconds=round(achieved["jax_seconds"] / images, 3),
+    gflop=round(achieved["towers_analytic_gflop"] / images, 1),
+    fraction=achieved["jax_fraction_of_matmul"],
+    towers_fraction=achieved["towers_analytic_fraction_of_matmul"],
+    ratio=round(reference_seconds / achieved["jax_seconds"], 2),
+  )
+  reference = dict(
+    what="MK analysis per image, per-image reference at equal work (PyTorch)",
+    seconds=round(reference_seconds / images, 3),
+    gflop=round(achieved["reference_equal_work_towers_gflop"] / images, 1),
+    fraction=achieved["reference_equal_work_fraction_of_matmul"],
+    towers_fraction=achieved["reference_equal_work_towers_fraction_of_matmul"],
+    ratio=1.0,
+  )
+  return [ours, reference]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,9 +653,24 @@ def _main():
     print("SimpleCRF is not installed: the per-image side runs with the CRF off.")
 
   def run_reference(tokens):
-    """Seconds, image-tower rows and text-tower rows of the per-image side."""
-    rows = []
-    hook = model.visual.register_forward_pre_hook(lambda m, i: rows.append(int(i[0].shape[0])))
+    """Seconds, image-tower rows, text-tower rows and seconds in the image tower of the
+    per-image side."""
+    rows, tower = [], [0.0, 0.0]  # [seconds, start of the call in progress]
+    sync = torch.cuda.synchronize if accelerated else (lambda: None)
+
+    def before(module, inputs):
+      rows.append(int(inputs[0].shape[0]))
+      sync()
+      tower[1] = time.perf_counter()
+
+    def after(module, inputs, output):
+      sync()
+      tower[0] += time.perf_counter() - tower[1]
+
+    hooks = (
+      model.visual.register_forward_pre_hook(before),
+      model.visual.register_forward_hook(after),
+    )
     start = time.perf_counter()
     out = torch_reference.analyze_class(
       model,
@@ -541,13 +692,16 @@ def _main():
     if accelerated:
       torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    hook.remove()
-    return seconds, sum(rows), out["stats"].get("reencoded_text_rows", 0)
+    for hook in hooks:
+      hook.remove()
+    return seconds, sum(rows), out["stats"].get("reencoded_text_rows", 0), tower[0]
 
   # As written: the image and the scored descriptors encoded again for each image score. At
   # equal work: both read from the features pass and the encoded bank, as this pipeline does.
-  ref_seconds, ref_rows, ref_text_rows = run_reference(desc_tokens)
-  equal_seconds, equal_rows, _ = run_reference(None)
+  ref_seconds, ref_rows, ref_text_rows = None, None, None
+  if FLAGS.as_written:
+    ref_seconds, ref_rows, ref_text_rows, _ = run_reference(desc_tokens)
+  equal_seconds, equal_rows, _, equal_tower_seconds = run_reference(None)
 
   # The profile: the timed call again with the stages wrapped (outputs blocked on per stage);
   # the compilations for cost_analysis are timed apart and left out.
@@ -579,7 +733,19 @@ def _main():
   tower_names = [n for n in profile.tower_rows]
   tower_flops = sum(profile.flops[n] for n in tower_names)
   tower_seconds = sum(profile.seconds[n] for n in tower_names)
+  # The towers' own FLOPs, counted by hand over the rows that ran (the fused stage's XLA count
+  # includes the rendering).
+  tower_analytic = sum(profile.analytic_flops[n] for n in tower_names)
   achieved = flops / profiled_seconds / 1e9
+  rows_run = sum(profile.tower_rows.values())
+  rows_real = sum(profile.real_rows.values())
+  rows_compiled = sum(profile.padded_rows.values())
+  reference_tower_flops = vit_flops(bundle.config, equal_rows)
+  isolation = (
+    tower_isolation(pipeline.tower_bundle(bundle, analysis), FLAGS.isolation, rate)
+    if FLAGS.isolation
+    else None
+  )
   figures = dict(
     arch=arch if isinstance(arch, str) else "tiny-synthetic config",
     device=str(jax.devices()[0]),
@@ -615,16 +781,24 @@ def _main():
     compile_seconds_after_warmup=round(compiled.seconds, 3),
     device_calls_per_class=device_calls,
     device_calls_by_program=device_calls_by_program,
-    reference_images_per_s=round(FLAGS.images / ref_seconds, 3),
-    speedup=round(ref_seconds / jax_seconds, 2),
+    reference_images_per_s=round(FLAGS.images / ref_seconds, 3) if ref_seconds else None,
+    speedup=round(ref_seconds / jax_seconds, 2) if ref_seconds else None,
     reference_equal_work_images_per_s=round(FLAGS.images / equal_seconds, 3),
     speedup_at_equal_work=round(equal_seconds / jax_seconds, 2),
+    # Images through the vision tower per image: ours as run (the passes of the prompt calls
+    # that hold real regions), of which real (not padding), and the rows of the compiled call
+    # shapes (the skipped passes too); the reference as written and at equal work.
     tower_passes_per_image=dict(
-      jax=round(sum(profile.tower_rows.values()) / FLAGS.images, 2),
-      reference=round(ref_rows / FLAGS.images, 2),
+      jax=round(rows_run / FLAGS.images, 2),
+      jax_real=round(rows_real / FLAGS.images, 2),
+      jax_compiled_shapes=round(rows_compiled / FLAGS.images, 2),
+      reference=round(ref_rows / FLAGS.images, 2) if ref_rows is not None else None,
       reference_equal_work=round(equal_rows / FLAGS.images, 2),
     ),
-    reference_text_passes_per_image=round(ref_text_rows / FLAGS.images, 2),
+    padding_rows=dict(run=int(rows_run - rows_real), skipped=int(rows_compiled - rows_run)),
+    reference_text_passes_per_image=round(ref_text_rows / FLAGS.images, 2)
+    if ref_text_rows is not None
+    else None,
     profile=dict(
       seconds=round(profiled_seconds, 3),
       stages=stages,
@@ -640,7 +814,25 @@ def _main():
       if tower_seconds
       else None,
       tower_share_of_flops=round(tower_flops / flops, 4) if flops else None,
+      # The towers counted by hand (rows run) over the tower stages' time: the features pass
+      # and the fused visual-prompt program (its rendering included in the time).
+      towers_analytic_gflop=round(tower_analytic / 1e9, 3),
+      towers_seconds=round(tower_seconds, 3),
+      towers_analytic_gflop_per_s=_rate(tower_analytic, tower_seconds),
+      towers_analytic_fraction_of_matmul=_fraction(tower_analytic, tower_seconds, rate),
+      # The per-image reference at equal work, its towers timed by hooks on model.visual.
+      reference_equal_work_towers_gflop=round(reference_tower_flops / 1e9, 3),
+      reference_equal_work_towers_seconds=round(equal_tower_seconds, 3),
+      reference_equal_work_towers_gflop_per_s=_rate(reference_tower_flops, equal_tower_seconds),
+      reference_equal_work_towers_fraction_of_matmul=_fraction(
+        reference_tower_flops, equal_tower_seconds, rate
+      ),
+      reference_equal_work_seconds=round(equal_seconds, 3),
+      reference_equal_work_fraction_of_matmul=_fraction(reference_tower_flops, equal_seconds, rate),
+      jax_seconds=round(jax_seconds, 3),
+      jax_fraction_of_matmul=_fraction(tower_analytic, jax_seconds, rate),
     ),
+    tower_isolation=isolation,
   )
   print_profile(stages, profiled_seconds)
   hidden = ("profile", "compile_programs_warmup", "device_calls_by_program")

@@ -402,6 +402,47 @@ def distinct_regions(
   return pairs[unique_rows], copies
 
 
+def _distinct_prompts(maps, pairs, copies, n_concepts: int, chunk: int, seed: int, shard):
+  """The reference's ellipses of the regions `pairs` (int [U, 3]), fitted `chunk` at a time as
+  the tower calls take them, and the regions whose prompts are distinct among them.
+
+  Returns (the first pair of each distinct prompt, int [V, 3]; `copies` (int [P], rows of
+  `pairs`) mapped to rows of that list; a function of int [chunk] rows of the new list ->
+  (stroke, filled) bool [chunk, H, W] on the device(s)). Two regions have equal prompts when
+  they are of the same image with the same stroke and filled pixels: the three prompts are
+  functions of those alone (ellipse_pixels.compose_prompts).
+  """
+  strokes, filled = [], []
+  for start in _chunk_starts(len(pairs), chunk):
+    real = min(chunk, len(pairs) - start)
+    index = pairs[np.minimum(np.arange(start, start + chunk), start + real - 1)]
+    index = jax.device_put(index, shard) if shard is not None else jax.device_put(index)
+    # The reference's protocol: Python's `random` and cv::theRNG() seeded anew per map.
+    found = ellipse_prompts.padded_ellipses(maps, index, n_concepts, seed=seed)
+    strokes.append(found["stroke"])
+    filled.append(found["filled"])
+  if not strokes:
+    return pairs, copies, None
+  # One read back of every fit (bool [U, H, W] twice: a few MB).
+  strokes = np.concatenate([np.asarray(s) for s in strokes])[: len(pairs)]
+  filled = np.concatenate([np.asarray(f) for f in filled])[: len(pairs)]
+  first: dict[tuple[int, bytes, bytes], int] = {}
+  prompt_of = np.empty(len(pairs), np.int64)
+  for row, (_, image, _) in enumerate(pairs):
+    key = (int(image), np.packbits(strokes[row]).tobytes(), np.packbits(filled[row]).tobytes())
+    prompt_of[row] = first.setdefault(key, len(first))
+  kept = np.full(len(first), -1, np.int64)
+  for row in range(len(pairs) - 1, -1, -1):
+    kept[prompt_of[row]] = row
+
+  def ellipses_of(rows):
+    taken = kept[rows]
+    arrays = (strokes[taken], filled[taken])
+    return jax.device_put(arrays, shard) if shard is not None else jax.device_put(arrays)
+
+  return pairs[kept], prompt_of[copies], ellipses_of
+
+
 def concept_embeddings_of_maps(
   bundle,
   images,
@@ -421,7 +462,8 @@ def concept_embeddings_of_maps(
   K-means', say): only the regions present are prompted, and the regions of all maps and
   images share the tower calls, `chunk` regions (3 * chunk images) per call, rendering fused
   into the same program; a region equal to one before it (the same image and pixel set, e.g.
-  in both methods' maps: `distinct_regions`) is prompted once. Same numbers as one
+  in both methods' maps: `distinct_regions`; with ellipse="reference", the same image, stroke
+  and filled pixels once the ellipses are fitted) is prompted once. Same numbers as one
   `concept_embeddings` call per map.
 
   Args:
@@ -433,8 +475,8 @@ def concept_embeddings_of_maps(
     ellipse_seed: with ellipse="reference", the seed of the reference's random padding of
       contours under 5 points and of OpenCV's cv::theRNG() (config.analysis.ellipse_seed;
       mutual.ellipse.prompts.padded_ellipses: both seeded anew per image and method).
-      The reference's ellipses differ by method there, so equal regions of two maps are not
-      shared in that mode.
+      The reference's ellipses may differ by method there, so equal regions of two maps share
+      their prompts in that mode only where their fitted ellipses are equal too.
     per_pass: on one device, images per tower pass inside a call (mutual.features.
       images_per_pass: a few on a CPU, whose tower slows once a pass's activations leave the
       cache); None, or several devices (each holding its share of the call): the whole call.
@@ -495,16 +537,23 @@ def concept_embeddings_of_maps(
   # writes and the final gather compile once too); a call's padding rows are overwritten by
   # the next call's or never read.
   table = jax.device_put(np.zeros((present.size + chunk, bundle.config.embed_dim), np.float32))
+  ellipse_pixels_of = None
+  if ellipse == "reference":
+    # The reference's ellipses of the distinct regions first; regions whose prompts are equal
+    # (the same image, stroke and filled pixels: PCA's and K-means' equal regions, wherever
+    # their maps' random draws gave them the same ellipse) then go through the tower once.
+    pairs, copies, ellipse_pixels_of = _distinct_prompts(
+      maps, pairs, copies, n_concepts, chunk, ellipse_seed, shard
+    )
   for start in _chunk_starts(len(pairs), chunk):
     real = min(chunk, len(pairs) - start)
     # Padding repeats the last region.
-    index = pairs[np.minimum(np.arange(start, start + chunk), start + real - 1)]
+    rows_of_call = np.minimum(np.arange(start, start + chunk), start + real - 1)
+    index = pairs[rows_of_call]
     index = jax.device_put(index, shard) if shard is not None else jax.device_put(index)
     ellipses = None
-    if ellipse == "reference":
-      # The reference's protocol: Python's `random` and cv::theRNG() seeded anew per map.
-      found = ellipse_prompts.padded_ellipses(maps, index, n_concepts, seed=ellipse_seed)
-      ellipses = (found["stroke"], found["filled"])
+    if ellipse_pixels_of is not None:
+      ellipses = ellipse_pixels_of(rows_of_call)
     embedded = _region_embeddings(
       params,
       mean,

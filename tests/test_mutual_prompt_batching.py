@@ -264,6 +264,46 @@ def test_equal_regions_of_two_maps_are_prompted_once(tiny_synthetic, monkeypatch
   np.testing.assert_allclose(np.asarray(alone), np.asarray(b), atol=2e-6)
 
 
+def test_equal_reference_prompts_of_two_maps_go_through_the_tower_once(
+  tiny_synthetic, monkeypatch
+):
+  """ellipse="reference": regions of two maps are fitted apart (their ellipses may depend on
+  each map's random draws), and those whose fitted prompts are equal (same image, stroke and
+  filled pixels) go through the tower once; both maps get the embeddings each map's own call
+  gives."""
+  rows = []
+  original = visual_prompts._region_embeddings
+
+  def counting(*args, **kwargs):
+    rows.append(int(args[7]))  # the call's real regions
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(visual_prompts, "_region_embeddings", counting)
+  rng = np.random.default_rng(6)
+  size = tiny_synthetic.config.vision.image_size
+  images = rng.integers(0, 256, size=(2, size, size, 3), dtype=np.uint8)
+  first = np.full((2, size, size), -1, np.int32)
+  first[:, 2:14, 3:15] = 0  # large regions: 5-point-plus contours, fits without random draws
+  first[:, 18:, 16:] = 1
+  second = np.full((2, size, size), -1, np.int32)
+  second[:, 2:14, 3:15] = 2  # first's concept 0 again, in both images
+  second[:, 18:, 20:] = 1  # not first's concept 1
+  options = dict(n_concepts=5, ellipse="reference", chunk=4)
+  (a, valid_a), (b, valid_b) = visual_prompts.concept_embeddings_of_maps(
+    tiny_synthetic, images, [first, second], **options
+  )
+  assert sum(rows) == 6  # 8 regions, 2 of them equal to another's prompts
+  np.testing.assert_array_equal(np.asarray(a)[:, 0], np.asarray(b)[:, 2])
+  assert np.asarray(valid_a)[:, [0, 1]].all() and np.asarray(valid_b)[:, [1, 2]].all()
+  assert np.abs(np.asarray(a)[:, 1] - np.asarray(b)[:, 1]).max() > 1e-3
+  for maps, (together, valid) in ((first, (a, valid_a)), (second, (b, valid_b))):
+    ((alone, alone_valid),) = visual_prompts.concept_embeddings_of_maps(
+      tiny_synthetic, images, [maps], **options
+    )
+    np.testing.assert_array_equal(np.asarray(alone_valid), np.asarray(valid))
+    np.testing.assert_allclose(np.asarray(alone), np.asarray(together), atol=2e-6)
+
+
 def test_chunk_starts():
   assert visual_prompts._chunk_starts(0, 32) == []
   assert visual_prompts._chunk_starts(22, 32) == [0]
