@@ -54,8 +54,10 @@ Sections:
                    user's environment): the step at the paper's setting (fresh views) and on
                    cached features, seconds, GFLOP, the share of the matmul rate measured in the
                    same run and the ratio against PyTorch eager at equal work, in
-                   docs/benchmarks.md; other paths add rows (MACHINE_LIMIT_ROWS). Timed: --check
-                   compares its words, not its figures
+                   docs/benchmarks.md; then `python benchmarks/mutual_throughput.py`
+                   (ANALYSIS_ARGS): the MK analysis per image against the per-image reference at
+                   equal work (MACHINE_LIMIT_ROWS lists the producers). Timed: --check compares
+                   its words, not its figures
   suite            `make test`'s suite (pytest -m "not slow"): its time, passed and skipped
   suite_all        `make test-all`'s suite (slow tests too; tens of minutes): the same
 
@@ -1422,8 +1424,55 @@ def train_step_rows(result: Mapping[str, Any] | None = None) -> list[LimitRow]:
   return rows
 
 
+#: benchmarks/mutual_throughput.py's arguments for the analysis rows: ViT-B/16 (random weights),
+#: one class of 16 images, fp32, reference mode, the CRF off on both sides; the as-written
+#: reference, the device-call count and the timed extra class left out (minutes on 2 cores).
+ANALYSIS_ARGS = (
+  "--arch=ViT-B-16",
+  "--images=16",
+  "--timed_classes=0",
+  "--as_written=false",
+  "--device_calls=false",
+  "--isolation=",
+)
+
+
+def analysis_rows(result: Mapping[str, Any] | None = None) -> list[LimitRow]:
+  """`python benchmarks/mutual_throughput.py` (ANALYSIS_ARGS; or its JSON `result`): the
+  mutual-knowledge analysis per image, ours and the per-image reference at equal work, each
+  row's share being its vision towers' FLOPs over the whole analysis's time."""
+  # pylint: disable-next=import-outside-toplevel
+  from benchmarks.mutual_throughput import machine_limit_rows
+
+  result = result or _benchmark_json("mutual_throughput.py", ANALYSIS_ARGS)
+  ours, reference = machine_limit_rows(result)
+  rate = max(
+    r for r in (result["matmul"]["jax_gflop_per_s"], result["matmul"]["torch_gflop_per_s"]) if r
+  )
+  mode = result.get("mode") or "default"
+  sizes = (
+    f"{result['arch']}, {result['images']} images of one class, {result['descriptors']} "
+    f"descriptors, {mode} mode, CRF {'on' if result.get('crf') else 'off'}"
+  )
+  return [
+    LimitRow(
+      what=ours["what"],
+      unit="image",
+      seconds=ours["seconds"],
+      gflop=ours["gflop"],
+      fraction=ours["fraction"],
+      reference="per-image reference (PyTorch, scikit-learn, OpenCV)",
+      reference_seconds=reference["seconds"],
+      reference_fraction=reference["fraction"],
+      ratio=ours["ratio"],
+      rate_gflop_per_s=rate,
+      sizes=sizes,
+    )
+  ]
+
+
 #: The producers of the machine_limit table's rows, each measuring once (in order).
-MACHINE_LIMIT_ROWS: list[Callable[[], list[LimitRow]]] = [train_step_rows]
+MACHINE_LIMIT_ROWS: list[Callable[[], list[LimitRow]]] = [train_step_rows, analysis_rows]
 
 
 def machine_limit_table(rows: Sequence[LimitRow]) -> str:
@@ -1583,8 +1632,8 @@ SECTIONS: dict[str, Section] = {
   "machine_limit": Section(
     machine_limit_figures,
     ("machine_limit",),
-    "benchmarks/train_step.py at its default size: seconds, FLOPs, share of the matmul rate, "
-    "ratio against PyTorch eager",
+    "benchmarks/train_step.py at its default size and benchmarks/mutual_throughput.py (ViT-B-16, "
+    "16 images): seconds, FLOPs, share of the matmul rate, ratio against the reference",
     timed=True,
   ),
   "suite": Section(

@@ -6,6 +6,7 @@ section's generator gives what the command beside it prints (start_block and wor
 probe set); and no figure of the regenerated spans is typed by hand outside a region."""
 
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -671,6 +672,28 @@ def test_the_machine_limit_table_takes_rows_from_every_producer(figures, monkeyp
   assert lines[2].endswith("| a reference | 3.00 | 10.0% | **1.50x** |")
   assert [line.split("|")[1].strip() for line in lines[2:5]] == ["step A", "analysis B", "C"]
   assert lines[-1] == "On 2 CPU cores, one run: tiny."
+
+
+def test_the_analysis_row_reads_mutual_throughputs_json(figures):
+  """analysis_rows from a committed mutual_throughput run: ours per image against the per-image
+  reference at equal work, the share being the towers' FLOPs over the whole analysis's time."""
+  path = os.path.join(ROOT, "benchmarks", "results", "mutual_throughput_cpu_vitb16_towers.json")
+  with open(path, encoding="utf-8") as f:
+    result = json.load(f)
+  (row,) = figures.analysis_rows(result)
+  achieved, images = result["achieved"], result["images"]
+  assert row.unit == "image" and "MK analysis" in row.what
+  assert row.seconds == pytest.approx(achieved["jax_seconds"] / images, abs=1e-3)
+  assert row.reference_seconds == pytest.approx(
+    achieved["reference_equal_work_seconds"] / images, abs=1e-3
+  )
+  assert row.ratio == pytest.approx(row.reference_seconds / row.seconds, rel=0.01)
+  assert row.ratio > 1.5  # that run: 2.47x
+  assert row.fraction == achieved["jax_fraction_of_matmul"] and 0.3 < row.fraction < 1.5
+  assert row.rate_gflop_per_s == max(
+    result["matmul"]["jax_gflop_per_s"], result["matmul"]["torch_gflop_per_s"]
+  )
+  assert "ViT-B-16, 16 images of one class" in row.sizes
 
 
 def test_check_passes_a_timed_region_whose_timings_moved(figures, tmp_path, monkeypatch, capsys):
