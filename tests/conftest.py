@@ -101,7 +101,8 @@ def pytest_runtest_protocol(item, nextitem):
   if not path:
     yield
     return
-  worker = os.environ.get("PYTEST_XDIST_WORKER")
+  # An xdist worker's config carries `workerinput` (a pytest run inside a worker does not).
+  worker = getattr(item.config, "workerinput", {}).get("workerid")
   children = resource.getrusage(resource.RUSAGE_CHILDREN)
   start = time.perf_counter()
   with profiling.compilations() as compiled:

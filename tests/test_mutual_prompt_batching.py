@@ -264,9 +264,7 @@ def test_equal_regions_of_two_maps_are_prompted_once(tiny_synthetic, monkeypatch
   np.testing.assert_allclose(np.asarray(alone), np.asarray(b), atol=2e-6)
 
 
-def test_equal_reference_prompts_of_two_maps_go_through_the_tower_once(
-  tiny_synthetic, monkeypatch
-):
+def test_equal_reference_prompts_of_two_maps_go_through_the_tower_once(tiny_synthetic, monkeypatch):
   """ellipse="reference": regions of two maps are fitted apart (their ellipses may depend on
   each map's random draws), and those whose fitted prompts are equal (same image, stroke and
   filled pixels) go through the tower once; both maps get the embeddings each map's own call
