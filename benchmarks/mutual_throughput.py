@@ -113,50 +113,81 @@ from stori_jax.clip.encoding import l2_normalize
 from stori_jax.reference.parity_report import random_pair
 from benchmarks.machine_rate import matmul_rate  # the machine's rate, shared with train_step
 
-flags.DEFINE_string("arch", "", "open_clip architecture; empty: the tiny-synthetic model's config.")
-flags.DEFINE_integer("images", 16, "B, the images of the class.")
-flags.DEFINE_integer("descriptors", 500, "D, the size of the descriptor bank.")
-flags.DEFINE_integer("classes", 100, "C, zero-shot classes.")
-flags.DEFINE_integer("top_k", 0, "k of the intersection (0: D / 8, at most 500).")
-flags.DEFINE_integer("u", 50, "Language-side descriptors.")
-flags.DEFINE_string("json", None, "Also write the figures here.")
-flags.DEFINE_string(
-  "mode", "", "config.analysis.mode (reference / improved); empty: analysis_config's default."
-)
-flags.DEFINE_enum(
-  "compute_dtype",
-  "float32",
-  ["float32", "bfloat16"],
-  "config.analysis.compute_dtype of this pipeline's towers; the per-image side runs under "
-  "torch.autocast in the same dtype, and the matmul rate is measured in it.",
-)
-flags.DEFINE_integer("matmul", 4096, "Side of the square fp32 matmul timed for the machine's rate.")
-flags.DEFINE_integer(
-  "timed_classes",
-  1,
-  "Classes of new images (B each, a new seed per class) timed after the warm-up class, for the "
-  "host / device split and the compilations after warm-up.",
-)
-flags.DEFINE_bool(
-  "device_calls",
-  True,
-  "Count the device calls (compiled-program executions) of a steady-state class at the end.",
-)
-flags.DEFINE_list(
-  "isolation",
-  ["6", "48"],
-  "Batch sizes at which the tower alone (bundle.image_function, jitted, embeddings only) is "
-  "timed beside the matmul rate (tower_isolation in the JSON); empty: not timed.",
-)
-flags.DEFINE_bool(
-  "as_written",
-  True,
-  "Also time the per-image side as the reference's code is written (its scores encode the "
-  "image and descriptors again: slow); false: at equal work only.",
-)
-flags.DEFINE_bool(
-  "crf", False, "The dense CRF on both sides (the reference's needs SimpleCRF: else it runs off)."
-)
+
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """The benchmark's flags, on `values` (importing the module defines none: tests and
+  scripts/readme_figures.py import it for machine_limit_rows)."""
+  flags.DEFINE_string(
+    "arch",
+    "",
+    "open_clip architecture; empty: the tiny-synthetic model's config.",
+    flag_values=values,
+  )
+  flags.DEFINE_integer("images", 16, "B, the images of the class.", flag_values=values)
+  flags.DEFINE_integer(
+    "descriptors", 500, "D, the size of the descriptor bank.", flag_values=values
+  )
+  flags.DEFINE_integer("classes", 100, "C, zero-shot classes.", flag_values=values)
+  flags.DEFINE_integer(
+    "top_k", 0, "k of the intersection (0: D / 8, at most 500).", flag_values=values
+  )
+  flags.DEFINE_integer("u", 50, "Language-side descriptors.", flag_values=values)
+  flags.DEFINE_string("json", None, "Also write the figures here.", flag_values=values)
+  flags.DEFINE_string(
+    "mode",
+    "",
+    "config.analysis.mode (reference / improved); empty: analysis_config's default.",
+    flag_values=values,
+  )
+  flags.DEFINE_enum(
+    "compute_dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "config.analysis.compute_dtype of this pipeline's towers; the per-image side runs under "
+    "torch.autocast in the same dtype, and the matmul rate is measured in it.",
+    flag_values=values,
+  )
+  flags.DEFINE_integer(
+    "matmul",
+    4096,
+    "Side of the square fp32 matmul timed for the machine's rate.",
+    flag_values=values,
+  )
+  flags.DEFINE_integer(
+    "timed_classes",
+    1,
+    "Classes of new images (B each, a new seed per class) timed after the warm-up class, for the "
+    "host / device split and the compilations after warm-up.",
+    flag_values=values,
+  )
+  flags.DEFINE_bool(
+    "device_calls",
+    True,
+    "Count the device calls (compiled-program executions) of a steady-state class at the end.",
+    flag_values=values,
+  )
+  flags.DEFINE_list(
+    "isolation",
+    ["6", "48"],
+    "Batch sizes at which the tower alone (bundle.image_function, jitted, embeddings only) is "
+    "timed beside the matmul rate (tower_isolation in the JSON); empty: not timed.",
+    flag_values=values,
+  )
+  flags.DEFINE_bool(
+    "as_written",
+    True,
+    "Also time the per-image side as the reference's code is written (its scores encode the "
+    "image and descriptors again: slow); false: at equal work only.",
+    flag_values=values,
+  )
+  flags.DEFINE_bool(
+    "crf",
+    False,
+    "The dense CRF on both sides (the reference's needs SimpleCRF: else it runs off).",
+    flag_values=values,
+  )
+
+
 FLAGS = flags.FLAGS
 
 
@@ -843,4 +874,5 @@ def _main():
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

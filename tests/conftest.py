@@ -137,6 +137,19 @@ def release_workdir_locks():
   _use_test_cache()
 
 
+@pytest.fixture
+def compilation_cache_off(monkeypatch):
+  """For a test that counts XLA compilations: the run's persistent cache off while it runs
+  (in-process commands too), since another test, on either worker, may have put the same program
+  in it, which would then be read rather than compiled."""
+  monkeypatch.setenv(profiling.CACHE_ENV, "0")
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)  # subprocesses' JAX reads it
+  profiling.use_compilation_cache(False)
+  yield
+  monkeypatch.undo()
+  _use_test_cache()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def built_in_registries_only():
   """The registries as shipped when the tests start: tests/toy_plugins.py registers its toy

@@ -18,6 +18,9 @@ from stori_jax.fewshot import trainer
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
 from stori_jax.fewshot.text_classifier import WeightedTextClassifier
 
+# Counted compilations: the run's persistent cache must not serve them (conftest).
+pytestmark = pytest.mark.usefixtures("compilation_cache_off")
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 

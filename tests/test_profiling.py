@@ -3,8 +3,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from stori_jax.plumbing import profiling
+
+# Counted compilations: the run's persistent cache must not serve them (conftest).
+pytestmark = pytest.mark.usefixtures("compilation_cache_off")
 
 
 def test_a_new_shape_compiles_once_and_a_cached_call_does_not():
