@@ -16,8 +16,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def result():
   from benchmarks import gpu_check, train_step  # pylint: disable=import-outside-toplevel
+  from stori_jax.plumbing import profiling  # pylint: disable=import-outside-toplevel
 
   saved = gpu_check._global_precisions()  # pylint: disable=protected-access
+  # The compilations are counted: the run's persistent cache (conftest) must not serve them
+  # (conftest's autouse fixture turns it back on after the first test).
+  profiling.use_compilation_cache(False)
   try:
     opts = train_step.options(
       arch="test-tiny",
