@@ -13,6 +13,10 @@ PYTEST_MARK := $(if $(filter true 1,$(CI)),,-m "not slow")
 # on 2 CPU cores the suite is mostly XLA compiles, one core each. PYTEST_WORKERS=0 runs one.
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS := -n $(PYTEST_WORKERS) --dist worksteal --durations=10
+# The tests' persistent compilation cache, kept in this clone between runs (tests/conftest.py):
+# a second `make test` reads the programs the first compiled rather than compiling them again.
+# A clean clone (CI's) starts it empty. STORI_TEST_COMPILATION_CACHE=0 turns it off.
+TEST_CACHE := $(CURDIR)/.cache/test-compilation
 
 .PHONY: test test-all demo readme-figures install clean
 
@@ -35,6 +39,8 @@ $(STAMP): $(CORE_STAMP) setup.py
 install: $(STAMP)
 
 # Progress, then the ten slowest tests and every skip reason.
+test test-all: export STORI_TEST_COMPILATION_CACHE ?= $(TEST_CACHE)
+
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) $(PYTEST_MARK)
 
@@ -52,4 +58,4 @@ readme-figures: $(STAMP)
 	$(PY) scripts/readme_figures.py $(FIGURES_FLAGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info .cache

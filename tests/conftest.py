@@ -28,8 +28,13 @@ from stori_jax.plumbing import profiling, run_identity
 #: cache). Nothing is written to ~/.cache and nothing outlives the run, so every program a test
 #: needs is compiled once in the run. STORI_TEST_COMPILATION_CACHE=<folder> keeps a folder of
 #: your own (warm across runs: a developer's machine), =0 turns it off (every test compiles what
-#: it runs). The tests of the cache itself point it at folders of their own.
+#: it runs). The tests of the cache itself point it at folders of their own. `make test` keeps
+#: one in the clone's .cache/ (a second run reads what the first compiled; CI's clean clone
+#: starts it empty), bounded by JAX's least-recently-used eviction.
 TEST_CACHE_ENV = "STORI_TEST_COMPILATION_CACHE"
+#: A kept folder's bound (JAX_COMPILATION_CACHE_MAX_SIZE overrides it): one run of the whole
+#: suite writes about 30 MB, so this holds many runs' programs while the code changes.
+KEPT_CACHE_MAX_BYTES = 1 << 30
 _made_test_cache = False
 if TEST_CACHE_ENV not in os.environ:
   os.environ[TEST_CACHE_ENV] = tempfile.mkdtemp(prefix="stori-jax-test-compilation-cache-")
@@ -42,6 +47,11 @@ else:
   # Commands (in-process and the subprocesses that inherit this environment) use this folder.
   os.environ[profiling.CACHE_ENV] = "1"
   os.environ["JAX_COMPILATION_CACHE_DIR"] = TEST_CACHE
+  if not _made_test_cache:
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(KEPT_CACHE_MAX_BYTES))
+    jax.config.update(
+      "jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"])
+    )
 
 
 def _use_test_cache():

@@ -6,6 +6,8 @@ import importlib.util
 import json
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytest_plugins = ["pytester"]
 
@@ -57,7 +59,11 @@ def test_the_summary_splits_the_time_and_names_the_failures(tmp_path):
   assert lines[-2].endswith("tests/a.py::one") and lines[-1].endswith("tests/a.py::two [slow]")
 
 
-def test_the_breakdown_option_writes_a_record_per_test(pytester, tmp_path):
+@pytest.mark.usefixtures("compilation_cache_off")
+def test_the_breakdown_option_writes_a_record_per_test(pytester, tmp_path, monkeypatch):
+  # Its program compiled, not read from the run's cache (the conftest it loads would turn that
+  # on again unless told not to).
+  monkeypatch.setenv("STORI_TEST_COMPILATION_CACHE", "0")
   pytester.makeconftest(
     "from importlib.machinery import SourceFileLoader\n"
     f"SourceFileLoader('root_conftest', {os.path.join(ROOT, 'tests', 'conftest.py')!r})"
