@@ -505,17 +505,26 @@ def test_every_covered_figure_of_the_docs_is_in_a_generated_region(figures):
 def test_the_suite_section_reads_pytest_s_summary(figures, monkeypatch, summary, want):
   import subprocess  # pylint: disable=import-outside-toplevel
 
-  seen = {}
+  runs = []
 
   def fake_run(args, **kwargs):
-    seen["args"], seen["env"] = args, kwargs["env"]
-    return subprocess.CompletedProcess(args, 0, stdout=f"....\n{summary}\n", stderr="")
+    cache = kwargs["env"]["STORI_TEST_COMPILATION_CACHE"]
+    runs.append((args, kwargs["env"], os.listdir(cache)))
+    with open(os.path.join(cache, f"program-{len(runs)}"), "w", encoding="utf-8") as f:
+      f.write("compiled")
+    last = summary if len(runs) == 1 else "1 passed in 15.20s"  # the run again, cache warm
+    return subprocess.CompletedProcess(args, 0, stdout=f"....\n{last}\n", stderr="")
 
   monkeypatch.setattr(subprocess, "run", fake_run)
   monkeypatch.setattr(figures, "machine", lambda: "2 CPU cores")
   monkeypatch.setenv("CI", "true")
-  assert figures.suite_figures() == {"suite.default": want}
-  assert seen["args"][-2:] == ["-m", "not slow"] and "CI" not in seen["env"]
+  monkeypatch.setenv("STORI_TEST_COMPILATION_CACHE", "0")
+  assert figures.suite_figures() == {"suite.default": want, "suite.default_warm": "about 15 s"}
+  # Both runs as `make test` runs them; the first on an empty cache, the second on what it left.
+  assert [args[-2:] for args, _, _ in runs] == [["-m", "not slow"]] * 2
+  assert all("CI" not in env for _, env, _ in runs)
+  assert [listed for _, _, listed in runs] == [[], ["program-1"]]
+  assert not os.path.exists(runs[0][1]["STORI_TEST_COMPILATION_CACHE"])  # removed after
 
 
 def test_the_suite_section_refuses_a_failing_suite(figures, monkeypatch):
