@@ -406,8 +406,8 @@ def test_the_holder_renews_its_heartbeat_and_notices_a_takeover(gcs_bucket, monk
 _CLAIM = """
 import sys, time
 from stori_jax.plumbing import run_identity
-start = float(sys.argv[2])
-time.sleep(max(0.0, start - time.time()))
+print("ready", flush=True)
+sys.stdin.readline()  # both processes imported: claim at once
 try:
   run_identity.lock_workdir(sys.argv[1])
   print("held", flush=True)
@@ -422,17 +422,21 @@ def test_two_processes_claiming_at_once_get_one_lock(gcs_bucket, gcs_emulator):
   """The emulator does not check ifGenerationMatch (GCS does): the read-back after
   LOCK_SETTLE_S decides the race here."""
   url = f"gs://{gcs_bucket}/race"
-  start = time.time() + 8  # both processes imported by then
   processes = [
     subprocess.Popen(
-      [sys.executable, "-c", _CLAIM, url, str(start)],
+      [sys.executable, "-c", _CLAIM, url],
       cwd=REPO,
       env=_env(gcs_emulator),
+      stdin=subprocess.PIPE,
       stdout=subprocess.PIPE,
       text=True,
     )
     for _ in range(2)
   ]
+  assert [p.stdout.readline().strip() for p in processes] == ["ready", "ready"]
+  for p in processes:
+    p.stdin.write("go\n")
+    p.stdin.flush()
   outcomes = sorted(p.communicate(timeout=120)[0].strip() for p in processes)
   assert outcomes == ["busy", "held"]
 
