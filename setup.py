@@ -58,10 +58,12 @@ EXTRAS = {
   # hypothesis generates the prompts of the parser/tokenizer property test; the reference
   # ellipse test compares pixels with OpenCV as the reference ran it (4.x: 4.13 changed the
   # line rasteriser); ruff checks the code's format (tests/test_style.py); gcp-storage-emulator
-  # is the local GCS that the gs:// tests start.
+  # is the local GCS that the gs:// tests start; filelock guards the LRU eviction of the
+  # compilation cache `make test` keeps (JAX needs it once a size bound is set).
   "test": [
     "pytest>=7.4",
     "pytest-xdist>=3.5",
+    "filelock>=3.12",
     "ruff>=0.6",
     "playwright>=1.40",
     "hypothesis>=6.100",
