@@ -38,9 +38,9 @@ $(STAMP): $(CORE_STAMP) setup.py
 
 install: $(STAMP)
 
-# Progress, then the ten slowest tests and every skip reason.
 test test-all: export STORI_TEST_COMPILATION_CACHE ?= $(TEST_CACHE)
 
+# Progress, then the ten slowest tests and every skip reason.
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) $(PYTEST_MARK)
 

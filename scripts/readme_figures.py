@@ -1544,10 +1544,14 @@ def suite_run(marks: str | None, cache: str) -> tuple[dict[str, int], float]:
   return counts, float(seconds)
 
 
+def _suite_time(seconds: float) -> str:
+  # A suite is read in minutes ("about 6 minutes"), a short one in seconds.
+  return about(seconds) if seconds < 100 else f"about {round(seconds / 60)} minutes"
+
+
 def _suite_sentence(counts: Mapping[str, int], seconds: float) -> str:
   skipped = counts.get("skipped", 0)
-  # A suite is read in minutes ("about 6 minutes"), a short one in seconds.
-  took = about(seconds) if seconds < 100 else f"about {round(seconds / 60)} minutes"
+  took = _suite_time(seconds)
   return f"{took} on {machine()} ({counts.get('passed', 0)} passed, {skipped} skipped)"
 
 
@@ -1557,8 +1561,7 @@ def suite_figures() -> dict[str, str]:
   with tempfile.TemporaryDirectory(prefix="suite-compilation-cache-") as cache:
     counts, cold = suite_run("not slow", cache)
     _, warm = suite_run("not slow", cache)
-  took = about(warm) if warm < 100 else f"about {round(warm / 60)} minutes"
-  return {"suite.default": _suite_sentence(counts, cold), "suite.default_warm": took}
+  return {"suite.default": _suite_sentence(counts, cold), "suite.default_warm": _suite_time(warm)}
 
 
 def suite_all_figures() -> dict[str, str]:

@@ -25,8 +25,8 @@ from stori_jax.plumbing import profiling, run_identity
 #: when the run ends. Commands rebuild their jitted functions on every run, so a file whose tests
 #: run a command several times (resume, damage, reruns) compiled each program again in every
 #: test (tests/test_checkpointing.py's three slow tests: 161 programs compiled, 100 with the
-#: cache). Nothing is written to ~/.cache and nothing outlives the run, so every program a test
-#: needs is compiled once in the run. STORI_TEST_COMPILATION_CACHE=<folder> keeps a folder of
+#: cache). Nothing is written to ~/.cache and, unless a folder is given, nothing outlives the
+#: run, so every program a test needs is compiled once in the run. STORI_TEST_COMPILATION_CACHE=<folder> keeps a folder of
 #: your own (warm across runs: a developer's machine), =0 turns it off (every test compiles what
 #: it runs). The tests of the cache itself point it at folders of their own. `make test` keeps
 #: one in the clone's .cache/ (a second run reads what the first compiled; CI's clean clone
