@@ -41,10 +41,35 @@ def _run(command, timeout=600, **kwargs) -> subprocess.CompletedProcess:
   )
 
 
+#: The one-device run's length: the run the resume, device-count and multi-process tests
+#: compare with (8 epochs leave steps after the checkpoint at 4 for a kill to land in).
+EPOCHS = 8
+
+
+@pytest.fixture(scope="module")
+def one_device_run(tmp_path_factory, tiny_random_model):
+  """(completed process, workdir) of the short demo run, EPOCHS steps, as a program on one CPU
+  device: made once for the tests that check its outputs or compare another run with it."""
+  workdir = tmp_path_factory.mktemp("one_device")
+  result = _run(_command(workdir, tiny_random_model, f"--config.epochs={EPOCHS}"), env=_devices(1))
+  return result, workdir
+
+
+def _devices(count: int) -> dict:
+  """The environment of a run on `count` CPU devices."""
+  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}")
+
+
+def _trained(workdir):
+  """The trained token weights of a run, prompt after prompt."""
+  weights = json.loads((workdir / "weights.json").read_text())
+  return np.concatenate([w["token_weights"] for w in weights])
+
+
 @pytest.mark.slow
-def test_train_writes_its_reports(tmp_path, tiny_random_model):
+def test_train_writes_its_reports(one_device_run):
   # The one short run of `python -m stori_jax.train` as a program.
-  result = _run(_command(tmp_path, tiny_random_model, "--config.epochs=3"))
+  result, tmp_path = one_device_run
   assert result.returncode == 0, result.stderr[-3000:]
   assert "zero-shot accuracy" in result.stdout and "top words" in result.stdout
   assert "word-rank AUC" in result.stdout
@@ -60,7 +85,7 @@ def test_train_writes_its_reports(tmp_path, tiny_random_model):
   ):
     assert (tmp_path / name).exists(), name
   metrics = json.loads((tmp_path / "metrics.json").read_text())
-  assert metrics["steps"] == 3 and metrics["num_prompts"] == 96
+  assert metrics["steps"] == EPOCHS and metrics["num_prompts"] == 96
   assert set(metrics["trained"]["per_class"]) == set(metrics["zero_shot"]["per_class"])
   assert list(metrics["zero_shot"]["per_class"]) == list(metrics["config"]["data"]["class_names"])
   assert all(0 <= auc <= 1 for auc in metrics["word_rank_auc"].values())
@@ -157,15 +182,16 @@ def test_run_scores_words_with_the_report_hook_of_its_dataset(tmp_path, tiny_ran
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_random_model):
-  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-  args = ("--config.epochs=8",)
-  _run(_command(straight, tiny_random_model, *args), check=True)
+def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_random_model, one_device_run):
+  straight, resumed = one_device_run[1], tmp_path / "resumed"
+  assert one_device_run[0].returncode == 0, one_device_run[0].stderr[-3000:]
+  args = (f"--config.epochs={EPOCHS}",)
   process = subprocess.Popen(
     _command(resumed, tiny_random_model, *args),
     cwd=REPO,
     stdout=subprocess.DEVNULL,
     stderr=subprocess.DEVNULL,
+    env=_devices(1),  # as the straight run
   )
   deadline = time.time() + 600
   while (
@@ -177,31 +203,22 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_random_model):
   process.send_signal(signal.SIGKILL)
   process.wait()
   assert not (resumed / "metrics.json").exists(), "the run finished before it could be killed"
-  _run(_command(resumed, tiny_random_model, *args), check=True)
-  a = json.loads((straight / "weights.json").read_text())
-  b = json.loads((resumed / "weights.json").read_text())
-  np.testing.assert_array_equal(
-    np.concatenate([w["token_weights"] for w in a]), np.concatenate([w["token_weights"] for w in b])
-  )
+  _run(_command(resumed, tiny_random_model, *args), check=True, env=_devices(1))
+  np.testing.assert_array_equal(_trained(straight), _trained(resumed))
 
 
 @pytest.mark.slow
-def test_one_and_eight_devices_agree(tmp_path, tiny_random_model):
-  runs = {}
-  for devices in (1, 8):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    workdir = tmp_path / f"d{devices}"
-    _run(_command(workdir, tiny_random_model, "--config.epochs=4"), check=True, env=env)
-    runs[devices] = (
-      json.loads((workdir / "metrics.json").read_text()),
-      json.loads((workdir / "weights.json").read_text()),
-    )
-  assert runs[8][0]["num_devices"] == 8
-  one = np.concatenate([w["token_weights"] for w in runs[1][1]])
-  eight = np.concatenate([w["token_weights"] for w in runs[8][1]])
+def test_one_and_eight_devices_agree(tmp_path, tiny_random_model, one_device_run):
+  assert one_device_run[0].returncode == 0, one_device_run[0].stderr[-3000:]
+  runs = {1: one_device_run[1], 8: tmp_path / "d8"}
+  _run(
+    _command(runs[8], tiny_random_model, f"--config.epochs={EPOCHS}"), check=True, env=_devices(8)
+  )
+  metrics = {d: json.loads((w / "metrics.json").read_text()) for d, w in runs.items()}
+  assert metrics[1]["num_devices"] == 1 and metrics[8]["num_devices"] == 8
   # Sums over prompts are reduced in a different order on 8 devices: float32 rounding only.
-  np.testing.assert_allclose(one, eight, rtol=0, atol=1e-4)
-  assert runs[1][0]["trained"]["accuracy"] == runs[8][0]["trained"]["accuracy"]
+  np.testing.assert_allclose(_trained(runs[1]), _trained(runs[8]), rtol=0, atol=1e-4)
+  assert metrics[1]["trained"]["accuracy"] == metrics[8]["trained"]["accuracy"]
 
 
 @pytest.mark.slow
@@ -237,11 +254,11 @@ def test_demo_beats_zero_shot_and_weights_find_the_discriminative_words(tmp_path
 
 
 @pytest.mark.slow
-def test_two_processes_match_one(tmp_path, tiny_random_model):
+def test_two_processes_match_one(tmp_path, tiny_random_model, one_device_run):
   """The multi-host path: 2 processes x 2 CPU devices (jax.distributed) vs 1 process."""
-  single = _run(_command(tmp_path / "single", tiny_random_model, "--config.epochs=3"))
+  single, single_dir = one_device_run
   assert single.returncode == 0, single.stderr[-3000:]
-  multi_args = _flags(tmp_path / "multi", tiny_random_model, "--config.epochs=3")
+  multi_args = _flags(tmp_path / "multi", tiny_random_model, f"--config.epochs={EPOCHS}")
   env = dict(os.environ, PYTHON=sys.executable, DEVICES_PER_PROCESS="2")
   multi = _run(
     ["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", *multi_args],
@@ -249,16 +266,9 @@ def test_two_processes_match_one(tmp_path, tiny_random_model):
     env=env,
   )
   assert multi.returncode == 0, multi.stderr[-3000:]
-  a = json.loads((tmp_path / "single" / "weights.json").read_text())
-  b = json.loads((tmp_path / "multi" / "weights.json").read_text())
   metrics = json.loads((tmp_path / "multi" / "metrics.json").read_text())
   assert metrics["num_devices"] == 4
-  np.testing.assert_allclose(
-    np.concatenate([w["token_weights"] for w in a]),
-    np.concatenate([w["token_weights"] for w in b]),
-    rtol=0,
-    atol=1e-4,
-  )
+  np.testing.assert_allclose(_trained(single_dir), _trained(tmp_path / "multi"), rtol=0, atol=1e-4)
 
 
 def test_missing_dataset_stops_with_what_to_download(tmp_path, run_command):
