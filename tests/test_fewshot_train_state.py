@@ -2,6 +2,7 @@
 step's outputs are, in one compiled program (issue 25: the step compiled twice and its eager
 optimiser init a program per op and bucket shape)."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -18,8 +19,21 @@ from stori_jax.fewshot import trainer
 from stori_jax.fewshot.prompt_bank import build_prompt_bank
 from stori_jax.fewshot.text_classifier import WeightedTextClassifier
 
-# Counted compilations: the run's persistent cache must not serve them (conftest).
-pytestmark = pytest.mark.usefixtures("compilation_cache_off")
+
+@contextlib.contextmanager
+def _uncached():
+  """The persistent compilation cache off while a block's compilations are counted (another
+  test may have put the same programs in it, which would be read rather than compiled); on
+  again after. Only the counted blocks: the bundle, prompt bank and prefix before them are the
+  ones other tests compile, and the run's cache serves them."""
+  restore = jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir
+  profiling.use_compilation_cache(False)
+  try:
+    yield
+  finally:
+    if restore:
+      profiling.use_compilation_cache(True)  # JAX_COMPILATION_CACHE_DIR: the run's folder
+
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
@@ -50,9 +64,9 @@ def _compiles_of_three_steps(method_name: str) -> dict:
   labels = classifier.replicate(np.array([0, 1, 2, 0], np.int32))
   params = method.init()
   replicated = NamedSharding(classifier.mesh, PartitionSpec())
-  with profiling.compilations() as state_compiles:
+  with _uncached(), profiling.compilations() as state_compiles:
     state = trainer.init_train_state(method, params, replicated)
-  with profiling.compilations() as step_compiles:
+  with _uncached(), profiling.compilations() as step_compiles:
     for _ in range(3):
       state, metrics = step(state, method.context, features, labels)
     jax.block_until_ready(state)
