@@ -1,5 +1,7 @@
 """SToRI's reweighted attention through the text tower (paper Eq. 4)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,8 +31,12 @@ def bundle():
   params = init_params(CONFIG, seed=3)
   # Non-trivial LayerNorms and biases, so the numpy reference checks every term.
   rng = np.random.default_rng(0)
+  # Added in numpy (the same float32 sums): jnp's eager add compiled a program per shape.
   params = jax.tree_util.tree_map(
-    lambda p: p + 0.05 * rng.standard_normal(np.shape(p)).astype(np.float32), params
+    lambda p: jax.device_put(
+      np.asarray(p) + 0.05 * rng.standard_normal(np.shape(p)).astype(np.float32)
+    ),
+    params,
   )
   return stori_jax.CLIPBundle(config=CONFIG, params=params)
 
@@ -124,23 +130,30 @@ def test_weights_change_the_embedding_monotonically(bundle):
   assert distances[0] == 0 and all(a < b for a, b in zip(distances, distances[1:]))
 
 
+@jax.jit
+def _block_eot_share(block, x, mask, log_w, eot, position):
+  """One block's mean over heads of the EOT query's attention to `position` (one program for
+  every block, rather than an eager program per op)."""
+  mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+  h = (x - mean) / jnp.sqrt(var + 1e-5) * block["ln_1"]["scale"] + block["ln_1"]["bias"]
+  q, k = (h @ block["attn"][n]["kernel"] + block["attn"][n]["bias"] for n in ("query", "key"))
+  split = lambda t: t.reshape(*t.shape[:2], CONFIG.text.heads, -1)
+  probs = attention_probs(split(q), split(k), mask, log_w)
+  return probs[0, :, eot, position].mean()
+
+
 def _eot_attention_share(bundle, ids, weights, position, start_block):
   """Mean over heads of the EOT query's attention to `position`, at every block."""
   params = bundle.params["text"]
   _, hidden = bundle.text_hidden_states(ids, weights, start_block=start_block)
   eot = int(np.argmax(ids[0] == CONFIG.text.eot_token_id))
   log_w = jnp.log(jnp.asarray(weights))
+  mask = np.tril(np.ones((ids.shape[1],) * 2, bool))
   shares = []
   for i in range(CONFIG.text.layers):
-    block = params[f"resblocks_{i}"]
-    x = hidden[i]
-    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
-    h = (x - mean) / jnp.sqrt(var + 1e-5) * block["ln_1"]["scale"] + block["ln_1"]["bias"]
-    q, k = (h @ block["attn"][n]["kernel"] + block["attn"][n]["bias"] for n in ("query", "key"))
-    split = lambda t: t.reshape(*t.shape[:2], CONFIG.text.heads, -1)
-    mask = jnp.tril(jnp.ones((ids.shape[1],) * 2, bool))
-    probs = attention_probs(split(q), split(k), mask, log_w if i >= start_block - 1 else None)
-    shares.append(float(probs[0, :, eot, position].mean()))
+    block_log_w = log_w if i >= start_block - 1 else None
+    share = _block_eot_share(params[f"resblocks_{i}"], hidden[i], mask, block_log_w, eot, position)
+    shares.append(float(share))
   return np.array(shares)
 
 
@@ -161,21 +174,29 @@ def test_raising_a_weight_raises_its_eot_attention_at_every_reweighted_block(bun
   )
 
 
+@functools.partial(jax.jit, static_argnames="dtype")
+def _sum_of_squares_and_grad(params, ids, log_w, dtype):
+  """sum(features**2) and its gradient in log w, jitted as training runs them (eagerly, the
+  forward and backward passes compiled a program per op)."""
+  model = CLIP(CONFIG, dtype=dtype)
+
+  def loss(log_weights):
+    features = model.apply(
+      {"params": params}, ids, log_weights, (2, 3, 4, 5), method=CLIP.encode_text
+    )
+    return jnp.sum(features**2)
+
+  return jax.value_and_grad(loss)(log_w)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("weight", [0.0, 1e-3, 1.0, 1e3])
 def test_gradients_wrt_log_weights_are_finite(bundle, weight, dtype):
   ids, _ = bundle.tokenize(["a photo of a red striped circle"], with_weights=True)
-  model = CLIP(CONFIG, dtype=dtype)
   log_w = np.zeros(ids.shape, np.float32)
   log_w[0, 5] = np.log(np.float32(weight)) if weight else -np.inf
-
-  def loss(log_weights):
-    features = model.apply(
-      {"params": bundle.params}, ids, log_weights, (2, 3, 4, 5), method=CLIP.encode_text
-    )
-    return jnp.sum(features**2)
-
-  value, grad = jax.value_and_grad(loss)(jnp.asarray(log_w))
+  value, grad = _sum_of_squares_and_grad(bundle.params, ids, jnp.asarray(log_w), dtype=dtype)
+  grad = np.asarray(grad)
   assert np.isfinite(value) and np.all(np.isfinite(grad))
   if 0 < weight < 1e3:
     assert np.abs(grad[0, 5]) > 0  # The weighted token matters.
@@ -184,23 +205,28 @@ def test_gradients_wrt_log_weights_are_finite(bundle, weight, dtype):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_zero_weight_excludes_the_token(dtype):
   """w = 0 is the same as deleting the key: exact exclusion, no NaN/inf."""
+  # Inputs built and cut in numpy (the same values: the cast is elementwise), so that only the
+  # functions under test compile programs.
   rng = np.random.default_rng(0)
-  q, k, v = (jnp.asarray(rng.standard_normal((2, 6, 2, 4)), dtype) for _ in range(3))
-  mask = jnp.tril(jnp.ones((6, 6), bool))
-  log_w = jnp.zeros((2, 6)).at[:, 2].set(-jnp.inf)
+  q_np, k_np, v_np = (rng.standard_normal((2, 6, 2, 4)) for _ in range(3))
+  q, k, v = (jnp.asarray(a, dtype) for a in (q_np, k_np, v_np))
+  mask = np.tril(np.ones((6, 6), bool))
+  log_w = np.zeros((2, 6), np.float32)
+  log_w[:, 2] = -np.inf
   out = reweighted_attention(q, k, v, mask, log_w)
   assert np.all(np.isfinite(np.asarray(out, np.float32)))
-  probs = attention_probs(q, k, mask, log_w)
-  assert float(jnp.abs(probs[..., 2]).max()) == 0.0
+  probs = jax.jit(attention_probs)(q, k, mask, log_w)
+  assert float(np.abs(np.asarray(probs)[..., 2]).max()) == 0.0
   keep = np.array([0, 1, 3, 4, 5])
-  expected = reweighted_attention(q[:, keep], k[:, keep], v[:, keep], mask[keep][:, keep])
+  q_keep, k_keep, v_keep = (jnp.asarray(a[:, keep], dtype) for a in (q_np, k_np, v_np))
+  expected = reweighted_attention(q_keep, k_keep, v_keep, mask[keep][:, keep])
   tol = 1e-6 if dtype == jnp.float32 else 1e-2
   np.testing.assert_allclose(
-    np.asarray(out[:, keep], np.float32), np.asarray(expected, np.float32), atol=tol
+    np.asarray(out, np.float32)[:, keep], np.asarray(expected, np.float32), atol=tol
   )
-  grad = jax.grad(lambda lw: jnp.sum(reweighted_attention(q, k, v, mask, lw).astype(jnp.float32)))(
-    log_w
-  )
+  grad = jax.jit(
+    jax.grad(lambda lw: jnp.sum(reweighted_attention(q, k, v, mask, lw).astype(jnp.float32)))
+  )(log_w)
   assert np.all(np.isfinite(grad))
 
 
