@@ -3,6 +3,7 @@
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,6 +12,17 @@ import scipy.stats
 from mutual import data, descriptors, information, transport
 
 SHARED_DESCRIPTORS = "/work/shared/data/descriptors"
+
+# The library's per-image functions jitted, as the pipeline runs them (inside jitted batch
+# functions): called eagerly, they compiled a program per op and shape.
+masked_median = jax.jit(descriptors._masked_median)
+reference_plan = jax.jit(transport.reference_plan)
+ott_plan = jax.jit(transport.ott_plan)
+choice_entropy = jax.jit(transport.choice_entropy)
+top_descriptors = jax.jit(transport.top_descriptors, static_argnames="top")
+importance_order = jax.jit(information.importance_order)
+match_table = jax.jit(information.match_table)
+mutual_information = jax.jit(information.mutual_information, static_argnames="formula")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +115,7 @@ def test_masked_median_matches_numpy():
     values = rng.normal(size=20).astype(np.float32)
     mask = np.zeros(20, bool)
     mask[rng.choice(20, n, replace=False)] = True
-    got = float(descriptors._masked_median(jnp.asarray(values), jnp.asarray(mask)))
+    got = float(masked_median(values, mask))
     assert got == pytest.approx(float(np.median(values[mask])), abs=1e-6)
 
 
@@ -132,7 +144,7 @@ def test_language_concepts_match_argsort():
 def test_reference_plan_matches_numpy_loop():
   rng = np.random.default_rng(3)
   scores = rng.uniform(0.1, 0.35, size=(5, 30)).astype(np.float32)
-  got = transport.reference_plan(jnp.asarray(scores), jnp.ones(5, bool), jnp.ones(30, bool))
+  got = reference_plan(scores, np.ones(5, bool), np.ones(30, bool))
   np.testing.assert_allclose(np.asarray(got), np_sinkhorn(scores), rtol=1e-4, atol=1e-7)
 
 
@@ -142,10 +154,10 @@ def test_masked_plans_equal_the_plans_of_the_valid_block():
   rows = np.array([True, True, False, True, True])
   cols = rng.random(30) < 0.5
   block = scores[rows][:, cols]
-  ref = np.asarray(transport.reference_plan(scores, rows, cols))
+  ref = np.asarray(reference_plan(scores, rows, cols))
   np.testing.assert_allclose(ref[rows][:, cols], np_sinkhorn(block), rtol=1e-4, atol=1e-7)
   assert np.all(ref[~rows] == 0) and np.all(ref[:, ~cols] == 0)
-  ott = np.asarray(transport.ott_plan(scores, rows, cols))
+  ott = np.asarray(ott_plan(scores, rows, cols))
   assert np.all(np.isfinite(ott)) and np.all(ott[~rows] == 0) and np.all(ott[:, ~cols] == 0)
 
 
@@ -153,14 +165,12 @@ def test_masked_plans_equal_the_plans_of_the_valid_block():
 def test_ott_and_reference_agree_at_convergence(seed):
   """Both are diag(u) K diag(v) of the same kernel: proportional plans, the same top 3."""
   rng = np.random.default_rng(seed)
-  scores = jnp.asarray(rng.uniform(0.1, 0.35, size=(2, 5, 40)).astype(np.float32))
-  valid = jnp.ones((2, 5), bool)
-  cand = jnp.asarray(rng.random((2, 40)) < 0.7)
-  ref = transport.reference_plan(scores[0], valid[0], cand[0])
-  ott = transport.ott_plan(scores[0], valid[0], cand[0])
-  np.testing.assert_allclose(
-    np.asarray(ott) / float(ott.sum()), np.asarray(ref) / float(ref.sum()), atol=1e-5
-  )
+  scores = rng.uniform(0.1, 0.35, size=(2, 5, 40)).astype(np.float32)
+  valid = np.ones((2, 5), bool)
+  cand = rng.random((2, 40)) < 0.7
+  ref = np.asarray(reference_plan(scores[0], valid[0], cand[0]))
+  ott = np.asarray(ott_plan(scores[0], valid[0], cand[0]))
+  np.testing.assert_allclose(ott / float(ott.sum()), ref / float(ref.sum()), atol=1e-5)
   a, va = transport.concept_descriptors(scores, valid, cand, solver="ott")
   b, vb = transport.concept_descriptors(scores, valid, cand, solver="reference")
   np.testing.assert_array_equal(np.asarray(va), np.asarray(vb))
@@ -182,8 +192,8 @@ def test_ot_diversifies_concepts_that_share_a_favourite():
   np.testing.assert_array_equal(np.asarray(ot), np.asarray(ref))
   np.testing.assert_array_equal(np.asarray(early), np.asarray(raw))
   assert np.all(np.sort(np.asarray(raw)[0], axis=1) == [0, 1, 2])
-  h_raw = float(transport.choice_entropy(raw[0], raw_ok[0]))
-  h_ot = float(transport.choice_entropy(ot[0], ot_ok[0]))
+  h_raw = float(choice_entropy(raw[0], raw_ok[0]))
+  h_ot = float(choice_entropy(ot[0], ot_ok[0]))
   assert h_raw == pytest.approx(np.log(3), abs=1e-5)
   assert h_ot > h_raw + 0.5
 
@@ -203,10 +213,11 @@ def test_single_concept_ties_go_to_the_best_raw_scores_for_both_solvers():
 
 
 def test_top_descriptors_with_fewer_candidates_than_top():
-  scores = jnp.asarray(np.random.default_rng(6).normal(size=(3, 8)).astype(np.float32))
-  cols = jnp.zeros(8, bool).at[jnp.array([1, 6])].set(True)
-  rows = jnp.array([True, True, False])
-  ids, ok = transport.top_descriptors(scores, rows, cols, top=3)
+  scores = np.random.default_rng(6).normal(size=(3, 8)).astype(np.float32)
+  cols = np.zeros(8, bool)
+  cols[[1, 6]] = True
+  rows = np.array([True, True, False])
+  ids, ok = top_descriptors(scores, rows, cols, top=3)
   assert np.asarray(ok).sum(1).tolist() == [2, 2, 0]
   assert set(np.asarray(ids)[0, :2].tolist()) == {1, 6}
 
@@ -216,7 +227,7 @@ def test_choice_entropy_matches_scipy():
   valid = jnp.array([[True, True, True], [True, True, False], [True, False, False]])
   picks = np.asarray(ids)[np.asarray(valid)]
   _, counts = np.unique(picks, return_counts=True)
-  assert float(transport.choice_entropy(ids, valid)) == pytest.approx(scipy.stats.entropy(counts))
+  assert float(choice_entropy(ids, valid)) == pytest.approx(scipy.stats.entropy(counts))
 
 
 def test_solver_is_checked():
@@ -240,13 +251,12 @@ def test_solver_is_checked():
   ],
 )
 def test_mi_formulas_on_hand_made_tables(x, y, k):
-  xv = jnp.asarray(x)
-  table = information.match_table(xv, jnp.ones(len(x), bool), jnp.asarray(y))
+  table = np.asarray(match_table(np.asarray(x), np.ones(len(x), bool), np.asarray(y)))
   assert float(table.sum()) == k
   n, m = len(x), len(y)
-  ref = float(information.mutual_information(table, n, m, "reference"))
-  eq1 = float(information.mutual_information(table, n, m, "eq1"))
-  tab = float(information.mutual_information(table, n, m, "table"))
+  ref = float(mutual_information(table, n, m, "reference"))
+  eq1 = float(mutual_information(table, n, m, "eq1"))
+  tab = float(mutual_information(table, n, m, "table"))
   assert ref == pytest.approx(np_reference_mi(x, y), abs=1e-5)
   if k:
     assert ref == pytest.approx(np.log(n * m * k), abs=1e-5)
@@ -290,10 +300,10 @@ def test_mi_curves_match_the_reference_deletion_loop():
 
 
 def test_importance_order_drops_duplicates_and_sorts_by_image_score():
-  ids = jnp.array([[5, 2, 9], [2, 7, 0], [3, 3, 3]])
-  valid = jnp.array([[True, True, True], [True, True, False], [False, False, False]])
-  image = jnp.asarray(np.linspace(0.0, 1.0, 10).astype(np.float32))  # score = id / 9
-  order, keep, scores = information.importance_order(ids, valid, image)
+  ids = np.array([[5, 2, 9], [2, 7, 0], [3, 3, 3]], np.int32)
+  valid = np.array([[True, True, True], [True, True, False], [False, False, False]])
+  image = np.linspace(0.0, 1.0, 10).astype(np.float32)  # score = id / 9
+  order, keep, scores = importance_order(ids, valid, image)
   n = int(keep.sum())
   assert np.asarray(order)[:n].tolist() == [9, 7, 5, 2]
   assert not np.asarray(keep)[n:].any()
