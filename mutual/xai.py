@@ -74,6 +74,7 @@ def blur_images(images: jax.Array, size: int, sigma: float) -> jax.Array:
   return jax.vmap(lambda x: visual_prompts.gaussian_blur(x, size, sigma))(images)
 
 
+@jax.jit  # one program, rather than one per op: it runs once per batch
 def cumulative_masks(concept_masks: jax.Array, valid: jax.Array) -> jax.Array:
   """The regions perturbed after each step.
 

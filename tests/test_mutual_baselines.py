@@ -89,7 +89,8 @@ def test_cbm_explanation_is_the_largest_contributions_to_the_explained_class(tra
   tokens = cached.tokens[:5]
   predicted = np.array([0, 1, 2, 0, 1])
   out = bottleneck.explain_bottleneck(model, result.params, tokens, desc, predicted, 3, 0.5)
-  _, u, attention = model.apply({"params": result.params}, cache.flat_tokens(tokens), desc)
+  # Jitted, as explain_bottleneck runs it (eagerly, a program per op).
+  _, u, attention = jax.jit(model.apply)({"params": result.params}, cache.flat_tokens(tokens), desc)
   w = np.asarray(result.params["classifier"]["kernel"])  # [D, C]
   for i, p in enumerate(predicted):
     contribution = np.asarray(u[i]) * w[:, p]
@@ -104,7 +105,9 @@ def test_protosim_assigns_every_token_to_exactly_one_descriptor(trained):
   cached = _toy()
   desc = _descriptors()
   model, result = trained["gumbel"]
-  _, _, attention = model.apply({"params": result.params}, cache.flat_tokens(cached.tokens), desc)
+  _, _, attention = jax.jit(model.apply)(
+    {"params": result.params}, cache.flat_tokens(cached.tokens), desc
+  )
   np.testing.assert_allclose(np.asarray(attention).sum(axis=1), 1.0, atol=1e-6)
   assert set(np.unique(np.round(np.asarray(attention), 6))) <= {0.0, 1.0}
   out = bottleneck.explain_bottleneck(
@@ -153,7 +156,9 @@ def test_feature_map_concepts_match_a_numpy_reference():
 
 
 def test_dropblock_drops_square_blocks_at_about_the_rate():
-  keep = np.asarray(feature_maps.dropblock(jax.random.PRNGKey(0), (400, 14, 14), 0.3, 3))
+  # Jitted, as training runs it inside its step (eagerly, a program per op).
+  dropblock = jax.jit(feature_maps.dropblock, static_argnums=(1, 2, 3))
+  keep = np.asarray(dropblock(jax.random.PRNGKey(0), (400, 14, 14), 0.3, 3))
   assert set(np.unique(keep)) <= {0.0, 1.0}
   assert 0.55 < keep.mean() < 0.85
   # Every dropped patch lies in a fully dropped 3 x 3 block.
@@ -165,10 +170,8 @@ def test_dropblock_drops_square_blocks_at_about_the_rate():
         for a in range(r - 2, r + 1)
         for b in range(c - 2, c + 1)
       )  # fmt: skip
-  np.testing.assert_array_equal(
-    keep, feature_maps.dropblock(jax.random.PRNGKey(0), (400, 14, 14), 0.3, 3)
-  )
-  everything = np.asarray(feature_maps.dropblock(jax.random.PRNGKey(0), (4, 3, 3), 1.0, 3))
+  np.testing.assert_array_equal(keep, dropblock(jax.random.PRNGKey(0), (400, 14, 14), 0.3, 3))
+  everything = np.asarray(dropblock(jax.random.PRNGKey(0), (4, 3, 3), 1.0, 3))
   assert everything.sum(axis=(1, 2)).min() > 0  # never an empty image
 
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import warnings
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -316,7 +317,8 @@ def test_standard_mlp_learns_the_toy_classes():
     hidden=16,
   )
   assert result.losses[-5:].mean() < 0.2 * result.losses[:5].mean()
-  logits = model.apply({"params": result.params}, cached.embeddings)
+  # Jitted, as evaluation runs it (eagerly, a program per op).
+  logits = jax.jit(model.apply)({"params": result.params}, cached.embeddings)
   assert (np.asarray(logits).argmax(1) == cached.labels).mean() > 0.95
   with pytest.raises(ValueError, match="image embeddings"):
     standard_baseline.train_standard(

@@ -1,6 +1,7 @@
 """config.analysis.mode (issue 18): the mode -> stage resolution, the two PCA sign rules and the
 reference's single random-start K-means, each against an independent implementation."""
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -251,6 +252,10 @@ def _blobs(seed=0, n=120, d=8, k=4):
   return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
+# Jitted, as random_start_kmeans runs it (eagerly, a program per op; integer ops: the same rows).
+random_start = jax.jit(concepts.random_start, static_argnums=2)
+
+
 def _words(seed, size, k):
   return jnp.asarray(concepts.reference_words(seed, size, k))
 
@@ -259,7 +264,7 @@ def test_random_start_draws_distinct_foreground_rows():
   weights = np.zeros(50, bool)
   weights[::3] = True
   for seed in range(5):
-    rows = np.asarray(concepts.random_start(_words(seed, 50, 5), jnp.asarray(weights), 5))
+    rows = np.asarray(random_start(_words(seed, 50, 5), jnp.asarray(weights), 5))
     assert len(set(rows.tolist())) == 5 and np.all(weights[rows])
     # np.random.choice over the foreground rows, as kmeans_pytorch draws from its tokens.
     np.random.seed(seed)
@@ -270,7 +275,7 @@ def test_kmeans_pytorch_loop_equals_a_numpy_implementation():
   x = _blobs()
   weights = np.ones(len(x), bool)
   words = _words(3, len(x), 4)
-  start = np.asarray(concepts.random_start(words, jnp.asarray(weights), 4))
+  start = np.asarray(random_start(words, jnp.asarray(weights), 4))
   want_labels, want_centers, steps = _pytorch_kmeans(x.astype(np.float64), x[start])
   assert steps > 1  # the loop did move the centres
   centers, labels = concepts.kmeans_pytorch_loop(
@@ -294,7 +299,7 @@ def test_background_rows_neither_start_nor_move_a_cluster():
   noisy[~weights] = 100.0  # far-off background rows would drag any centre they joined
   words = _words(2, len(x), 3)
   a_centers, _ = concepts.random_start_kmeans(words, jnp.asarray(noisy), jnp.asarray(weights), 3)
-  rows = np.asarray(concepts.random_start(words, jnp.asarray(weights), 3))
+  rows = np.asarray(random_start(words, jnp.asarray(weights), 3))
   _, want, _ = _pytorch_kmeans(x[weights].astype(np.float64), x[rows])
   np.testing.assert_allclose(a_centers, want, atol=1e-5)
 
