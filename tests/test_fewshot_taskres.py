@@ -93,16 +93,11 @@ def _optax_run(optimizer: optax.GradientTransformation, dtype=np.float32) -> np.
   """The params after each of the 20 steps of `optimizer` on the tiny problem [20, 3, 4]."""
   params = jnp.asarray(_initial_params(dtype))
   state = optimizer.init(params)
-
-  @jax.jit  # as the trainer steps (eagerly, a program per op)
-  def step_fn(grads, state, params):
-    updates, state = optimizer.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
-
   out = []
   for step in range(EPOCHS * STEPS_PER_EPOCH):
     grads = jnp.asarray(_gradient(np.asarray(params), step))
-    params, state = step_fn(grads, state, params)
+    updates, state = optimizer.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
     out.append(np.asarray(params))
   return np.stack(out)
 
@@ -123,7 +118,6 @@ def test_taskres_schedule_is_dassls():
   assert np.all(torch_rates[:STEPS_PER_EPOCH] == WARMUP_LR) and torch_rates[STEPS_PER_EPOCH] == LR
   assert len(set(torch_rates[-STEPS_PER_EPOCH:])) == 1 and torch_rates[-1] > 0
   schedule = _schedule()
-  schedule = jax.jit(schedule)  # one program for every step
   ours = np.asarray([schedule(jnp.int32(step)) for step in range(EPOCHS * STEPS_PER_EPOCH)])
   np.testing.assert_allclose(ours, torch_rates, rtol=1e-6)
 
@@ -144,7 +138,6 @@ def test_stori_on_taskres_scheme_steps_as_dassl():
   np.testing.assert_allclose(ours, torch_rates, rtol=1e-6)
   config.optim.schedule = "cosine"
   schedule = schedules.stori_schedule(config, total)
-  schedule = jax.jit(schedule)  # one program for every step
   rates = np.asarray([schedule(jnp.int32(step)) for step in range(total)])
   expected = LR * (1 + np.cos(np.pi * np.arange(total) / total)) / 2
   np.testing.assert_allclose(rates, expected, rtol=1e-5)
