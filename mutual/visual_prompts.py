@@ -559,7 +559,9 @@ def concept_embeddings_of_maps(
       mean,
       std,
       pixels,
-      maps,
+      # The reference's ellipses are drawn from their pixels alone: without the maps, calls
+      # on other numbers of maps share the program.
+      maps if ellipses is None else None,
       index,
       ellipses,
       np.int32(real),

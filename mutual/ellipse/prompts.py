@@ -19,6 +19,15 @@ from mutual.ellipse import random_replay
 from mutual.ellipse.rules import DEGENERATE, DIRECT
 
 
+#: reference_prompts fits its regions padded to a multiple of this many, the regions of a tower
+#: call of the pipeline (visual_prompts.PROMPT_CHUNK): other batch sizes and concept counts
+#: reuse the compiled fits.
+REGION_BUCKET = 32
+#: padded_ellipses draws theRNG's words for a multiple of this many concepts (the fits read
+#: fewer), so that maps of other concept counts reuse the compiled fits.
+CONCEPT_BUCKET = 8
+
+
 def rng_word_count(height: int, width: int, n_concepts: int = 1) -> int:
   """theRNG words the fits of n_concepts regions of an H x W image may read in all: per region
   at most 2 per listed point (a degenerate least-squares fit) or direct_fit.DIRECT_DRAWS (a
@@ -113,11 +122,14 @@ def concept_ellipses(masks: jax.Array, chunk: int = 16, seed: int = 0) -> dict[s
 
 
 @functools.partial(jax.jit, static_argnames=("n_concepts", "chunk"))
-def _map_contours(maps, pairs, wanted, words, n_concepts: int, chunk: int):
+def _map_contours(region_maps, key, pairs, wanted, words, n_concepts: int, chunk: int):
   """The contours of all n_concepts concepts of the maps of the regions `pairs` (int32 [P, 3]:
-  map, image, concept of maps int32 [M, B, H, W]) where wanted (bool [P]): a region's padding
-  and theRNG words depend on the concepts visited before it in its map. Each distinct map is
-  traced once; the unused slots, and everything where no region is wanted, are skipped.
+  map, image, concept) where wanted (bool [P]): a region's padding and theRNG words depend on
+  the concepts visited before it in its map. `region_maps` int32 [P, H, W] is each region's
+  map and `key` int32 [P] numbers the maps in (map, image) order (_region_masks): the program's
+  shapes are the regions', whatever the number of maps and images, so calls on other batches
+  reuse it. Each distinct map is traced once; the unused slots, and everything where no region
+  is wanted, are skipped.
 
   Returns a dict: slot int32 [P] (each wanted region's map among the P slots), points int32
   [P * L, H, W] (contour multisets), count int32 [P, L], listed int32 [P, L, 5, 2] (each
@@ -126,15 +138,14 @@ def _map_contours(maps, pairs, wanted, words, n_concepts: int, chunk: int):
   """
   order = jnp.asarray(random_replay.reference_order(n_concepts))
   regions = pairs.shape[0]
-  images, height, width = maps.shape[1:]
-  key = pairs[:, 0] * images + pairs[:, 1]
-  unused = maps.shape[0] * images
+  height, width = region_maps.shape[1:]
+  unused = jnp.iinfo(jnp.int32).max
   # Distinct maps first (sorted), unused slots after them.
   maps_in = jnp.unique(jnp.where(wanted, key, unused), size=regions, fill_value=unused)
   slot = jnp.searchsorted(maps_in, key).astype(jnp.int32)
   real = maps_in < unused
-  taken = jnp.where(real, maps_in, 0)
-  group = maps[taken // images, taken % images]  # [P, H, W]
+  # Each slot's map: that of a region with its key (all such regions share the map).
+  group = region_maps[jnp.argmax(key[None, :] == maps_in[:, None], axis=1)]  # [P, H, W]
   ids = jnp.arange(n_concepts, dtype=jnp.int32)
   masks = (group[:, None] == ids[None, :, None, None]) & real[:, None, None, None]
   traced = contours.largest_contours(
@@ -173,8 +184,11 @@ def _short_contours(n_points):
 
 @jax.jit
 def _region_masks(maps, pairs):
-  """bool [P, H, W]: the pixels of region pairs[p] = (map, image, concept) of maps [M, B, H, W]."""
-  return maps[pairs[:, 0], pairs[:, 1]] == pairs[:, 2, None, None]
+  """Of the regions pairs[p] = (map, image, concept) of maps int32 [M, B, H, W]: (bool [P, H, W]
+  their pixels; int32 [P, H, W] their maps; int32 [P] their maps' numbers, m * B + b)."""
+  region_maps = maps[pairs[:, 0], pairs[:, 1]]
+  key = pairs[:, 0] * maps.shape[1] + pairs[:, 1]
+  return region_maps == pairs[:, 2, None, None], region_maps, key
 
 
 def padded_ellipses(maps, pairs, n_concepts: int, seed: int = 0, chunk: int = 16):
@@ -191,19 +205,23 @@ def padded_ellipses(maps, pairs, n_concepts: int, seed: int = 0, chunk: int = 16
   # device_put and one jitted gather: eagerly these compiled some 13 small programs.
   words = jax.device_put(random_replay.python_random_words(int(seed)))
   rng_words = jax.device_put(
-    random_replay.opencv_rng_words(int(seed), rng_word_count(height, width, n_concepts))
+    random_replay.opencv_rng_words(
+      int(seed), rng_word_count(height, width, -(-n_concepts // CONCEPT_BUCKET) * CONCEPT_BUCKET)
+    )
   )
-  masks = _region_masks(maps, pairs)
+  masks, region_maps, key = _region_masks(maps, pairs)
   contour = contours.largest_contours(masks, chunk=chunk)
   short = _short_contours(contour["n_points"])
   extra, n_extra = _pairs_padding(
-    _map_contours(maps, pairs, short, words, n_concepts, chunk), pairs, contour["n_points"]
+    _map_contours(region_maps, key, pairs, short, words, n_concepts, chunk),
+    pairs,
+    contour["n_points"],
   )
   zero = np.uint64(0)
 
   def cursors(rule, listed):
     need = _cursor_needed(rule, listed, contour["n_points"], extra, n_extra, rng_words, zero)
-    context = _map_contours(maps, pairs, need, words, n_concepts, chunk)
+    context = _map_contours(region_maps, key, pairs, need, words, n_concepts, chunk)
     return _context_cursors(context, pairs, need, rng_words, zero, n_concepts)
 
   return _opencv_ellipses(masks, contour, extra, n_extra, cursors, rng_words, chunk)
@@ -238,14 +256,24 @@ def reference_prompts(
     ],
     axis=1,
   )
+  # Padding repeats the last region (each region's fit depends on its map alone).
+  total = len(pairs)
+  pairs = pairs[np.minimum(np.arange(-(-total // REGION_BUCKET) * REGION_BUCKET), total - 1)]
   found = padded_ellipses(concept_maps[None], pairs, n_concepts, seed=seed, chunk=chunk)
+  return _compose_regions(
+    jnp.asarray(images), found["stroke"], found["filled"], found["present"], n_concepts, blur_size
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("n_concepts", "blur_size"))
+def _compose_regions(images, stroke, filled, present, n_concepts: int, blur_size: int):
+  """reference_prompts' prompted images and valid from the ellipse pixels of its padded
+  regions (the first B * L of them are image b's concept l)."""
+  batch, height, width = images.shape[:3]
   shape = (batch, n_concepts, height, width)
-  valid = found["present"].reshape(batch, n_concepts)
+  total = batch * n_concepts
+  valid = present[:total].reshape(batch, n_concepts)
   prompted = pixels.compose_prompts(
-    jnp.asarray(images),
-    found["stroke"].reshape(shape),
-    found["filled"].reshape(shape),
-    valid,
-    blur_size,
+    images, stroke[:total].reshape(shape), filled[:total].reshape(shape), valid, blur_size
   )
   return prompted, valid
