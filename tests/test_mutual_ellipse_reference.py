@@ -212,11 +212,30 @@ def masks():
   }
 
 
+def _per_group(masks, function):
+  """{name: function's dict of arrays over masks[name]}, with one call per mask shape (the
+  groups of a shape concatenated: each mask's result is its own, and each program compiles once
+  per shape)."""
+  names_of = {}
+  for name, group in masks.items():
+    names_of.setdefault(group.shape[1:], []).append(name)
+  out = {}
+  for names in names_of.values():
+    found = function(jnp.asarray(np.concatenate([masks[name] for name in names])))
+    found = {k: np.asarray(v) for k, v in found.items()}
+    start = 0
+    for name in names:
+      end = start + len(masks[name])
+      out[name] = {k: v[start:end] for k, v in found.items()}
+      start = end
+  return out
+
+
 @pytest.mark.slow
 def test_largest_contour_is_opencvs(cv2, masks):
+  traced = _per_group(masks, lambda group: ellipse_contours.largest_contours(group, listed=40))
   for name, group in masks.items():
-    traced = ellipse_contours.largest_contours(jnp.asarray(group), listed=40)
-    found = {k: np.asarray(v) for k, v in traced.items()}
+    found = traced[name]
     for i, mask in enumerate(group):
       if not mask.any():
         assert not found["present"][i] and found["n_points"][i] == 0
@@ -247,8 +266,11 @@ def test_contours_and_fits_exact_past_their_budgets(masks):
   for key in full:
     np.testing.assert_array_equal(np.asarray(small[key]), np.asarray(full[key]), err_msg=key)
     np.testing.assert_array_equal(np.asarray(listed[key]), np.asarray(full[key]), err_msg=key)
-  points = ellipse_contours.largest_contours(jnp.asarray(masks["hand-made"]))["points"]
-  assert int(np.max(np.sum(np.asarray(points) > 0, axis=(1, 2)))) > 48 * 64 // 12
+  # The hand-made masks after the blobs (both 48 x 64), as _per_group traces them: one program.
+  points = ellipse_contours.largest_contours(
+    jnp.asarray(np.concatenate([masks["blobs"], masks["hand-made"]]))
+  )["points"]
+  assert int(np.max(np.sum(np.asarray(points)[40:] > 0, axis=(1, 2)))) > 48 * 64 // 12
   with jax.enable_x64(True):
     every_row = jax.jit(jax.vmap(least_squares._fit_ellipse))(points)  # pylint: disable=protected-access
   for got, want in zip(least_squares.fit_ellipses(points), every_row):
@@ -259,9 +281,9 @@ def test_contours_and_fits_exact_past_their_budgets(masks):
 def test_fit_ellipse_is_opencvs(cv2, masks):
   """concept_ellipses' fits against cv2.fitEllipse, theRNG seeded with 3 before each (as
   concept_ellipses seeds it): the 5-point fits bit for bit, least squares to round-off."""
+  fitted = _per_group(masks, lambda group: prompts.concept_ellipses(group, seed=3))
   for name, group in masks.items():
-    found = prompts.concept_ellipses(jnp.asarray(group), seed=3)
-    center, size, angle, rule = (np.asarray(found[k]) for k in ("center", "size", "angle", "rule"))
+    center, size, angle, rule = (fitted[name][k] for k in ("center", "size", "angle", "rule"))
     for i, mask in enumerate(group):
       where = f"{name} mask {i}"
       if not mask.any():
