@@ -84,11 +84,11 @@ def train_bottleneck(
   model = MultimodalBottleneck(num_classes, width, attention, temperature)
   descriptors = jnp.asarray(descriptor_embeddings, jnp.float32)
   init_key, gumbel_key = jax.random.split(jax.random.PRNGKey(settings.seed))
-  params = model.init(
+  # Jitted: one program rather than one per initialiser op (the same values).
+  params = jax.jit(functools.partial(model.init, train=True))(
     {"params": init_key, "gumbel": gumbel_key},
     cache.flat_tokens(cached.tokens[:1]),
     descriptors,
-    train=True,
   )["params"]
 
   def loss_fn(params, batch, key, progress):

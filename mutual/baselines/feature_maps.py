@@ -71,9 +71,10 @@ def train_labeler(
   grid = cached.tokens.shape[1:3]
   targets = jnp.asarray(targets, jnp.float32)
   sample = cache.flat_tokens(cached.tokens[:1])
-  params = model.init(jax.random.PRNGKey(settings.seed), sample, jnp.ones(sample.shape[:2]))[
-    "params"
-  ]
+  # Jitted: one program rather than one per initialiser op (the same values).
+  params = jax.jit(model.init)(
+    jax.random.PRNGKey(settings.seed), sample, jnp.ones(sample.shape[:2])
+  )["params"]
 
   def loss_fn(params, batch, key, progress):
     del progress

@@ -48,7 +48,10 @@ def train_standard(
   (App. D's Adam and schedule, `fitting.fit`); checkpoints in <workdir>/checkpoints."""
   embeddings = cache.embeddings_of(cached, "The Standard MLP")
   model = StandardMLP(num_classes, hidden)
-  params = model.init(jax.random.PRNGKey(settings.seed), jnp.asarray(embeddings[:1]))["params"]
+  # Jitted: one program rather than one per initialiser op (the same values).
+  params = jax.jit(model.init)(jax.random.PRNGKey(settings.seed), jnp.asarray(embeddings[:1]))[
+    "params"
+  ]
 
   def loss_fn(params, batch, key, progress):
     del key, progress
